@@ -1,0 +1,241 @@
+//! Avro single-object encoding: `C3 01`, the 8-byte little-endian CRC-64-AVRO fingerprint of the
+//! writer schema, then the Avro binary datum.
+//!
+//! Decoding looks the fingerprint up among every schema version we know. A record written with an
+//! older version is resolved to the current one by Avro's schema-resolution rules, so schemas may
+//! evolve by adding optional fields with defaults. Nothing here panics on bad bytes: an unknown
+//! fingerprint, a truncated body or a value that does not fit the schema is a [`CodecError`].
+
+use crate::types::*;
+use apache_avro::rabin::Rabin;
+use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value, Schema};
+use serde::{de::DeserializeOwned, Serialize};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+pub const MAGIC: [u8; 2] = [0xC3, 0x01];
+pub const HEADER_LEN: usize = 10;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CodecError {
+    #[error("record is {0} bytes, shorter than the 10-byte single-object header")]
+    TooShort(usize),
+    #[error("bad magic {0:02x} {1:02x}: not Avro single-object encoding (want c3 01)")]
+    BadMagic(u8, u8),
+    #[error("unknown schema fingerprint {0:016x}")]
+    UnknownFingerprint(u64),
+    #[error("schema {found:?} where {expected:?} was expected")]
+    WrongSchema { expected: SchemaKind, found: SchemaKind },
+    #[error("invalid avro body for {kind:?}: {message}")]
+    Body { kind: SchemaKind, message: String },
+    #[error("cannot encode {kind:?}: {message}")]
+    Encode { kind: SchemaKind, message: String },
+}
+
+impl CodecError {
+    /// A short machine-readable code, for a dead-letter header or a metric label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CodecError::TooShort(_) => "too_short",
+            CodecError::BadMagic(..) => "bad_magic",
+            CodecError::UnknownFingerprint(_) => "unknown_fingerprint",
+            CodecError::WrongSchema { .. } => "wrong_schema",
+            CodecError::Body { .. } => "invalid_body",
+            CodecError::Encode { .. } => "encode",
+        }
+    }
+}
+
+/// The record types of the contracts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SchemaKind {
+    CallOutcome,
+    ProbeResult,
+    Tick,
+    OperatorOverride,
+    PolicyChange,
+    HealthChanged,
+    PoolHealthChanged,
+    EndpointState,
+}
+
+/// (kind, schema text, is it the current version) — the files in `schemas/`.
+const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
+    (SchemaKind::CallOutcome, include_str!("../../../schemas/call_outcome.avsc"), true),
+    (SchemaKind::CallOutcome, include_str!("../../../schemas/call_outcome.v1.avsc"), false),
+    (SchemaKind::ProbeResult, include_str!("../../../schemas/probe_result.avsc"), true),
+    (SchemaKind::Tick, include_str!("../../../schemas/tick.avsc"), true),
+    (SchemaKind::OperatorOverride, include_str!("../../../schemas/operator_override.avsc"), true),
+    (SchemaKind::PolicyChange, include_str!("../../../schemas/policy_change.avsc"), true),
+    (SchemaKind::HealthChanged, include_str!("../../../schemas/health_changed.avsc"), true),
+    (SchemaKind::PoolHealthChanged, include_str!("../../../schemas/pool_health_changed.avsc"), true),
+    (SchemaKind::EndpointState, include_str!("../../../schemas/endpoint_state.avsc"), true),
+];
+
+struct Known {
+    kind: SchemaKind,
+    schema: Schema,
+    /// `None` for the current version; otherwise the current schema to resolve to.
+    resolve_to: Option<usize>,
+}
+
+struct Registry {
+    known: Vec<Known>,
+    by_fingerprint: HashMap<u64, usize>,
+    current: HashMap<SchemaKind, (usize, u64)>,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut known = Vec::new();
+        let mut by_fingerprint = HashMap::new();
+        let mut current = HashMap::new();
+        for (kind, text, is_current) in SCHEMA_FILES {
+            // The schema files are part of this crate's source; a parse failure is a build defect
+            // that the unit tests catch, not a runtime condition.
+            let schema = Schema::parse_str(text).unwrap_or_else(|e| panic!("schema {kind:?}: {e}"));
+            let fp = fingerprint(&schema);
+            let idx = known.len();
+            known.push(Known { kind: *kind, schema, resolve_to: None });
+            by_fingerprint.insert(fp, idx);
+            if *is_current {
+                current.insert(*kind, (idx, fp));
+            }
+        }
+        for (idx, k) in known.iter_mut().enumerate() {
+            let (cur, _) = current[&k.kind];
+            if cur != idx {
+                k.resolve_to = Some(cur);
+            }
+        }
+        Registry { known, by_fingerprint, current }
+    })
+}
+
+/// CRC-64-AVRO of the schema's parsing canonical form.
+pub fn fingerprint(schema: &Schema) -> u64 {
+    let fp = schema.fingerprint::<Rabin>();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&fp.bytes[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// The current schema of a kind and its fingerprint.
+pub fn current_schema(kind: SchemaKind) -> (&'static Schema, u64) {
+    let r = registry();
+    let (idx, fp) = r.current[&kind];
+    (&r.known[idx].schema, fp)
+}
+
+/// Every schema version we can read: (kind, fingerprint, canonical form).
+pub fn known_schemas() -> Vec<(SchemaKind, u64, String)> {
+    registry()
+        .known
+        .iter()
+        .map(|k| (k.kind, fingerprint(&k.schema), k.schema.canonical_form()))
+        .collect()
+}
+
+/// A Rust type with an Avro schema.
+pub trait Record: Serialize + DeserializeOwned {
+    const KIND: SchemaKind;
+}
+
+macro_rules! record {
+    ($t:ty, $k:ident) => {
+        impl Record for $t {
+            const KIND: SchemaKind = SchemaKind::$k;
+        }
+    };
+}
+record!(CallOutcome, CallOutcome);
+record!(ProbeResult, ProbeResult);
+record!(Tick, Tick);
+record!(OperatorOverride, OperatorOverride);
+record!(PolicyChange, PolicyChange);
+record!(HealthChanged, HealthChanged);
+record!(PoolHealthChanged, PoolHealthChanged);
+record!(EndpointState, EndpointState);
+
+/// Encode with the current schema of `T`.
+pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
+    let (schema, fp) = current_schema(T::KIND);
+    let err = |e: apache_avro::Error| CodecError::Encode { kind: T::KIND, message: e.to_string() };
+    let v = to_value(value).map_err(err)?.resolve(schema).map_err(err)?;
+    let body = to_avro_datum(schema, v).map_err(err)?;
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&fp.to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Split the header off: (kind, schema index, body).
+fn header(bytes: &[u8]) -> Result<(SchemaKind, usize, &[u8]), CodecError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(CodecError::TooShort(bytes.len()));
+    }
+    if bytes[..2] != MAGIC {
+        return Err(CodecError::BadMagic(bytes[0], bytes[1]));
+    }
+    let mut fp = [0u8; 8];
+    fp.copy_from_slice(&bytes[2..HEADER_LEN]);
+    let fp = u64::from_le_bytes(fp);
+    let idx = *registry().by_fingerprint.get(&fp).ok_or(CodecError::UnknownFingerprint(fp))?;
+    Ok((registry().known[idx].kind, idx, &bytes[HEADER_LEN..]))
+}
+
+/// The kind of a record, from its header alone.
+pub fn peek_kind(bytes: &[u8]) -> Result<SchemaKind, CodecError> {
+    header(bytes).map(|(k, _, _)| k)
+}
+
+fn decode_body<T: Record>(idx: usize, mut body: &[u8]) -> Result<T, CodecError> {
+    let r = registry();
+    let known = &r.known[idx];
+    let err = |e: apache_avro::Error| CodecError::Body { kind: known.kind, message: e.to_string() };
+    let reader = known.resolve_to.map(|c| &r.known[c].schema);
+    let value = from_avro_datum(&known.schema, &mut body, reader).map_err(err)?;
+    if !body.is_empty() {
+        return Err(CodecError::Body {
+            kind: known.kind,
+            message: format!("{} trailing bytes after the record", body.len()),
+        });
+    }
+    from_value::<T>(&value).map_err(err)
+}
+
+/// Decode a record that must be of type `T`.
+pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (kind, idx, body) = header(bytes)?;
+    if kind != T::KIND {
+        return Err(CodecError::WrongSchema { expected: T::KIND, found: kind });
+    }
+    decode_body(idx, body)
+}
+
+/// Decode anything that may arrive on the signals topic.
+pub fn decode_signal(bytes: &[u8]) -> Result<Signal, CodecError> {
+    let (kind, idx, body) = header(bytes)?;
+    Ok(match kind {
+        SchemaKind::CallOutcome => Signal::Call(decode_body(idx, body)?),
+        SchemaKind::ProbeResult => Signal::Probe(decode_body(idx, body)?),
+        SchemaKind::Tick => Signal::Tick(decode_body(idx, body)?),
+        SchemaKind::OperatorOverride => Signal::Override(decode_body(idx, body)?),
+        SchemaKind::PolicyChange => Signal::Policy(decode_body(idx, body)?),
+        found => {
+            return Err(CodecError::WrongSchema { expected: SchemaKind::CallOutcome, found });
+        }
+    })
+}
+
+pub fn encode_signal(signal: &Signal) -> Result<Vec<u8>, CodecError> {
+    match signal {
+        Signal::Call(v) => encode(v),
+        Signal::Probe(v) => encode(v),
+        Signal::Tick(v) => encode(v),
+        Signal::Override(v) => encode(v),
+        Signal::Policy(v) => encode(v),
+    }
+}

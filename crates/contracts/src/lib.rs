@@ -1,0 +1,27 @@
+//! The event contracts of vitals.
+//!
+//! Every record that crosses a process boundary is described by an Avro schema in `schemas/*.avsc`
+//! (at the repository root) and by a Rust type here. On the wire each record is in Avro
+//! *single-object encoding*: the marker `C3 01`, the 8-byte little-endian CRC-64-AVRO (Rabin)
+//! fingerprint of the writer schema's canonical form, then the Avro binary body. Any Avro library can
+//! write that without a schema registry.
+//!
+//! - [`codec`]: encode and decode, with older schema versions resolved to the current one.
+//! - [`validate`]: the rules a signal must pass before it reaches the engine; the reason of a
+//!   rejection is short enough to go into a dead-letter header.
+
+pub mod codec;
+pub mod types;
+pub mod validate;
+
+pub use codec::{decode, decode_signal, encode, encode_signal, CodecError, Record, SchemaKind};
+pub use types::*;
+pub use validate::{validate_signal, ValidationError};
+
+/// Kafka topic names (BRIEF.md, "Contracts").
+pub mod topics {
+    pub const SIGNALS: &str = "vitals.signals.v1";
+    pub const HEALTH_CHANGES: &str = "vitals.health-changes.v1";
+    pub const HEALTH_STATE: &str = "vitals.health-state.v1";
+    pub const SIGNALS_DLQ: &str = "vitals.signals.dlq.v1";
+}

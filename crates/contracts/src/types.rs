@@ -1,0 +1,417 @@
+//! Rust types of the Avro records in `schemas/`. Field names and enum symbols match the schemas.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Stream time and record timestamps: microseconds since the Unix epoch.
+pub type Micros = i64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OutcomeClass {
+    Success,
+    Timeout,
+    ConnectError,
+    ConnectionDropped,
+    RateLimited,
+    ServerError,
+    ClientError,
+    InvalidResponse,
+    Cancelled,
+}
+
+impl OutcomeClass {
+    pub const ALL: [OutcomeClass; 9] = [
+        OutcomeClass::Success,
+        OutcomeClass::Timeout,
+        OutcomeClass::ConnectError,
+        OutcomeClass::ConnectionDropped,
+        OutcomeClass::RateLimited,
+        OutcomeClass::ServerError,
+        OutcomeClass::ClientError,
+        OutcomeClass::InvalidResponse,
+        OutcomeClass::Cancelled,
+    ];
+
+    /// Timeouts, connect errors, dropped connections, 429, 5xx and invalid responses are failures.
+    pub fn is_failure(self) -> bool {
+        !matches!(
+            self,
+            OutcomeClass::Success | OutcomeClass::ClientError | OutcomeClass::Cancelled
+        )
+    }
+
+    /// 4xx and cancelled calls say nothing about the endpoint's health: they are recorded in the
+    /// window, and nothing else.
+    pub fn is_neutral(self) -> bool {
+        matches!(self, OutcomeClass::ClientError | OutcomeClass::Cancelled)
+    }
+
+    /// 5xx and timeouts lead to the hard break (three in a row by default).
+    pub fn is_hard(self) -> bool {
+        matches!(self, OutcomeClass::ServerError | OutcomeClass::Timeout)
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeClass::Success => "success",
+            OutcomeClass::Timeout => "timeout",
+            OutcomeClass::ConnectError => "connect_error",
+            OutcomeClass::ConnectionDropped => "connection_dropped",
+            OutcomeClass::RateLimited => "rate_limited",
+            OutcomeClass::ServerError => "server_error",
+            OutcomeClass::ClientError => "client_error",
+            OutcomeClass::InvalidResponse => "invalid_response",
+            OutcomeClass::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallOutcome {
+    pub event_id: String,
+    pub pool: String,
+    pub endpoint: String,
+    pub gateway: String,
+    pub occurred_at: Micros,
+    pub outcome: OutcomeClass,
+    pub http_status: Option<i32>,
+    pub latency_us: i64,
+    pub ttft_us: Option<i64>,
+    pub tpot_us: Option<i64>,
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ProbeKind {
+    Http,
+    Tcp,
+    SyntheticCompletion,
+    Heartbeat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DependencyStatus {
+    Up,
+    Degraded,
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DependencyReport {
+    pub name: String,
+    pub critical: bool,
+    pub status: DependencyStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    pub probe_id: String,
+    pub pool: String,
+    pub endpoint: String,
+    pub prober: String,
+    pub occurred_at: Micros,
+    pub kind: ProbeKind,
+    pub outcome: OutcomeClass,
+    pub latency_us: i64,
+    pub ttft_us: Option<i64>,
+    pub http_status: Option<i32>,
+    pub interval_ms: Option<i64>,
+    #[serde(default)]
+    pub dependencies: Vec<DependencyReport>,
+    #[serde(default)]
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tick {
+    pub ticker: String,
+    pub emitted_at: Micros,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OverrideAction {
+    ForceHealthy,
+    ForceUnhealthy,
+    MaintenanceOn,
+    MaintenanceOff,
+    Clear,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperatorOverride {
+    pub override_id: String,
+    pub pool: String,
+    pub endpoint: String,
+    pub action: OverrideAction,
+    pub actor: String,
+    pub reason: String,
+    pub issued_at: Micros,
+}
+
+/// Every number of the health model, per pool. Defaults come from the seed articles (see the
+/// schema `policy_change.avsc` and the README's table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Policy {
+    pub version: i32,
+    pub window_ms: i64,
+    pub bucket_ms: i64,
+    pub min_volume: i32,
+    pub failure_rate_threshold: f64,
+    pub consecutive_failures: i32,
+    pub consecutive_successes: i32,
+    pub suspect_after_failures: i32,
+    pub hard_break_after: i32,
+    pub ewma_beta: f64,
+    pub ttft_baseline_ms: f64,
+    pub ttft_max_ms: f64,
+    pub slow_call_ms: i64,
+    pub degrade_below: f64,
+    pub recover_above: f64,
+    pub recover_hold_ms: i64,
+    pub degraded_weight: f64,
+    pub isolation_base_ms: i64,
+    pub isolation_max_ms: i64,
+    pub isolation_reset_ms: i64,
+    pub slow_start_ms: i64,
+    pub slow_start_weight: f64,
+    pub max_ejection_pct: f64,
+    pub panic_threshold_pct: f64,
+    pub latency_outlier_factor: f64,
+    pub latency_outlier_min_peers: i32,
+    pub latency_outlier_min_ms: f64,
+    pub heartbeat_interval_ms: i64,
+    pub heartbeat_suspect_intervals: i32,
+    pub heartbeat_unhealthy_intervals: i32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            version: 0,
+            window_ms: 30_000,
+            bucket_ms: 3_000,
+            min_volume: 10,
+            failure_rate_threshold: 0.8,
+            consecutive_failures: 5,
+            consecutive_successes: 3,
+            suspect_after_failures: 2,
+            hard_break_after: 3,
+            ewma_beta: 0.7,
+            ttft_baseline_ms: 250.0,
+            ttft_max_ms: 1_250.0,
+            slow_call_ms: 10_000,
+            degrade_below: 60.0,
+            recover_above: 85.0,
+            recover_hold_ms: 30_000,
+            degraded_weight: 0.25,
+            isolation_base_ms: 30_000,
+            isolation_max_ms: 300_000,
+            isolation_reset_ms: 600_000,
+            slow_start_ms: 30_000,
+            slow_start_weight: 0.1,
+            max_ejection_pct: 50.0,
+            panic_threshold_pct: 30.0,
+            latency_outlier_factor: 3.0,
+            latency_outlier_min_peers: 3,
+            latency_outlier_min_ms: 50.0,
+            heartbeat_interval_ms: 5_000,
+            heartbeat_suspect_intervals: 3,
+            heartbeat_unhealthy_intervals: 9,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyChange {
+    pub change_id: String,
+    pub pool: String,
+    pub actor: String,
+    pub issued_at: Micros,
+    pub policy: Policy,
+}
+
+/// Everything that may arrive on `vitals.signals.v1`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Signal {
+    Call(CallOutcome),
+    Probe(ProbeResult),
+    Tick(Tick),
+    Override(OperatorOverride),
+    Policy(PolicyChange),
+}
+
+impl Signal {
+    /// The pool a signal belongs to; ticks belong to a whole partition.
+    pub fn pool(&self) -> Option<&str> {
+        match self {
+            Signal::Call(c) => Some(&c.pool),
+            Signal::Probe(p) => Some(&p.pool),
+            Signal::Override(o) => Some(&o.pool),
+            Signal::Policy(p) => Some(&p.pool),
+            Signal::Tick(_) => None,
+        }
+    }
+
+    /// A stable id of the signal, for evidence ("which signals triggered this").
+    pub fn id(&self) -> &str {
+        match self {
+            Signal::Call(c) => &c.event_id,
+            Signal::Probe(p) => &p.probe_id,
+            Signal::Override(o) => &o.override_id,
+            Signal::Policy(p) => &p.change_id,
+            Signal::Tick(t) => &t.ticker,
+        }
+    }
+
+    pub fn occurred_at(&self) -> Micros {
+        match self {
+            Signal::Call(c) => c.occurred_at,
+            Signal::Probe(p) => p.occurred_at,
+            Signal::Override(o) => o.issued_at,
+            Signal::Policy(p) => p.issued_at,
+            Signal::Tick(t) => t.emitted_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HealthState {
+    Healthy,
+    Suspect,
+    Degraded,
+    Unhealthy,
+    Recovering,
+    Maintenance,
+}
+
+impl HealthState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthState::Healthy => "healthy",
+            HealthState::Suspect => "suspect",
+            HealthState::Degraded => "degraded",
+            HealthState::Unhealthy => "unhealthy",
+            HealthState::Recovering => "recovering",
+            HealthState::Maintenance => "maintenance",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<HealthState> {
+        [
+            HealthState::Healthy,
+            HealthState::Suspect,
+            HealthState::Degraded,
+            HealthState::Unhealthy,
+            HealthState::Recovering,
+            HealthState::Maintenance,
+        ]
+        .into_iter()
+        .find(|h| h.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Evidence {
+    pub window_ms: i64,
+    pub success: i64,
+    pub timeout: i64,
+    pub connect_error: i64,
+    pub connection_dropped: i64,
+    pub rate_limited: i64,
+    pub server_error: i64,
+    pub client_error: i64,
+    pub invalid_response: i64,
+    pub cancelled: i64,
+    pub failure_rate: f64,
+    pub score: f64,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub latency_ewma_ms: Option<f64>,
+    pub pool_latency_median_ms: Option<f64>,
+    pub consecutive_failures: i32,
+    pub consecutive_successes: i32,
+    pub consecutive_hard_failures: i32,
+    pub isolations: i32,
+    pub thresholds: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthChanged {
+    pub transition_id: String,
+    pub pool: String,
+    pub endpoint: String,
+    pub seq: i64,
+    pub from_state: HealthState,
+    pub to_state: HealthState,
+    pub weight: f64,
+    pub ramp_ms: i64,
+    pub retry_at: Option<Micros>,
+    pub reason_code: String,
+    pub reason: String,
+    pub evidence: Evidence,
+    pub policy_version: i32,
+    pub trigger_ids: Vec<String>,
+    pub stream_time: Micros,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolHealthChanged {
+    pub pool: String,
+    pub seq: i64,
+    pub endpoints: i32,
+    pub healthy: i32,
+    pub ejected: i32,
+    pub healthy_fraction: f64,
+    pub panic: bool,
+    pub correlated_outage: bool,
+    pub reason: String,
+    pub policy_version: i32,
+    pub stream_time: Micros,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointState {
+    pub pool: String,
+    pub endpoint: String,
+    pub seq: i64,
+    pub state: HealthState,
+    pub weight: f64,
+    pub ramp_ms: i64,
+    pub score: f64,
+    pub failure_rate: f64,
+    pub since: Micros,
+    pub reason: String,
+    pub policy_version: i32,
+}
+
+impl EndpointState {
+    /// The state an endpoint is in after a transition.
+    pub fn from_change(c: &HealthChanged) -> EndpointState {
+        EndpointState {
+            pool: c.pool.clone(),
+            endpoint: c.endpoint.clone(),
+            seq: c.seq,
+            state: c.to_state,
+            weight: c.weight,
+            ramp_ms: c.ramp_ms,
+            score: c.evidence.score,
+            failure_rate: c.evidence.failure_rate,
+            since: c.stream_time,
+            reason: c.reason.clone(),
+            policy_version: c.policy_version,
+        }
+    }
+}

@@ -1,0 +1,601 @@
+//! One pool: its endpoints, its policy and the pool-level rules (max-ejection, panic mode,
+//! correlated-outage suspicion, peer-relative latency).
+
+use crate::endpoint::{buckets, Tracker, LATENCY_MIN_SAMPLES};
+use crate::Decision;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use vitals_contracts::{
+    DependencyStatus, HealthChanged, HealthState, Micros, OperatorOverride, OutcomeClass, OverrideAction, Policy,
+    PolicyChange, PoolHealthChanged, ProbeKind, Signal,
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolState {
+    pub pool: String,
+    pub policy: Policy,
+    pub now: Micros,
+    pub seq: u64,
+    pub endpoints: BTreeMap<String, Tracker>,
+    /// Endpoints by state, kept with every transition (index: `state_index`).
+    counts: [u32; 6],
+    refused: u32,
+    pub panic: bool,
+    pub correlated_outage: bool,
+    /// The earliest stream time at which some endpoint's timer may fire.
+    next_deadline: Option<Micros>,
+}
+
+fn state_index(s: HealthState) -> usize {
+    s as usize
+}
+
+/// What an outcome signal carries, from a call or a probe.
+struct Outcome<'a> {
+    id: &'a str,
+    endpoint: &'a str,
+    class: OutcomeClass,
+    latency_us: i64,
+    ttft_us: Option<i64>,
+}
+
+/// A transition the rules chose, before it is applied.
+struct Change {
+    to: HealthState,
+    code: &'static str,
+    reason: String,
+    thresholds: Vec<String>,
+    triggers: Vec<String>,
+}
+
+impl PoolState {
+    pub fn new(pool: &str, policy: Policy, now: Micros) -> PoolState {
+        PoolState {
+            pool: pool.to_owned(),
+            policy,
+            now,
+            seq: 0,
+            endpoints: BTreeMap::new(),
+            counts: [0; 6],
+            refused: 0,
+            panic: false,
+            correlated_outage: false,
+            next_deadline: None,
+        }
+    }
+
+    pub fn count(&self, s: HealthState) -> u32 {
+        self.counts[state_index(s)]
+    }
+
+    pub fn total(&self) -> u32 {
+        self.endpoints.len() as u32
+    }
+
+    /// Move stream time and fire the timers that are due.
+    pub fn advance(&mut self, now: Micros, out: &mut Vec<Decision>) {
+        self.now = self.now.max(now);
+        if self.next_deadline.is_none_or(|d| d > self.now) {
+            return;
+        }
+        let names: Vec<String> = self.endpoints.keys().cloned().collect();
+        for name in &names {
+            if let Some(change) = self.timer_change(name) {
+                self.apply_change(name, change, out);
+            }
+        }
+        self.next_deadline = self.endpoints.values().filter_map(|t| t.deadline(&self.policy)).min();
+        self.pool_rules(out, None);
+    }
+
+    fn timer_change(&mut self, name: &str) -> Option<Change> {
+        let now = self.now;
+        let policy = self.policy.clone();
+        let t = self.endpoints.get_mut(name)?;
+        if t.forced.is_some() {
+            return None;
+        }
+        match t.state {
+            HealthState::Unhealthy => {
+                if t.isolated_until.is_some_and(|u| u <= now) && !t.trial_open {
+                    t.trial_open = true;
+                }
+                None
+            }
+            HealthState::Recovering => self.recovery_complete(name),
+            _ => {
+                if let (Some(silence), false) = (t.heartbeat_silence(now), t.heartbeat_silent) {
+                    if silence >= policy.heartbeat_suspect_intervals as i64 * t.heartbeat_interval(&policy) * 1000 {
+                        t.heartbeat_silent = true;
+                    }
+                }
+                self.automatic_change(name, Vec::new())
+            }
+        }
+    }
+
+    pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>) {
+        match signal {
+            Signal::Call(c) => {
+                let o = Outcome {
+                    id: &c.event_id,
+                    endpoint: &c.endpoint,
+                    class: c.outcome,
+                    latency_us: c.latency_us,
+                    ttft_us: c.ttft_us,
+                };
+                self.outcome(o, out);
+            }
+            Signal::Probe(p) => {
+                self.probe_bookkeeping(p);
+                let o = Outcome {
+                    id: &p.probe_id,
+                    endpoint: &p.endpoint,
+                    class: p.outcome,
+                    latency_us: p.latency_us,
+                    ttft_us: p.ttft_us,
+                };
+                self.outcome(o, out);
+            }
+            Signal::Override(o) => self.operator_override(o, out),
+            Signal::Policy(p) => self.policy_change(p, out),
+            Signal::Tick(_) => {}
+        }
+    }
+
+    fn tracker(&mut self, endpoint: &str) -> &mut Tracker {
+        if !self.endpoints.contains_key(endpoint) {
+            self.endpoints.insert(endpoint.to_owned(), Tracker::new(self.now, &self.policy));
+            self.counts[state_index(HealthState::Healthy)] += 1;
+        }
+        self.endpoints.get_mut(endpoint).expect("inserted above")
+    }
+
+    fn probe_bookkeeping(&mut self, p: &vitals_contracts::ProbeResult) {
+        let now = self.now;
+        let t = self.tracker(&p.endpoint);
+        if p.kind == ProbeKind::Heartbeat {
+            t.last_heartbeat = Some(now);
+            t.heartbeat_silent = false;
+            if p.interval_ms.is_some() {
+                t.heartbeat_interval_ms = p.interval_ms;
+            }
+        }
+        let down = |critical: bool| -> Vec<String> {
+            p.dependencies
+                .iter()
+                .filter(|d| d.critical == critical && d.status == DependencyStatus::Down)
+                .map(|d| d.name.clone())
+                .collect()
+        };
+        // A probe without dependency reports says nothing about dependencies.
+        if !p.dependencies.is_empty() {
+            t.critical_down = down(true);
+            t.noncritical_down = down(false);
+        }
+    }
+
+    fn outcome(&mut self, o: Outcome<'_>, out: &mut Vec<Decision>) {
+        let now = self.now;
+        let policy = self.policy.clone();
+        // A 200 whose first token took longer than slow_call_ms is a timeout to the user who waited.
+        let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > policy.slow_call_ms * 1000);
+        let class = if slow { OutcomeClass::Timeout } else { o.class };
+        let t = self.tracker(o.endpoint);
+        t.record(now, &policy, class, o.ttft_us, o.id);
+        if class.is_neutral() {
+            return;
+        }
+        if class == OutcomeClass::Success {
+            t.record_latency(o.latency_us, &policy);
+            if t.latency_samples >= LATENCY_MIN_SAMPLES && (t.latency_samples % 4 == 0 || t.latency_outlier) {
+                self.check_latency_outlier(o.endpoint);
+            }
+        }
+        let mut extra = Vec::new();
+        if slow {
+            extra.push(format!("ttft>{}ms", policy.slow_call_ms));
+        }
+        let change = match self.endpoints[o.endpoint].state {
+            HealthState::Unhealthy | HealthState::Recovering | HealthState::Maintenance => {
+                self.isolated_outcome(o.endpoint, class, o.id)
+            }
+            _ => self.automatic_change(o.endpoint, extra),
+        };
+        if let Some(mut change) = change {
+            if change.triggers.is_empty() {
+                change.triggers.push(o.id.to_owned());
+            }
+            self.apply_change(o.endpoint, change, out);
+        }
+        if let Some(d) = self.endpoints[o.endpoint].deadline(&policy) {
+            self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
+        }
+        self.pool_rules(out, None);
+    }
+
+    /// An outcome for an endpoint that is out of rotation: the trial after isolation, or a
+    /// signal during the slow-start ramp.
+    fn isolated_outcome(&mut self, name: &str, class: OutcomeClass, id: &str) -> Option<Change> {
+        let policy = &self.policy;
+        let t = &self.endpoints[name];
+        if t.forced.is_some() {
+            return None;
+        }
+        let failed = class.is_failure();
+        match t.state {
+            HealthState::Unhealthy if t.trial_open => Some(if failed {
+                Change {
+                    to: HealthState::Unhealthy,
+                    code: "trial_failed",
+                    reason: format!("trial after isolation failed ({})", class.as_str()),
+                    thresholds: vec!["trial_failed".into()],
+                    triggers: vec![id.to_owned()],
+                }
+            } else {
+                Change {
+                    to: HealthState::Recovering,
+                    code: "trial_succeeded",
+                    reason: format!("trial after isolation succeeded; slow start over {} s", policy.slow_start_ms / 1000),
+                    thresholds: vec![],
+                    triggers: vec![id.to_owned()],
+                }
+            }),
+            HealthState::Recovering if failed => Some(Change {
+                to: HealthState::Unhealthy,
+                code: "failed_while_recovering",
+                reason: format!("{} while recovering; isolated again", class.as_str()),
+                thresholds: vec!["failure_while_recovering".into()],
+                triggers: vec![id.to_owned()],
+            }),
+            HealthState::Recovering => self.recovery_complete(name),
+            _ => None,
+        }
+    }
+
+    fn recovery_complete(&self, name: &str) -> Option<Change> {
+        let t = &self.endpoints[name];
+        let m = self.policy.consecutive_successes as u32;
+        (t.consecutive_successes >= m && t.ramp_until.is_none_or(|r| r <= self.now)).then(|| Change {
+            to: HealthState::Healthy,
+            code: "recovered",
+            reason: format!("{} consecutive successes and slow start complete", t.consecutive_successes),
+            thresholds: vec![format!("consecutive_successes>={m}")],
+            triggers: vec![],
+        })
+    }
+
+    /// The automatic rules for an endpoint in rotation (healthy, suspect or degraded).
+    fn automatic_change(&mut self, name: &str, extra: Vec<String>) -> Option<Change> {
+        let now = self.now;
+        let policy = &self.policy;
+        let t = &self.endpoints[name];
+        if t.forced.is_some() {
+            return None;
+        }
+        let totals = t.totals(now, policy);
+        let eject = t.eject_causes(&totals, policy, now);
+        let state = t.state;
+        if !eject.is_empty() {
+            let mut thresholds = extra;
+            thresholds.extend(eject);
+            if self.may_eject() {
+                let reason = format!(
+                    "ejected: {} (failure rate {:.0}% of {} calls, score {:.0})",
+                    thresholds.join(", "),
+                    totals.failure_rate() * 100.0,
+                    totals.counted(),
+                    t.score
+                );
+                let triggers = t.failure_ids.clone();
+                return Some(Change { to: HealthState::Unhealthy, code: "ejected", reason, thresholds, triggers });
+            }
+            let newly_refused = !t.eject_refused;
+            self.set_refused(name, true);
+            if state != HealthState::Degraded || newly_refused {
+                let reason = format!(
+                    "would eject ({}) but {} of {} endpoints are already out (max {}%): suspected shared dependency, kept serving",
+                    thresholds.join(", "),
+                    self.count(HealthState::Unhealthy),
+                    self.total(),
+                    self.policy.max_ejection_pct
+                );
+                thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
+                let triggers = self.endpoints[name].failure_ids.clone();
+                return Some(Change { to: HealthState::Degraded, code: "ejection_refused", reason, thresholds, triggers });
+            }
+            return None;
+        }
+        if t.eject_refused {
+            self.set_refused(name, false);
+        }
+        let t = &self.endpoints[name];
+        let policy = &self.policy;
+        let degrade = t.degrade_causes(policy);
+        if !degrade.is_empty() {
+            if state == HealthState::Degraded {
+                return None;
+            }
+            let mut thresholds = extra;
+            thresholds.extend(degrade);
+            let reason = format!("degraded: {} (score {:.0}, weight {})", thresholds.join(", "), t.score, policy.degraded_weight);
+            let triggers = t.failure_ids.clone();
+            return Some(Change { to: HealthState::Degraded, code: "degraded", reason, thresholds, triggers });
+        }
+        let suspect = t.suspect_causes(policy);
+        match state {
+            HealthState::Healthy if !suspect.is_empty() => {
+                let reason = format!("suspect: {}", suspect.join(", "));
+                let triggers = t.failure_ids.clone();
+                Some(Change { to: HealthState::Suspect, code: "suspect", reason, thresholds: suspect, triggers })
+            }
+            HealthState::Suspect if suspect.is_empty() && t.consecutive_successes >= policy.consecutive_successes as u32 => {
+                Some(Change {
+                    to: HealthState::Healthy,
+                    code: "cleared",
+                    reason: format!("{} consecutive successes", t.consecutive_successes),
+                    thresholds: vec![format!("consecutive_successes>={}", policy.consecutive_successes)],
+                    triggers: vec![],
+                })
+            }
+            HealthState::Degraded
+                if suspect.is_empty() && t.above_since.is_some_and(|s| now - s >= policy.recover_hold_ms * 1000) =>
+            {
+                Some(Change {
+                    to: HealthState::Healthy,
+                    code: "recovered",
+                    reason: format!(
+                        "score {:.0} held above {} for {} s",
+                        t.score,
+                        policy.recover_above,
+                        policy.recover_hold_ms / 1000
+                    ),
+                    thresholds: vec![format!("score>{}_for_{}ms", policy.recover_above, policy.recover_hold_ms)],
+                    triggers: vec![],
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Envoy's rule: never eject more than max_ejection_pct of the pool, but always allow one.
+    fn may_eject(&self) -> bool {
+        self.count(HealthState::Unhealthy) < self.max_ejected()
+    }
+
+    pub fn max_ejected(&self) -> u32 {
+        let by_pct = (f64::from(self.total()) * self.policy.max_ejection_pct / 100.0).floor() as u32;
+        by_pct.max(1)
+    }
+
+    fn set_refused(&mut self, name: &str, refused: bool) {
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        if t.eject_refused != refused {
+            t.eject_refused = refused;
+            if refused {
+                self.refused += 1;
+            } else {
+                self.refused -= 1;
+            }
+        }
+    }
+
+    fn check_latency_outlier(&mut self, name: &str) {
+        let policy = &self.policy;
+        let mut peers: Vec<f64> = self
+            .endpoints
+            .iter()
+            .filter(|(n, t)| {
+                n.as_str() != name && t.latency_samples >= LATENCY_MIN_SAMPLES && t.state != HealthState::Unhealthy
+            })
+            .map(|(_, t)| t.latency_ewma_ms)
+            .collect();
+        if peers.len() < policy.latency_outlier_min_peers as usize {
+            return;
+        }
+        peers.sort_unstable_by(f64::total_cmp);
+        let median = peers[peers.len() / 2];
+        let factor = policy.latency_outlier_factor;
+        let min_ms = policy.latency_outlier_min_ms;
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        let ewma = t.latency_ewma_ms;
+        t.latency_outlier = if t.latency_outlier {
+            // Hysteresis: clear only well inside the limit.
+            ewma > factor * median * 0.8
+        } else {
+            ewma > factor * median && ewma - median > min_ms
+        };
+    }
+
+    fn pool_latency_median(&self, name: &str) -> Option<f64> {
+        let mut peers: Vec<f64> = self
+            .endpoints
+            .iter()
+            .filter(|(n, t)| n.as_str() != name && t.latency_samples >= LATENCY_MIN_SAMPLES)
+            .map(|(_, t)| t.latency_ewma_ms)
+            .collect();
+        if peers.is_empty() {
+            return None;
+        }
+        peers.sort_unstable_by(f64::total_cmp);
+        Some(peers[peers.len() / 2])
+    }
+
+    fn weight(&self, state: HealthState, forced: Option<OverrideAction>) -> (f64, i64) {
+        match (state, forced) {
+            (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
+            (HealthState::Healthy | HealthState::Suspect, _) => (1.0, 0),
+            (HealthState::Degraded, _) => (self.policy.degraded_weight, 0),
+            (HealthState::Recovering, _) => (self.policy.slow_start_weight, self.policy.slow_start_ms),
+            (HealthState::Unhealthy | HealthState::Maintenance, _) => (0.0, 0),
+        }
+    }
+
+    fn apply_change(&mut self, name: &str, change: Change, out: &mut Vec<Decision>) {
+        let now = self.now;
+        let policy = self.policy.clone();
+        let median = if self.endpoints[name].latency_outlier { self.pool_latency_median(name) } else { None };
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        let from = t.state;
+        let mut retry_at = None;
+        match change.to {
+            HealthState::Unhealthy if t.forced.is_none() => {
+                let iso = t.next_isolation(now, &policy);
+                t.isolated_until = Some(now + iso * 1000);
+                t.trial_open = false;
+                t.ramp_until = None;
+                retry_at = t.isolated_until;
+            }
+            HealthState::Recovering => {
+                t.reset_for_recovery(now);
+                t.isolated_until = None;
+                t.trial_open = false;
+                t.ramp_until = Some(now + policy.slow_start_ms * 1000);
+            }
+            HealthState::Healthy => {
+                t.isolated_until = None;
+                t.trial_open = false;
+                t.ramp_until = None;
+            }
+            _ => {}
+        }
+        t.state = change.to;
+        t.since = now;
+        t.seq += 1;
+        let forced = t.forced;
+        let evidence = t.evidence(now, &policy, change.thresholds, median);
+        let seq = t.seq as i64;
+        self.counts[state_index(from)] -= 1;
+        self.counts[state_index(change.to)] += 1;
+        let (weight, ramp_ms) = self.weight(change.to, forced);
+        if let Some(d) = self.endpoints[name].deadline(&policy) {
+            self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
+        }
+        let reason = match retry_at {
+            Some(r) => format!("{}; isolated for {} s", change.reason, (r - now) / 1_000_000),
+            None => change.reason,
+        };
+        out.push(Decision::Endpoint(HealthChanged {
+            transition_id: format!("{}/{}/{}", self.pool, name, seq),
+            pool: self.pool.clone(),
+            endpoint: name.to_owned(),
+            seq,
+            from_state: from,
+            to_state: change.to,
+            weight,
+            ramp_ms,
+            retry_at,
+            reason_code: change.code.to_owned(),
+            reason,
+            evidence,
+            policy_version: policy.version,
+            trigger_ids: change.triggers,
+            stream_time: now,
+        }));
+    }
+
+    /// Panic mode and correlated-outage suspicion; a pool event when either flips, or when
+    /// `force_reason` says so (policy changes).
+    fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
+        let total = self.total();
+        let healthy = self.count(HealthState::Healthy);
+        let fraction = if total == 0 { 1.0 } else { f64::from(healthy) / f64::from(total) };
+        let panic = total > 0 && fraction * 100.0 < self.policy.panic_threshold_pct;
+        let correlated = self.refused > 0;
+        if panic == self.panic && correlated == self.correlated_outage && force_reason.is_none() {
+            return;
+        }
+        let mut reasons = Vec::new();
+        if let Some(r) = force_reason {
+            reasons.push(r);
+        }
+        if correlated != self.correlated_outage {
+            reasons.push(if correlated {
+                format!(
+                    "correlated outage suspected: ejection refused for {} endpoint(s) at max-ejection {}%",
+                    self.refused, self.policy.max_ejection_pct
+                )
+            } else {
+                "correlated outage over".to_owned()
+            });
+        }
+        if panic != self.panic {
+            reasons.push(if panic {
+                format!(
+                    "panic mode: {:.0}% healthy is below {}%; route over all endpoints",
+                    fraction * 100.0,
+                    self.policy.panic_threshold_pct
+                )
+            } else {
+                format!("panic mode over: {:.0}% healthy", fraction * 100.0)
+            });
+        }
+        self.panic = panic;
+        self.correlated_outage = correlated;
+        self.seq += 1;
+        out.push(Decision::Pool(PoolHealthChanged {
+            pool: self.pool.clone(),
+            seq: self.seq as i64,
+            endpoints: total as i32,
+            healthy: healthy as i32,
+            ejected: self.count(HealthState::Unhealthy) as i32,
+            healthy_fraction: fraction,
+            panic,
+            correlated_outage: correlated,
+            reason: reasons.join("; "),
+            policy_version: self.policy.version,
+            stream_time: self.now,
+        }));
+    }
+
+    fn operator_override(&mut self, o: &OperatorOverride, out: &mut Vec<Decision>) {
+        let t = self.tracker(&o.endpoint);
+        let previous = t.forced;
+        let (to, forced, code) = match o.action {
+            OverrideAction::ForceHealthy => (HealthState::Healthy, Some(o.action), "forced_healthy"),
+            OverrideAction::ForceUnhealthy => (HealthState::Unhealthy, Some(o.action), "forced_unhealthy"),
+            OverrideAction::MaintenanceOn => (HealthState::Maintenance, Some(o.action), "maintenance_on"),
+            OverrideAction::MaintenanceOff | OverrideAction::Clear => match previous {
+                None | Some(OverrideAction::ForceHealthy) => (t.state, None, "override_cleared"),
+                Some(_) => (HealthState::Recovering, None, "override_cleared"),
+            },
+        };
+        t.forced = forced;
+        if forced.is_some() && t.eject_refused {
+            self.set_refused(&o.endpoint, false);
+        }
+        let change = Change {
+            to,
+            code,
+            reason: format!("{} by {}: {}", action_words(o.action), o.actor, o.reason),
+            thresholds: vec![format!("operator:{}", o.actor)],
+            triggers: vec![o.override_id.clone()],
+        };
+        self.apply_change(&o.endpoint, change, out);
+        self.pool_rules(out, None);
+    }
+
+    fn policy_change(&mut self, p: &PolicyChange, out: &mut Vec<Decision>) {
+        let resize = buckets(&p.policy) != buckets(&self.policy) || p.policy.bucket_ms != self.policy.bucket_ms;
+        self.policy = p.policy.clone();
+        if resize {
+            let n = buckets(&self.policy);
+            for t in self.endpoints.values_mut() {
+                t.window = crate::window::Window::new(n);
+            }
+        }
+        self.next_deadline = self.endpoints.values().filter_map(|t| t.deadline(&self.policy)).min();
+        let reason = format!("policy version {} applied by {}", p.policy.version, p.actor);
+        self.pool_rules(out, Some(reason));
+    }
+}
+
+fn action_words(a: OverrideAction) -> &'static str {
+    match a {
+        OverrideAction::ForceHealthy => "forced healthy",
+        OverrideAction::ForceUnhealthy => "forced unhealthy",
+        OverrideAction::MaintenanceOn => "maintenance on",
+        OverrideAction::MaintenanceOff => "maintenance off",
+        OverrideAction::Clear => "override cleared",
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing vitals needs beyond the machine's toolchains (Rust, Java, Maven,
+# Python, PostgreSQL 15). Idempotent and quick when everything is present.
+set -euo pipefail
+need_apt=()
+dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need_apt+=(libcurl4-openssl-dev)   # librdkafka's OAUTHBEARER headers
+dpkg -s libssl-dev >/dev/null 2>&1 || need_apt+=(libssl-dev)                        # TLS for librdkafka
+dpkg -s cmake >/dev/null 2>&1 || need_apt+=(cmake)                                  # builds librdkafka
+dpkg -s kcat >/dev/null 2>&1 || need_apt+=(kcat)                                    # second, independent Kafka client
+dpkg -s docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)                # validates docker-compose.yaml
+dpkg -s postgresql-15 >/dev/null 2>&1 || need_apt+=(postgresql-15)
+if ((${#need_apt[@]})); then
+  echo "[deps] apt-get install ${need_apt[*]}" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if ! python3 -c 'import fastavro' 2>/dev/null; then
+  echo "[deps] pip install fastavro (interop tests)" >&2
+  python3 -m pip install -q 'fastavro>=1.9,<2'
+fi
