@@ -237,17 +237,24 @@ impl PoolState {
                     to: HealthState::Recovering,
                     code: "trial_succeeded",
                     reason: format!("trial after isolation succeeded; slow start over {} s", policy.slow_start_ms / 1000),
-                    thresholds: vec![],
+                    thresholds: vec!["trial_succeeded".into()],
                     triggers: vec![id.to_owned()],
                 }
             }),
-            HealthState::Recovering if failed => Some(Change {
-                to: HealthState::Unhealthy,
-                code: "failed_while_recovering",
-                reason: format!("{} while recovering; isolated again", class.as_str()),
-                thresholds: vec!["failure_while_recovering".into()],
-                triggers: vec![id.to_owned()],
-            }),
+            HealthState::Recovering if failed => {
+                let thresholds = vec!["failure_while_recovering".into()];
+                if self.may_eject() {
+                    return Some(Change {
+                        to: HealthState::Unhealthy,
+                        code: "failed_while_recovering",
+                        reason: format!("{} while recovering; isolated again", class.as_str()),
+                        thresholds,
+                        triggers: vec![id.to_owned()],
+                    });
+                }
+                self.set_refused(name, true);
+                Some(self.refusal(name, thresholds))
+            }
             HealthState::Recovering => self.recovery_complete(name),
             _ => None,
         }
@@ -293,16 +300,7 @@ impl PoolState {
             let newly_refused = !t.eject_refused;
             self.set_refused(name, true);
             if state != HealthState::Degraded || newly_refused {
-                let reason = format!(
-                    "would eject ({}) but {} of {} endpoints are already out (max {}%): suspected shared dependency, kept serving",
-                    thresholds.join(", "),
-                    self.count(HealthState::Unhealthy),
-                    self.total(),
-                    self.policy.max_ejection_pct
-                );
-                thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
-                let triggers = self.endpoints[name].failure_ids.clone();
-                return Some(Change { to: HealthState::Degraded, code: "ejection_refused", reason, thresholds, triggers });
+                return Some(self.refusal(name, thresholds));
             }
             return None;
         }
@@ -356,6 +354,21 @@ impl PoolState {
             }
             _ => None,
         }
+    }
+
+    /// The max-ejection rule said no: keep the endpoint serving, degraded, and let the pool
+    /// suspect a shared dependency.
+    fn refusal(&self, name: &str, mut thresholds: Vec<String>) -> Change {
+        let reason = format!(
+            "would eject ({}) but {} of {} endpoints are already out (max {}%): suspected shared dependency, kept serving",
+            thresholds.join(", "),
+            self.count(HealthState::Unhealthy),
+            self.total(),
+            self.policy.max_ejection_pct
+        );
+        thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
+        let triggers = self.endpoints[name].failure_ids.clone();
+        Change { to: HealthState::Degraded, code: "ejection_refused", reason, thresholds, triggers }
     }
 
     /// Envoy's rule: never eject more than max_ejection_pct of the pool, but always allow one.
