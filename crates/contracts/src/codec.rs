@@ -7,7 +7,6 @@
 //! fingerprint, a truncated body or a value that does not fit the schema is a [`CodecError`].
 
 use crate::types::*;
-use apache_avro::rabin::Rabin;
 use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value, Schema};
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::HashMap;
@@ -61,15 +60,47 @@ pub enum SchemaKind {
 
 /// (kind, schema text, is it the current version) — the files in `schemas/`.
 const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
-    (SchemaKind::CallOutcome, include_str!("../../../schemas/call_outcome.avsc"), true),
-    (SchemaKind::CallOutcome, include_str!("../../../schemas/call_outcome.v1.avsc"), false),
-    (SchemaKind::ProbeResult, include_str!("../../../schemas/probe_result.avsc"), true),
+    (
+        SchemaKind::CallOutcome,
+        include_str!("../../../schemas/call_outcome.avsc"),
+        true,
+    ),
+    (
+        SchemaKind::CallOutcome,
+        include_str!("../../../schemas/call_outcome.v1.avsc"),
+        false,
+    ),
+    (
+        SchemaKind::ProbeResult,
+        include_str!("../../../schemas/probe_result.avsc"),
+        true,
+    ),
     (SchemaKind::Tick, include_str!("../../../schemas/tick.avsc"), true),
-    (SchemaKind::OperatorOverride, include_str!("../../../schemas/operator_override.avsc"), true),
-    (SchemaKind::PolicyChange, include_str!("../../../schemas/policy_change.avsc"), true),
-    (SchemaKind::HealthChanged, include_str!("../../../schemas/health_changed.avsc"), true),
-    (SchemaKind::PoolHealthChanged, include_str!("../../../schemas/pool_health_changed.avsc"), true),
-    (SchemaKind::EndpointState, include_str!("../../../schemas/endpoint_state.avsc"), true),
+    (
+        SchemaKind::OperatorOverride,
+        include_str!("../../../schemas/operator_override.avsc"),
+        true,
+    ),
+    (
+        SchemaKind::PolicyChange,
+        include_str!("../../../schemas/policy_change.avsc"),
+        true,
+    ),
+    (
+        SchemaKind::HealthChanged,
+        include_str!("../../../schemas/health_changed.avsc"),
+        true,
+    ),
+    (
+        SchemaKind::PoolHealthChanged,
+        include_str!("../../../schemas/pool_health_changed.avsc"),
+        true,
+    ),
+    (
+        SchemaKind::EndpointState,
+        include_str!("../../../schemas/endpoint_state.avsc"),
+        true,
+    ),
 ];
 
 struct Known {
@@ -97,7 +128,11 @@ fn registry() -> &'static Registry {
             let schema = Schema::parse_str(text).unwrap_or_else(|e| panic!("schema {kind:?}: {e}"));
             let fp = fingerprint(&schema);
             let idx = known.len();
-            known.push(Known { kind: *kind, schema, resolve_to: None });
+            known.push(Known {
+                kind: *kind,
+                schema,
+                resolve_to: None,
+            });
             by_fingerprint.insert(fp, idx);
             if *is_current {
                 current.insert(*kind, (idx, fp));
@@ -109,16 +144,55 @@ fn registry() -> &'static Registry {
                 k.resolve_to = Some(cur);
             }
         }
-        Registry { known, by_fingerprint, current }
+        Registry {
+            known,
+            by_fingerprint,
+            current,
+        }
     })
 }
 
-/// CRC-64-AVRO of the schema's parsing canonical form.
+/// The schema's Parsing Canonical Form, as the Avro specification defines it.
+///
+/// apache-avro 0.21 writes a primitive that carries a logical type as `{"type":"long"}` where the
+/// specification's [PRIMITIVES] rule wants `"long"`; other implementations (fastavro, Java) follow
+/// the rule, so we apply it here. In canonical form such an object has no other attribute left,
+/// which makes the textual rewrite exact.
+pub fn canonical_form(schema: &Schema) -> String {
+    let mut cf = schema.canonical_form();
+    for p in ["null", "boolean", "int", "long", "float", "double", "bytes", "string"] {
+        cf = cf.replace(&format!("{{\"type\":\"{p}\"}}"), &format!("\"{p}\""));
+    }
+    cf
+}
+
+/// CRC-64-AVRO (the specification's 64-bit Rabin fingerprint) of the parsing canonical form.
 pub fn fingerprint(schema: &Schema) -> u64 {
-    let fp = schema.fingerprint::<Rabin>();
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&fp.bytes[..8]);
-    u64::from_le_bytes(b)
+    crc64_avro(canonical_form(schema).as_bytes())
+}
+
+const CRC64_EMPTY: u64 = 0xc15d_213a_a4d7_a795;
+
+const CRC64_TABLE: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut fp = i as u64;
+        let mut j = 0;
+        while j < 8 {
+            fp = (fp >> 1) ^ (CRC64_EMPTY & (0u64.wrapping_sub(fp & 1)));
+            j += 1;
+        }
+        table[i] = fp;
+        i += 1;
+    }
+    table
+};
+
+pub fn crc64_avro(data: &[u8]) -> u64 {
+    data.iter().fold(CRC64_EMPTY, |fp, b| {
+        (fp >> 8) ^ CRC64_TABLE[((fp ^ u64::from(*b)) & 0xff) as usize]
+    })
 }
 
 /// The current schema of a kind and its fingerprint.
@@ -133,7 +207,7 @@ pub fn known_schemas() -> Vec<(SchemaKind, u64, String)> {
     registry()
         .known
         .iter()
-        .map(|k| (k.kind, fingerprint(&k.schema), k.schema.canonical_form()))
+        .map(|k| (k.kind, fingerprint(&k.schema), canonical_form(&k.schema)))
         .collect()
 }
 
@@ -161,7 +235,10 @@ record!(EndpointState, EndpointState);
 /// Encode with the current schema of `T`.
 pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
     let (schema, fp) = current_schema(T::KIND);
-    let err = |e: apache_avro::Error| CodecError::Encode { kind: T::KIND, message: e.to_string() };
+    let err = |e: apache_avro::Error| CodecError::Encode {
+        kind: T::KIND,
+        message: e.to_string(),
+    };
     let v = to_value(value).map_err(err)?.resolve(schema).map_err(err)?;
     let body = to_avro_datum(schema, v).map_err(err)?;
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
@@ -182,7 +259,10 @@ fn header(bytes: &[u8]) -> Result<(SchemaKind, usize, &[u8]), CodecError> {
     let mut fp = [0u8; 8];
     fp.copy_from_slice(&bytes[2..HEADER_LEN]);
     let fp = u64::from_le_bytes(fp);
-    let idx = *registry().by_fingerprint.get(&fp).ok_or(CodecError::UnknownFingerprint(fp))?;
+    let idx = *registry()
+        .by_fingerprint
+        .get(&fp)
+        .ok_or(CodecError::UnknownFingerprint(fp))?;
     Ok((registry().known[idx].kind, idx, &bytes[HEADER_LEN..]))
 }
 
@@ -191,26 +271,59 @@ pub fn peek_kind(bytes: &[u8]) -> Result<SchemaKind, CodecError> {
     header(bytes).map(|(k, _, _)| k)
 }
 
-fn decode_body<T: Record>(idx: usize, mut body: &[u8]) -> Result<T, CodecError> {
+fn decode_body<T: Record>(idx: usize, body: &[u8]) -> Result<T, CodecError> {
     let r = registry();
     let known = &r.known[idx];
-    let err = |e: apache_avro::Error| CodecError::Body { kind: known.kind, message: e.to_string() };
+    let err = |e: apache_avro::Error| CodecError::Body {
+        kind: known.kind,
+        message: e.to_string(),
+    };
     let reader = known.resolve_to.map(|c| &r.known[c].schema);
-    let value = from_avro_datum(&known.schema, &mut body, reader).map_err(err)?;
-    if !body.is_empty() {
+    let mut input = Input {
+        rest: body,
+        hit_end: false,
+    };
+    let value = from_avro_datum(&known.schema, &mut input, reader).map_err(err)?;
+    // apache-avro reads a union index cut off by the end of input as null instead of failing, so
+    // a truncated record could decode; a read past the end is a truncation whatever it produced.
+    if input.hit_end {
         return Err(CodecError::Body {
             kind: known.kind,
-            message: format!("{} trailing bytes after the record", body.len()),
+            message: "record is truncated".into(),
+        });
+    }
+    if !input.rest.is_empty() {
+        return Err(CodecError::Body {
+            kind: known.kind,
+            message: format!("{} trailing bytes after the record", input.rest.len()),
         });
     }
     from_value::<T>(&value).map_err(err)
+}
+
+/// A reader over the body that remembers whether anyone tried to read past its end.
+struct Input<'a> {
+    rest: &'a [u8],
+    hit_end: bool,
+}
+
+impl std::io::Read for Input<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.rest.len() < buf.len() {
+            self.hit_end = true;
+        }
+        self.rest.read(buf)
+    }
 }
 
 /// Decode a record that must be of type `T`.
 pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
     let (kind, idx, body) = header(bytes)?;
     if kind != T::KIND {
-        return Err(CodecError::WrongSchema { expected: T::KIND, found: kind });
+        return Err(CodecError::WrongSchema {
+            expected: T::KIND,
+            found: kind,
+        });
     }
     decode_body(idx, body)
 }
@@ -225,7 +338,10 @@ pub fn decode_signal(bytes: &[u8]) -> Result<Signal, CodecError> {
         SchemaKind::OperatorOverride => Signal::Override(decode_body(idx, body)?),
         SchemaKind::PolicyChange => Signal::Policy(decode_body(idx, body)?),
         found => {
-            return Err(CodecError::WrongSchema { expected: SchemaKind::CallOutcome, found });
+            return Err(CodecError::WrongSchema {
+                expected: SchemaKind::CallOutcome,
+                found,
+            });
         }
     })
 }

@@ -22,7 +22,10 @@ pub struct ValidationError {
 }
 
 fn bad(field: &'static str, message: impl Into<String>) -> ValidationError {
-    ValidationError { field, message: message.into() }
+    ValidationError {
+        field,
+        message: message.into(),
+    }
 }
 
 fn name(field: &'static str, v: &str) -> Result<(), ValidationError> {
@@ -154,7 +157,10 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
         return Err(bad("policy.bucket_ms", "must divide window_ms"));
     }
     if p.window_ms / p.bucket_ms > MAX_BUCKETS {
-        return Err(bad("policy.bucket_ms", format!("window_ms/bucket_ms must be at most {MAX_BUCKETS}")));
+        return Err(bad(
+            "policy.bucket_ms",
+            format!("window_ms/bucket_ms must be at most {MAX_BUCKETS}"),
+        ));
     }
     positive("policy.min_volume", p.min_volume.into())?;
     fraction("policy.failure_rate_threshold", p.failure_rate_threshold, 0.0, 1.0)?;
@@ -164,14 +170,17 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
     positive("policy.hard_break_after", p.hard_break_after.into())?;
     fraction("policy.ewma_beta", p.ewma_beta, 0.0, 0.999)?;
     fraction("policy.ttft_baseline_ms", p.ttft_baseline_ms, 0.0, 3.6e6)?;
-    if !(p.ttft_max_ms > p.ttft_baseline_ms) {
+    if !p.ttft_max_ms.is_finite() || p.ttft_max_ms <= p.ttft_baseline_ms {
         return Err(bad("policy.ttft_max_ms", "must be greater than ttft_baseline_ms"));
     }
     positive("policy.slow_call_ms", p.slow_call_ms)?;
     fraction("policy.degrade_below", p.degrade_below, 0.0, 100.0)?;
     fraction("policy.recover_above", p.recover_above, 0.0, 100.0)?;
     if p.recover_above < p.degrade_below {
-        return Err(bad("policy.recover_above", "must not be below degrade_below (the deadband)"));
+        return Err(bad(
+            "policy.recover_above",
+            "must not be below degrade_below (the deadband)",
+        ));
     }
     if p.recover_hold_ms < 0 {
         return Err(bad("policy.recover_hold_ms", "must not be negative"));
@@ -192,9 +201,15 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
     positive("policy.latency_outlier_min_peers", p.latency_outlier_min_peers.into())?;
     fraction("policy.latency_outlier_min_ms", p.latency_outlier_min_ms, 0.0, 3.6e6)?;
     positive("policy.heartbeat_interval_ms", p.heartbeat_interval_ms)?;
-    positive("policy.heartbeat_suspect_intervals", p.heartbeat_suspect_intervals.into())?;
+    positive(
+        "policy.heartbeat_suspect_intervals",
+        p.heartbeat_suspect_intervals.into(),
+    )?;
     if p.heartbeat_unhealthy_intervals <= p.heartbeat_suspect_intervals {
-        return Err(bad("policy.heartbeat_unhealthy_intervals", "must exceed heartbeat_suspect_intervals"));
+        return Err(bad(
+            "policy.heartbeat_unhealthy_intervals",
+            "must exceed heartbeat_suspect_intervals",
+        ));
     }
     Ok(())
 }
@@ -222,12 +237,16 @@ mod tests {
 
     #[test]
     fn a_sane_call_passes() {
-        assert_eq!(validate_signal(&Signal::Call(call()), Some(1_700_000_000_000_000)), Ok(()));
+        assert_eq!(
+            validate_signal(&Signal::Call(call()), Some(1_700_000_000_000_000)),
+            Ok(())
+        );
     }
 
     #[test]
     fn nonsense_values_are_rejected_with_the_field_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut CallOutcome)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut CallOutcome)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("latency_us", Box::new(|c| c.latency_us = -5)),
             ("pool", Box::new(|c| c.pool = "".into())),
             ("endpoint", Box::new(|c| c.endpoint = "  ".into())),
@@ -246,9 +265,15 @@ mod tests {
     #[test]
     fn the_default_policy_is_valid_and_a_broken_one_is_not() {
         assert_eq!(validate_policy(&Policy::default()), Ok(()));
-        let p = Policy { bucket_ms: 7_000, ..Policy::default() };
+        let p = Policy {
+            bucket_ms: 7_000,
+            ..Policy::default()
+        };
         assert_eq!(validate_policy(&p).unwrap_err().field, "policy.bucket_ms");
-        let p = Policy { recover_above: 50.0, ..Policy::default() };
+        let p = Policy {
+            recover_above: 50.0,
+            ..Policy::default()
+        };
         assert_eq!(validate_policy(&p).unwrap_err().field, "policy.recover_above");
     }
 }

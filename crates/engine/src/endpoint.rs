@@ -131,7 +131,11 @@ impl Tracker {
         if self.consecutive_hard >= policy.hard_break_after as u32 {
             self.score = 0.0;
         }
-        self.above_since = if self.score > policy.recover_above { self.above_since.or(Some(now)) } else { None };
+        self.above_since = if self.score > policy.recover_above {
+            self.above_since.or(Some(now))
+        } else {
+            None
+        };
     }
 
     pub fn record_latency(&mut self, latency_us: i64, policy: &Policy) {
@@ -172,7 +176,10 @@ impl Tracker {
         if let Some(silence) = self.heartbeat_silence(now) {
             let limit = policy.heartbeat_unhealthy_intervals as i64 * self.heartbeat_interval(policy) * 1000;
             if silence >= limit {
-                c.push(format!("heartbeat_silence>={}x_interval", policy.heartbeat_unhealthy_intervals));
+                c.push(format!(
+                    "heartbeat_silence>={}x_interval",
+                    policy.heartbeat_unhealthy_intervals
+                ));
             }
         }
         c
@@ -185,7 +192,10 @@ impl Tracker {
             c.push(format!("score<{}", policy.degrade_below));
         }
         if !self.noncritical_down.is_empty() {
-            c.push(format!("noncritical_dependency_down:{}", self.noncritical_down.join(",")));
+            c.push(format!(
+                "noncritical_dependency_down:{}",
+                self.noncritical_down.join(",")
+            ));
         }
         if self.latency_outlier {
             c.push(format!("latency>{}x_pool_median", policy.latency_outlier_factor));
@@ -202,7 +212,10 @@ impl Tracker {
             c.push(format!("consecutive_failures>={}", policy.suspect_after_failures));
         }
         if self.heartbeat_silent {
-            c.push(format!("heartbeat_silence>={}x_interval", policy.heartbeat_suspect_intervals));
+            c.push(format!(
+                "heartbeat_silence>={}x_interval",
+                policy.heartbeat_suspect_intervals
+            ));
         }
         c
     }
@@ -217,13 +230,19 @@ impl Tracker {
 
     /// The isolation for the next ejection: base × 2^k, capped; k resets after a quiet period.
     pub fn next_isolation(&mut self, now: Micros, policy: &Policy) -> i64 {
-        if self.last_isolated_at.is_some_and(|t| now - t > policy.isolation_reset_ms * 1000) {
+        if self
+            .last_isolated_at
+            .is_some_and(|t| now - t > policy.isolation_reset_ms * 1000)
+        {
             self.isolations = 0;
         }
         let k = self.isolations.min(30);
         self.isolations += 1;
         self.last_isolated_at = Some(now);
-        policy.isolation_base_ms.saturating_mul(1i64 << k).min(policy.isolation_max_ms)
+        policy
+            .isolation_base_ms
+            .saturating_mul(1i64 << k)
+            .min(policy.isolation_max_ms)
     }
 
     /// The earliest stream time at which a timer of this endpoint may change its state.
@@ -255,13 +274,23 @@ impl Tracker {
             (self.last_heartbeat, self.state)
         {
             let iv = self.heartbeat_interval(policy) * 1000;
-            let n = if self.heartbeat_silent { policy.heartbeat_unhealthy_intervals } else { policy.heartbeat_suspect_intervals };
+            let n = if self.heartbeat_silent {
+                policy.heartbeat_unhealthy_intervals
+            } else {
+                policy.heartbeat_suspect_intervals
+            };
             consider(last + n as i64 * iv);
         }
         d
     }
 
-    pub fn evidence(&self, now: Micros, policy: &Policy, thresholds: Vec<String>, pool_median: Option<f64>) -> Evidence {
+    pub fn evidence(
+        &self,
+        now: Micros,
+        policy: &Policy,
+        thresholds: Vec<String>,
+        pool_median: Option<f64>,
+    ) -> Evidence {
         let t = self.totals(now, policy);
         let n = |c: OutcomeClass| t.get(c) as i64;
         Evidence {

@@ -23,7 +23,7 @@ use vitals_contracts::{HealthChanged, Micros, Policy, PoolHealthChanged, Signal}
 /// What the engine decided. Each is recorded in the audit log and published.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    Endpoint(HealthChanged),
+    Endpoint(Box<HealthChanged>),
     Pool(PoolHealthChanged),
 }
 
@@ -44,7 +44,11 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(default_policy: Policy) -> Engine {
-        Engine { now: 0, default_policy, pools: BTreeMap::new() }
+        Engine {
+            now: 0,
+            default_policy,
+            pools: BTreeMap::new(),
+        }
     }
 
     /// Apply one signal at stream time `at`; decisions are appended to `out`.
@@ -87,7 +91,9 @@ impl Engine {
 
     /// One pool's state as bytes; the processor stores a snapshot per pool.
     pub fn pool_snapshot(&self, pool: &str) -> Option<Vec<u8>> {
-        self.pools.get(pool).map(|p| serde_json::to_vec(p).expect("pool state is always serializable"))
+        self.pools
+            .get(pool)
+            .map(|p| serde_json::to_vec(p).expect("pool state is always serializable"))
     }
 
     pub fn restore_pool(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {

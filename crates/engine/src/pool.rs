@@ -145,7 +145,8 @@ impl PoolState {
 
     fn tracker(&mut self, endpoint: &str) -> &mut Tracker {
         if !self.endpoints.contains_key(endpoint) {
-            self.endpoints.insert(endpoint.to_owned(), Tracker::new(self.now, &self.policy));
+            self.endpoints
+                .insert(endpoint.to_owned(), Tracker::new(self.now, &self.policy));
             self.counts[state_index(HealthState::Healthy)] += 1;
         }
         self.endpoints.get_mut(endpoint).expect("inserted above")
@@ -188,7 +189,7 @@ impl PoolState {
         }
         if class == OutcomeClass::Success {
             t.record_latency(o.latency_us, &policy);
-            if t.latency_samples >= LATENCY_MIN_SAMPLES && (t.latency_samples % 4 == 0 || t.latency_outlier) {
+            if t.latency_samples >= LATENCY_MIN_SAMPLES && (t.latency_samples.is_multiple_of(4) || t.latency_outlier) {
                 self.check_latency_outlier(o.endpoint);
             }
         }
@@ -236,7 +237,10 @@ impl PoolState {
                 Change {
                     to: HealthState::Recovering,
                     code: "trial_succeeded",
-                    reason: format!("trial after isolation succeeded; slow start over {} s", policy.slow_start_ms / 1000),
+                    reason: format!(
+                        "trial after isolation succeeded; slow start over {} s",
+                        policy.slow_start_ms / 1000
+                    ),
                     thresholds: vec!["trial_succeeded".into()],
                     triggers: vec![id.to_owned()],
                 }
@@ -266,7 +270,10 @@ impl PoolState {
         (t.consecutive_successes >= m && t.ramp_until.is_none_or(|r| r <= self.now)).then(|| Change {
             to: HealthState::Healthy,
             code: "recovered",
-            reason: format!("{} consecutive successes and slow start complete", t.consecutive_successes),
+            reason: format!(
+                "{} consecutive successes and slow start complete",
+                t.consecutive_successes
+            ),
             thresholds: vec![format!("consecutive_successes>={m}")],
             triggers: vec![],
         })
@@ -295,7 +302,13 @@ impl PoolState {
                     t.score
                 );
                 let triggers = t.failure_ids.clone();
-                return Some(Change { to: HealthState::Unhealthy, code: "ejected", reason, thresholds, triggers });
+                return Some(Change {
+                    to: HealthState::Unhealthy,
+                    code: "ejected",
+                    reason,
+                    thresholds,
+                    triggers,
+                });
             }
             let newly_refused = !t.eject_refused;
             self.set_refused(name, true);
@@ -316,18 +329,37 @@ impl PoolState {
             }
             let mut thresholds = extra;
             thresholds.extend(degrade);
-            let reason = format!("degraded: {} (score {:.0}, weight {})", thresholds.join(", "), t.score, policy.degraded_weight);
+            let reason = format!(
+                "degraded: {} (score {:.0}, weight {})",
+                thresholds.join(", "),
+                t.score,
+                policy.degraded_weight
+            );
             let triggers = t.failure_ids.clone();
-            return Some(Change { to: HealthState::Degraded, code: "degraded", reason, thresholds, triggers });
+            return Some(Change {
+                to: HealthState::Degraded,
+                code: "degraded",
+                reason,
+                thresholds,
+                triggers,
+            });
         }
         let suspect = t.suspect_causes(policy);
         match state {
             HealthState::Healthy if !suspect.is_empty() => {
                 let reason = format!("suspect: {}", suspect.join(", "));
                 let triggers = t.failure_ids.clone();
-                Some(Change { to: HealthState::Suspect, code: "suspect", reason, thresholds: suspect, triggers })
+                Some(Change {
+                    to: HealthState::Suspect,
+                    code: "suspect",
+                    reason,
+                    thresholds: suspect,
+                    triggers,
+                })
             }
-            HealthState::Suspect if suspect.is_empty() && t.consecutive_successes >= policy.consecutive_successes as u32 => {
+            HealthState::Suspect
+                if suspect.is_empty() && t.consecutive_successes >= policy.consecutive_successes as u32 =>
+            {
                 Some(Change {
                     to: HealthState::Healthy,
                     code: "cleared",
@@ -348,7 +380,10 @@ impl PoolState {
                         policy.recover_above,
                         policy.recover_hold_ms / 1000
                     ),
-                    thresholds: vec![format!("score>{}_for_{}ms", policy.recover_above, policy.recover_hold_ms)],
+                    thresholds: vec![format!(
+                        "score>{}_for_{}ms",
+                        policy.recover_above, policy.recover_hold_ms
+                    )],
                     triggers: vec![],
                 })
             }
@@ -368,7 +403,13 @@ impl PoolState {
         );
         thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
         let triggers = self.endpoints[name].failure_ids.clone();
-        Change { to: HealthState::Degraded, code: "ejection_refused", reason, thresholds, triggers }
+        Change {
+            to: HealthState::Degraded,
+            code: "ejection_refused",
+            reason,
+            thresholds,
+            triggers,
+        }
     }
 
     /// Envoy's rule: never eject more than max_ejection_pct of the pool, but always allow one.
@@ -447,7 +488,11 @@ impl PoolState {
     fn apply_change(&mut self, name: &str, change: Change, out: &mut Vec<Decision>) {
         let now = self.now;
         let policy = self.policy.clone();
-        let median = if self.endpoints[name].latency_outlier { self.pool_latency_median(name) } else { None };
+        let median = if self.endpoints[name].latency_outlier {
+            self.pool_latency_median(name)
+        } else {
+            None
+        };
         let t = self.endpoints.get_mut(name).expect("known endpoint");
         let from = t.state;
         let mut retry_at = None;
@@ -488,7 +533,7 @@ impl PoolState {
             Some(r) => format!("{}; isolated for {} s", change.reason, (r - now) / 1_000_000),
             None => change.reason,
         };
-        out.push(Decision::Endpoint(HealthChanged {
+        out.push(Decision::Endpoint(Box::new(HealthChanged {
             transition_id: format!("{}/{}/{}", self.pool, name, seq),
             pool: self.pool.clone(),
             endpoint: name.to_owned(),
@@ -504,7 +549,7 @@ impl PoolState {
             policy_version: policy.version,
             trigger_ids: change.triggers,
             stream_time: now,
-        }));
+        })));
     }
 
     /// Panic mode and correlated-outage suspicion; a pool event when either flips, or when
@@ -512,7 +557,11 @@ impl PoolState {
     fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
         let total = self.total();
         let healthy = self.count(HealthState::Healthy);
-        let fraction = if total == 0 { 1.0 } else { f64::from(healthy) / f64::from(total) };
+        let fraction = if total == 0 {
+            1.0
+        } else {
+            f64::from(healthy) / f64::from(total)
+        };
         let panic = total > 0 && fraction * 100.0 < self.policy.panic_threshold_pct;
         let correlated = self.refused > 0;
         if panic == self.panic && correlated == self.correlated_outage && force_reason.is_none() {

@@ -28,7 +28,11 @@ impl Totals {
         self.0[c.index()]
     }
     pub fn failures(&self) -> u64 {
-        OutcomeClass::ALL.iter().filter(|c| c.is_failure()).map(|c| self.get(*c)).sum()
+        OutcomeClass::ALL
+            .iter()
+            .filter(|c| c.is_failure())
+            .map(|c| self.get(*c))
+            .sum()
     }
     /// Calls that count towards the failure rate: successes and failures, not 4xx or cancelled.
     pub fn counted(&self) -> u64 {
@@ -48,7 +52,9 @@ fn number(now: Micros, bucket_us: i64) -> u32 {
 
 impl Window {
     pub fn new(buckets: usize) -> Window {
-        Window { buckets: vec![Bucket::default(); buckets.max(1)] }
+        Window {
+            buckets: vec![Bucket::default(); buckets.max(1)],
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -64,7 +70,10 @@ impl Window {
         let len = self.buckets.len();
         let slot = &mut self.buckets[n as usize % len];
         if slot.number != n {
-            *slot = Bucket { number: n, counts: [0; CLASSES] };
+            *slot = Bucket {
+                number: n,
+                counts: [0; CLASSES],
+            };
         }
         slot.counts[class.index()] = slot.counts[class.index()].saturating_add(1);
     }

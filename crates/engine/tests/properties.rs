@@ -13,10 +13,22 @@ const POOLS: [&str; 2] = ["p1", "p2"];
 /// One generated step: how far time moves, and what arrives.
 #[derive(Debug, Clone)]
 enum Step {
-    Call { pool: usize, ep: usize, class: usize, ttft_ms: Option<i64> },
-    Heartbeat { pool: usize, ep: usize },
+    Call {
+        pool: usize,
+        ep: usize,
+        class: usize,
+        ttft_ms: Option<i64>,
+    },
+    Heartbeat {
+        pool: usize,
+        ep: usize,
+    },
     Tick,
-    Override { pool: usize, ep: usize, action: usize },
+    Override {
+        pool: usize,
+        ep: usize,
+        action: usize,
+    },
 }
 
 fn step() -> impl Strategy<Value = (i64, Step)> {
@@ -39,12 +51,25 @@ fn signals(steps: &[(i64, Step)]) -> Vec<(Micros, Signal)> {
         .map(|(i, (dt, s))| {
             t += dt * MS;
             let sig = match s {
-                Step::Call { pool, ep, class, ttft_ms } => {
-                    call(POOLS[*pool], ENDPOINTS[*ep], i as u64, OutcomeClass::ALL[*class], *ttft_ms)
-                }
-                Step::Heartbeat { pool, ep } => {
-                    Signal::Probe(probe(POOLS[*pool], ENDPOINTS[*ep], i as u64, ProbeKind::Heartbeat, OutcomeClass::Success))
-                }
+                Step::Call {
+                    pool,
+                    ep,
+                    class,
+                    ttft_ms,
+                } => call(
+                    POOLS[*pool],
+                    ENDPOINTS[*ep],
+                    i as u64,
+                    OutcomeClass::ALL[*class],
+                    *ttft_ms,
+                ),
+                Step::Heartbeat { pool, ep } => Signal::Probe(probe(
+                    POOLS[*pool],
+                    ENDPOINTS[*ep],
+                    i as u64,
+                    ProbeKind::Heartbeat,
+                    OutcomeClass::Success,
+                )),
                 Step::Tick => tick(),
                 Step::Override { pool, ep, action } => Signal::Override(OperatorOverride {
                     override_id: format!("ov-{i}"),

@@ -21,15 +21,29 @@ fn silent_degradation_ttft_climb_degrades_then_ejects() {
     }
     let a = r.changes_of("a");
     let path: Vec<HealthState> = a.iter().map(|h| h.to_state).collect();
-    assert_eq!(path[0], HealthState::Degraded, "first a degradation, not an ejection: {path:?}");
+    assert_eq!(
+        path[0],
+        HealthState::Degraded,
+        "first a degradation, not an ejection: {path:?}"
+    );
     assert!(path.contains(&HealthState::Unhealthy), "then ejected: {path:?}");
     let degraded = a[0];
     assert!(degraded.reason.contains("score<60"), "{}", degraded.reason);
-    assert!(degraded.evidence.ttft_p50_ms.unwrap() < 10_000.0, "degraded before any call timed out");
-    assert_eq!(degraded.evidence.failure_rate, 0.0, "every call was a 200 when it degraded");
+    assert!(
+        degraded.evidence.ttft_p50_ms.unwrap() < 10_000.0,
+        "degraded before any call timed out"
+    );
+    assert_eq!(
+        degraded.evidence.failure_rate, 0.0,
+        "every call was a 200 when it degraded"
+    );
     assert_eq!(degraded.weight, Policy::default().degraded_weight);
     let ejected = a.iter().find(|h| h.to_state == HealthState::Unhealthy).unwrap();
-    assert!(ejected.evidence.thresholds.iter().any(|t| t.starts_with("ttft>")), "{:?}", ejected.evidence.thresholds);
+    assert!(
+        ejected.evidence.thresholds.iter().any(|t| t.starts_with("ttft>")),
+        "{:?}",
+        ejected.evidence.thresholds
+    );
     assert!(ejected.retry_at.is_some());
     assert!(r.changes_of("b").is_empty() && r.changes_of("c").is_empty());
 }
@@ -63,7 +77,11 @@ fn degraded_recovers_only_after_score_held_above_85_for_30s() {
         t += 500 * MS;
     }
     let (crossed, healthy) = (crossed_at.unwrap(), healthy_at.expect("recovers in the end"));
-    assert!(healthy - crossed >= 30 * SEC, "healthy {} s after crossing 85", (healthy - crossed) / SEC);
+    assert!(
+        healthy - crossed >= 30 * SEC,
+        "healthy {} s after crossing 85",
+        (healthy - crossed) / SEC
+    );
     assert!(healthy - crossed <= 31 * SEC);
     assert_eq!(r.path_of("a"), vec![HealthState::Degraded, HealthState::Healthy]);
 }
@@ -79,15 +97,29 @@ fn fifteen_percent_dropped_connections_degrade_without_ejecting() {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let drop = (rng >> 33) % 100 < 15;
         dropped += drop as u32;
-        let outcome = if drop { OutcomeClass::ConnectionDropped } else { OutcomeClass::Success };
-        r.at(i as i64 * 500 * MS, call("llm", "a", i, outcome, if drop { None } else { Some(300) }));
-        r.at(i as i64 * 500 * MS, call("llm", "b", i, OutcomeClass::Success, Some(300)));
+        let outcome = if drop {
+            OutcomeClass::ConnectionDropped
+        } else {
+            OutcomeClass::Success
+        };
+        r.at(
+            i as i64 * 500 * MS,
+            call("llm", "a", i, outcome, if drop { None } else { Some(300) }),
+        );
+        r.at(
+            i as i64 * 500 * MS,
+            call("llm", "b", i, OutcomeClass::Success, Some(300)),
+        );
     }
     assert!((60..=120).contains(&dropped), "the mix is about 15%: {dropped}/600");
     let path = r.path_of("a");
     assert!(path.contains(&HealthState::Degraded), "{path:?}");
     assert!(!path.contains(&HealthState::Unhealthy), "never ejected: {path:?}");
-    let d = r.changes_of("a").into_iter().find(|h| h.to_state == HealthState::Degraded).unwrap();
+    let d = r
+        .changes_of("a")
+        .into_iter()
+        .find(|h| h.to_state == HealthState::Degraded)
+        .unwrap();
     assert!(d.evidence.connection_dropped > 0);
     assert!(d.evidence.failure_rate < 0.5, "{}", d.evidence.failure_rate);
 }
@@ -99,7 +131,16 @@ fn five_failed_probes_isolate_then_trial_recover_and_second_isolation_is_twice_a
     let mut r = Run::new();
     let p = |id, outcome| Signal::Probe(probe("models", "a", id, ProbeKind::SyntheticCompletion, outcome));
     for peer in ["b", "c", "d"] {
-        r.at(0, Signal::Probe(probe("models", peer, 0, ProbeKind::SyntheticCompletion, OutcomeClass::Success)));
+        r.at(
+            0,
+            Signal::Probe(probe(
+                "models",
+                peer,
+                0,
+                ProbeKind::SyntheticCompletion,
+                OutcomeClass::Success,
+            )),
+        );
     }
     for i in 0..5 {
         r.at(i * SEC, p(i as u64, OutcomeClass::ConnectError));
@@ -107,7 +148,12 @@ fn five_failed_probes_isolate_then_trial_recover_and_second_isolation_is_twice_a
     let ejected = *r.changes_of("a").last().unwrap();
     assert_eq!(ejected.to_state, HealthState::Unhealthy);
     assert_eq!(ejected.evidence.consecutive_failures, 5);
-    assert_eq!(ejected.trigger_ids.len(), 5, "the five failed probes: {:?}", ejected.trigger_ids);
+    assert_eq!(
+        ejected.trigger_ids.len(),
+        5,
+        "the five failed probes: {:?}",
+        ejected.trigger_ids
+    );
     assert_eq!(ejected.retry_at, Some(T0 + 4 * SEC + 30 * SEC));
     // On the way out the score may already have marked it degraded (two failures take the
     // EWMA below 60) before the fifth failure ejects it.
@@ -121,20 +167,32 @@ fn five_failed_probes_isolate_then_trial_recover_and_second_isolation_is_twice_a
     r.tick_until(34 * SEC);
     let d = r.at(35 * SEC, p(35, OutcomeClass::Success));
     let rec = transitions(&d)[0];
-    assert_eq!((rec.to_state, rec.weight, rec.ramp_ms), (HealthState::Recovering, 0.1, 30_000));
+    assert_eq!(
+        (rec.to_state, rec.weight, rec.ramp_ms),
+        (HealthState::Recovering, 0.1, 30_000)
+    );
     for s in 36..=66 {
         r.at(s * SEC, p(s as u64, OutcomeClass::Success));
     }
     assert_eq!(r.state_of("models", "a"), HealthState::Healthy);
     let healthy = *r.changes_of("a").last().unwrap();
-    assert_eq!(healthy.stream_time, T0 + 65 * SEC, "healthy when the 30 s slow start ends");
+    assert_eq!(
+        healthy.stream_time,
+        T0 + 65 * SEC,
+        "healthy when the 30 s slow start ends"
+    );
 
     for i in 0..5 {
         r.at((70 + i) * SEC, p(70 + i as u64, OutcomeClass::ConnectError));
     }
     let second = *r.changes_of("a").last().unwrap();
     assert_eq!(second.to_state, HealthState::Unhealthy);
-    assert_eq!(second.retry_at, Some(second.stream_time + 60 * SEC), "{}", second.reason);
+    assert_eq!(
+        second.retry_at,
+        Some(second.stream_time + 60 * SEC),
+        "{}",
+        second.reason
+    );
     assert_eq!(second.evidence.isolations, 2);
 }
 
@@ -149,7 +207,10 @@ fn failure_while_recovering_isolates_again() {
     r.at(41 * SEC, call("p", "a", 100, OutcomeClass::Success, None));
     r.at(42 * SEC, call("p", "a", 101, OutcomeClass::ServerError, None));
     let last = *r.changes_of("a").last().unwrap();
-    assert_eq!((last.from_state, last.to_state), (HealthState::Recovering, HealthState::Unhealthy));
+    assert_eq!(
+        (last.from_state, last.to_state),
+        (HealthState::Recovering, HealthState::Unhealthy)
+    );
     assert_eq!(last.reason_code, "failed_while_recovering");
 }
 
@@ -164,15 +225,25 @@ fn shared_dependency_outage_ejects_at_most_max_ejection_and_raises_one_pool_deci
     }
     for round in 1..=20i64 {
         for e in eps {
-            r.at(round * 100 * MS, call("shared", e, round as u64, OutcomeClass::ServerError, None));
+            r.at(
+                round * 100 * MS,
+                call("shared", e, round as u64, OutcomeClass::ServerError, None),
+            );
         }
     }
     let pool = &r.engine.pools["shared"];
     assert_eq!(pool.count(HealthState::Unhealthy), 3, "50% of 6");
     assert_eq!(pool.count(HealthState::Degraded), 3, "the rest keep serving, degraded");
-    let refused: Vec<_> = transitions(&r.decisions).into_iter().filter(|h| h.reason_code == "ejection_refused").collect();
+    let refused: Vec<_> = transitions(&r.decisions)
+        .into_iter()
+        .filter(|h| h.reason_code == "ejection_refused")
+        .collect();
     assert_eq!(refused.len(), 3);
-    assert!(refused[0].reason.contains("suspected shared dependency"), "{}", refused[0].reason);
+    assert!(
+        refused[0].reason.contains("suspected shared dependency"),
+        "{}",
+        refused[0].reason
+    );
     let events = pool_events(&r.decisions);
     let mut raised = 0;
     let mut before = false;
@@ -190,11 +261,18 @@ fn shared_dependency_outage_ejects_at_most_max_ejection_and_raises_one_pool_deci
 fn flapping_endpoint_does_not_flap() {
     let mut r = Run::new();
     for i in 0..600i64 {
-        let outcome = if i % 2 == 0 { OutcomeClass::Success } else { OutcomeClass::Timeout };
+        let outcome = if i % 2 == 0 {
+            OutcomeClass::Success
+        } else {
+            OutcomeClass::Timeout
+        };
         r.at(i * 500 * MS, call("p", "a", i as u64, outcome, None));
     }
     let path = r.path_of("a");
-    assert!(path.len() <= 1, "at most one move (to degraded) in 5 minutes of alternation: {path:?}");
+    assert!(
+        path.len() <= 1,
+        "at most one move (to degraded) in 5 minutes of alternation: {path:?}"
+    );
     assert!(!path.contains(&HealthState::Unhealthy));
 }
 
@@ -240,12 +318,19 @@ fn heartbeats_returning_clear_suspicion() {
 fn client_error_storm_changes_nothing() {
     let mut r = Run::new();
     for i in 0..2_000i64 {
-        let outcome = if i % 3 == 0 { OutcomeClass::Cancelled } else { OutcomeClass::ClientError };
+        let outcome = if i % 3 == 0 {
+            OutcomeClass::Cancelled
+        } else {
+            OutcomeClass::ClientError
+        };
         r.at(i * 10 * MS, call("p", "a", i as u64, outcome, None));
     }
     assert!(r.decisions.is_empty(), "{:#?}", r.decisions.first());
     let t = &r.engine.pools["p"].endpoints["a"];
-    assert_eq!((t.state, t.score, t.consecutive_failures), (HealthState::Healthy, 100.0, 0));
+    assert_eq!(
+        (t.state, t.score, t.consecutive_failures),
+        (HealthState::Healthy, 100.0, 0)
+    );
 }
 
 /// Operator overrides are transitions like any other, with who and why.
@@ -266,14 +351,20 @@ fn override_and_its_audit_trail() {
     r.at(0, call("p", "a", 0, OutcomeClass::Success, None));
     let d = r.at(SEC, ov("ov-1", OverrideAction::ForceUnhealthy, "alice"));
     let h = transitions(&d)[0];
-    assert_eq!((h.from_state, h.to_state, h.seq), (HealthState::Healthy, HealthState::Unhealthy, 1));
+    assert_eq!(
+        (h.from_state, h.to_state, h.seq),
+        (HealthState::Healthy, HealthState::Unhealthy, 1)
+    );
     assert_eq!(h.reason, "forced unhealthy by alice: INC-42 bad deploy");
     assert_eq!(h.trigger_ids, vec!["ov-1".to_string()]);
     assert_eq!(h.evidence.thresholds, vec!["operator:alice".to_string()]);
     assert_eq!(h.retry_at, None, "a forced state has no trial");
     // Automatic rules stay out of a forced state.
     for i in 1..50 {
-        r.at(SEC + i * 100 * MS, call("p", "a", i as u64, OutcomeClass::Success, None));
+        r.at(
+            SEC + i * 100 * MS,
+            call("p", "a", i as u64, OutcomeClass::Success, None),
+        );
     }
     r.tick_until(120 * SEC);
     assert_eq!(r.changes_of("a").len(), 1);
@@ -281,7 +372,11 @@ fn override_and_its_audit_trail() {
     r.at(122 * SEC, ov("ov-3", OverrideAction::MaintenanceOff, "bob"));
     assert_eq!(
         r.path_of("a"),
-        vec![HealthState::Unhealthy, HealthState::Maintenance, HealthState::Recovering]
+        vec![
+            HealthState::Unhealthy,
+            HealthState::Maintenance,
+            HealthState::Recovering
+        ]
     );
     let seqs: Vec<i64> = r.changes_of("a").iter().map(|h| h.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3]);
@@ -291,7 +386,12 @@ fn override_and_its_audit_trail() {
 #[test]
 fn policy_change_from_the_log_changes_thresholds() {
     let mut r = Run::new();
-    let policy = Policy { version: 7, consecutive_failures: 2, suspect_after_failures: 1, ..Policy::default() };
+    let policy = Policy {
+        version: 7,
+        consecutive_failures: 2,
+        suspect_after_failures: 1,
+        ..Policy::default()
+    };
     let d = r.at(
         0,
         Signal::Policy(PolicyChange {
@@ -338,7 +438,11 @@ fn critical_and_noncritical_dependencies() {
     let mut r = Run::new();
     let with_dep = |ep: &str, id, critical| {
         let mut p = probe("p", ep, id, ProbeKind::Http, OutcomeClass::Success);
-        p.dependencies = vec![DependencyReport { name: "db".into(), critical, status: DependencyStatus::Down }];
+        p.dependencies = vec![DependencyReport {
+            name: "db".into(),
+            critical,
+            status: DependencyStatus::Down,
+        }];
         Signal::Probe(p)
     };
     for e in ["a", "b", "c", "d"] {
@@ -356,8 +460,15 @@ fn critical_and_noncritical_dependencies() {
 fn snapshot_mid_scenario_continues_identically() {
     let signals: Vec<(Micros, Signal)> = (0..400i64)
         .map(|i| {
-            let outcome = if (i / 20) % 3 == 0 { OutcomeClass::Timeout } else { OutcomeClass::Success };
-            (T0 + i * 300 * MS, call("p", ["a", "b", "c"][(i % 3) as usize], i as u64, outcome, Some(300)))
+            let outcome = if (i / 20) % 3 == 0 {
+                OutcomeClass::Timeout
+            } else {
+                OutcomeClass::Success
+            };
+            (
+                T0 + i * 300 * MS,
+                call("p", ["a", "b", "c"][(i % 3) as usize], i as u64, outcome, Some(300)),
+            )
         })
         .collect();
     let mut whole = Engine::new(Policy::default());

@@ -50,13 +50,16 @@ pub fn probe(pool: &str, ep: &str, id: u64, kind: ProbeKind, outcome: OutcomeCla
 }
 
 pub fn tick() -> Signal {
-    Signal::Tick(Tick { ticker: "ticker".into(), emitted_at: T0 })
+    Signal::Tick(Tick {
+        ticker: "ticker".into(),
+        emitted_at: T0,
+    })
 }
 
 pub fn transitions(ds: &[Decision]) -> Vec<&HealthChanged> {
     ds.iter()
         .filter_map(|d| match d {
-            Decision::Endpoint(h) => Some(h),
+            Decision::Endpoint(h) => Some(h.as_ref()),
             _ => None,
         })
         .collect()
@@ -80,7 +83,11 @@ pub struct Run {
 
 impl Run {
     pub fn new() -> Run {
-        Run { engine: Engine::new(Policy::default()), now: T0, decisions: Vec::new() }
+        Run {
+            engine: Engine::new(Policy::default()),
+            now: T0,
+            decisions: Vec::new(),
+        }
     }
 
     pub fn at(&mut self, offset: Micros, s: Signal) -> Vec<Decision> {
@@ -106,7 +113,10 @@ impl Run {
     }
 
     pub fn changes_of(&self, ep: &str) -> Vec<&HealthChanged> {
-        transitions(&self.decisions).into_iter().filter(|h| h.endpoint == ep).collect()
+        transitions(&self.decisions)
+            .into_iter()
+            .filter(|h| h.endpoint == ep)
+            .collect()
     }
 
     pub fn path_of(&self, ep: &str) -> Vec<HealthState> {

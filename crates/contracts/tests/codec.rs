@@ -1,0 +1,245 @@
+//! Codec tests: round trips, hostile bytes, schema evolution and interop with fastavro.
+
+use apache_avro::{to_avro_datum, types::Value, Schema};
+use proptest::prelude::*;
+use std::path::PathBuf;
+use std::process::Command;
+use vitals_contracts::codec::{fingerprint, peek_kind};
+use vitals_contracts::*;
+
+fn sample_call() -> CallOutcome {
+    CallOutcome {
+        event_id: "evt-1".into(),
+        pool: "gpt-pool".into(),
+        endpoint: "azure-eastus".into(),
+        gateway: "gw-7".into(),
+        occurred_at: 1_700_000_000_123_456,
+        outcome: OutcomeClass::ServerError,
+        http_status: Some(503),
+        latency_us: 1_234_567,
+        ttft_us: Some(250_000),
+        tpot_us: None,
+        attributes: [("route".to_string(), "/v1/chat".to_string())].into_iter().collect(),
+        model: Some("gpt-6".into()),
+    }
+}
+
+fn sample_change() -> HealthChanged {
+    HealthChanged {
+        transition_id: "gpt-pool/azure-eastus/3".into(),
+        pool: "gpt-pool".into(),
+        endpoint: "azure-eastus".into(),
+        seq: 3,
+        from_state: HealthState::Degraded,
+        to_state: HealthState::Unhealthy,
+        weight: 0.0,
+        ramp_ms: 0,
+        retry_at: Some(1_700_000_030_000_000),
+        reason_code: "ejected".into(),
+        reason: "ejected: consecutive_failures>=5".into(),
+        evidence: Evidence {
+            window_ms: 30_000,
+            server_error: 5,
+            failure_rate: 1.0,
+            score: 0.0,
+            ttft_p50_ms: Some(250.0),
+            consecutive_failures: 5,
+            thresholds: vec!["consecutive_failures>=5".into()],
+            ..Evidence::default()
+        },
+        policy_version: 2,
+        trigger_ids: vec!["a".into(), "b".into()],
+        stream_time: 1_700_000_000_000_000,
+    }
+}
+
+#[test]
+fn every_record_type_round_trips() {
+    let call = sample_call();
+    assert_eq!(decode::<CallOutcome>(&encode(&call).unwrap()).unwrap(), call);
+    let change = sample_change();
+    let bytes = encode(&change).unwrap();
+    assert_eq!(&bytes[..2], &[0xC3, 0x01]);
+    assert_eq!(decode::<HealthChanged>(&bytes).unwrap(), change);
+    let state = EndpointState::from_change(&change);
+    assert_eq!(decode::<EndpointState>(&encode(&state).unwrap()).unwrap(), state);
+    let policy = Signal::Policy(PolicyChange {
+        change_id: "pc".into(),
+        pool: "p".into(),
+        actor: "me".into(),
+        issued_at: 1,
+        policy: Policy::default(),
+    });
+    assert_eq!(decode_signal(&encode_signal(&policy).unwrap()).unwrap(), policy);
+}
+
+#[test]
+fn hostile_bytes_give_typed_errors() {
+    let good = encode(&sample_call()).unwrap();
+    assert_eq!(decode_signal(&good[..5]).unwrap_err(), CodecError::TooShort(5));
+    assert!(matches!(
+        decode_signal(b"{\"json\": true}").unwrap_err(),
+        CodecError::BadMagic(b'{', b'"')
+    ));
+    let mut unknown = good.clone();
+    unknown[2..10].copy_from_slice(&0xdead_beef_u64.to_le_bytes());
+    assert_eq!(
+        decode_signal(&unknown).unwrap_err(),
+        CodecError::UnknownFingerprint(0xdead_beef)
+    );
+    for cut in 10..good.len() {
+        let e = decode_signal(&good[..cut]).unwrap_err();
+        assert_eq!(e.code(), "invalid_body", "cut at {cut}: {e}");
+    }
+    let mut trailing = good.clone();
+    trailing.push(0);
+    assert_eq!(decode_signal(&trailing).unwrap_err().code(), "invalid_body");
+    let change = encode(&sample_change()).unwrap();
+    assert!(matches!(
+        decode_signal(&change).unwrap_err(),
+        CodecError::WrongSchema { .. }
+    ));
+    assert_eq!(peek_kind(&change).unwrap(), SchemaKind::HealthChanged);
+}
+
+#[test]
+fn a_record_written_with_the_older_schema_still_decodes() {
+    let v1 = Schema::parse_str(include_str!("../../../schemas/call_outcome.v1.avsc")).unwrap();
+    let value = Value::Record(vec![
+        ("event_id".into(), Value::String("old-1".into())),
+        ("pool".into(), Value::String("p".into())),
+        ("endpoint".into(), Value::String("e".into())),
+        ("gateway".into(), Value::String("gw-old".into())),
+        ("occurred_at".into(), Value::TimestampMicros(1_600_000_000_000_000)),
+        ("outcome".into(), Value::Enum(1, "TIMEOUT".into())),
+        ("http_status".into(), Value::Union(0, Box::new(Value::Null))),
+        ("latency_us".into(), Value::Long(5_000_000)),
+        ("ttft_us".into(), Value::Union(0, Box::new(Value::Null))),
+        ("tpot_us".into(), Value::Union(0, Box::new(Value::Null))),
+        ("attributes".into(), Value::Map(Default::default())),
+    ]);
+    let mut bytes = vec![0xC3, 0x01];
+    bytes.extend_from_slice(&fingerprint(&v1).to_le_bytes());
+    bytes.extend(to_avro_datum(&v1, value).unwrap());
+    let (_, current_fp) = codec::current_schema(SchemaKind::CallOutcome);
+    assert_ne!(fingerprint(&v1), current_fp, "v1 and v2 are different schemas");
+    let Signal::Call(c) = decode_signal(&bytes).unwrap() else {
+        panic!("not a call")
+    };
+    assert_eq!(
+        (c.event_id.as_str(), c.outcome, c.model),
+        ("old-1", OutcomeClass::Timeout, None)
+    );
+}
+
+fn interop_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/fastavro_interop.py")
+}
+
+fn schema_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../schemas")
+        .join(name)
+}
+
+fn python(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new("python3")
+        .arg(interop_script())
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "fastavro peer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn decodes_what_fastavro_writes() {
+    let dir = std::env::temp_dir().join(format!("vitals-interop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("probe.bin");
+    let record = serde_json::json!({
+        "probe_id": "pr-9", "pool": "p", "endpoint": "e", "prober": "py",
+        "occurred_at": 1_700_000_000_000_001i64, "kind": "SYNTHETIC_COMPLETION", "outcome": "RATE_LIMITED",
+        "latency_us": 42, "ttft_us": 7, "http_status": 429, "interval_ms": null,
+        "dependencies": [{"name": "redis", "critical": false, "status": "DOWN"}], "detail": "from fastavro"
+    });
+    python(&[
+        "write".as_ref(),
+        schema_path("probe_result.avsc").as_os_str(),
+        record.to_string().as_ref(),
+        file.as_os_str(),
+    ]);
+    let Signal::Probe(p) = decode_signal(&std::fs::read(&file).unwrap()).unwrap() else {
+        panic!("not a probe")
+    };
+    assert_eq!(p.probe_id, "pr-9");
+    assert_eq!(
+        (p.kind, p.outcome, p.http_status, p.ttft_us),
+        (
+            ProbeKind::SyntheticCompletion,
+            OutcomeClass::RateLimited,
+            Some(429),
+            Some(7)
+        )
+    );
+    assert_eq!(p.dependencies[0].status, DependencyStatus::Down);
+    assert_eq!(p.detail, "from fastavro");
+}
+
+#[test]
+fn fastavro_reads_what_we_write() {
+    let dir = std::env::temp_dir().join(format!("vitals-interop-w-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("change.bin");
+    std::fs::write(&file, encode(&sample_change()).unwrap()).unwrap();
+    let json = python(&[
+        "read".as_ref(),
+        schema_path("health_changed.avsc").as_os_str(),
+        file.as_os_str(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["transition_id"], "gpt-pool/azure-eastus/3");
+    assert_eq!(v["to_state"], "UNHEALTHY");
+    assert_eq!(v["evidence"]["consecutive_failures"], 5);
+    assert_eq!(v["trigger_ids"], serde_json::json!(["a", "b"]));
+}
+
+fn outcome() -> impl Strategy<Value = OutcomeClass> {
+    (0..9usize).prop_map(|i| OutcomeClass::ALL[i])
+}
+
+proptest! {
+    #[test]
+    fn call_outcomes_round_trip(
+        id in "[a-z0-9-]{1,20}", pool in "\\PC{1,12}", ep in "\\PC{1,12}",
+        at in 0i64..i64::MAX / 2, oc in outcome(), status in proptest::option::of(100i32..600),
+        lat in 0i64..3_600_000_000, ttft in proptest::option::of(0i64..1_000_000_000),
+        attrs in proptest::collection::btree_map("[a-z]{1,5}", "\\PC{0,8}", 0..4),
+    ) {
+        let c = CallOutcome { event_id: id, pool, endpoint: ep, gateway: "g".into(), occurred_at: at, outcome: oc,
+            http_status: status, latency_us: lat, ttft_us: ttft, tpot_us: None, attributes: attrs, model: None };
+        prop_assert_eq!(decode_signal(&encode(&c).unwrap()).unwrap(), Signal::Call(c));
+    }
+
+    #[test]
+    fn health_changes_round_trip(seq in 1i64..i64::MAX, w in 0.0f64..1.0, score in 0.0f64..100.0, reason in "\\PC{0,40}") {
+        let mut h = sample_change();
+        h.seq = seq;
+        h.weight = w;
+        h.evidence.score = score;
+        h.reason = reason;
+        prop_assert_eq!(decode::<HealthChanged>(&encode(&h).unwrap()).unwrap(), h);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = decode_signal(&body);
+        let mut framed = encode(&sample_call()).unwrap()[..10].to_vec();
+        framed.extend(&body);
+        let _ = decode_signal(&framed);
+    }
+}
