@@ -90,10 +90,19 @@ impl Tracker {
 
     /// Record an outcome: window, counters, score. `class` is the effective class (a success
     /// slower than `slow_call_ms` to its first token arrives here as a timeout).
-    pub fn record(&mut self, now: Micros, policy: &Policy, class: OutcomeClass, ttft_us: Option<i64>, id: &str) {
+    /// Returns the window's counts after recording.
+    pub fn record(
+        &mut self,
+        now: Micros,
+        policy: &Policy,
+        class: OutcomeClass,
+        ttft_us: Option<i64>,
+        id: &str,
+    ) -> Totals {
         self.window.record(now, policy.bucket_ms * 1000, class);
+        let totals = self.totals(now, policy);
         if class.is_neutral() {
-            return;
+            return totals;
         }
         let failed = class.is_failure();
         if failed {
@@ -125,7 +134,7 @@ impl Tracker {
                 s.clamp(0.0, 100.0)
             }
         };
-        let success_rate = (1.0 - self.totals(now, policy).failure_rate()) * 100.0;
+        let success_rate = (1.0 - totals.failure_rate()) * 100.0;
         let sample = 0.6 * ttft_score + 0.4 * success_rate;
         self.score = policy.ewma_beta * self.score + (1.0 - policy.ewma_beta) * sample;
         if self.consecutive_hard >= policy.hard_break_after as u32 {
@@ -136,6 +145,7 @@ impl Tracker {
         } else {
             None
         };
+        totals
     }
 
     pub fn record_latency(&mut self, latency_us: i64, policy: &Policy) {

@@ -16,6 +16,8 @@ pub use endpoint::Tracker;
 pub use pool::PoolState;
 pub use window::{Totals, Window};
 
+use rustc_hash::FxHashMap as HashMap;
+use serde::Serializer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use vitals_contracts::{HealthChanged, Micros, Policy, PoolHealthChanged, Signal};
@@ -39,7 +41,8 @@ pub struct Engine {
     pub now: Micros,
     /// The policy a pool gets until a policy change for it arrives.
     pub default_policy: Policy,
-    pub pools: BTreeMap<String, PoolState>,
+    #[serde(serialize_with = "sorted")]
+    pub pools: HashMap<String, PoolState>,
 }
 
 impl Engine {
@@ -47,7 +50,7 @@ impl Engine {
         Engine {
             now: 0,
             default_policy,
-            pools: BTreeMap::new(),
+            pools: HashMap::default(),
         }
     }
 
@@ -57,16 +60,24 @@ impl Engine {
         let now = self.now;
         match signal.pool() {
             None => {
-                for pool in self.pools.values_mut() {
-                    pool.advance(now, out);
+                // Sorted, so that the decisions come in the same order in every run.
+                let mut names: Vec<&String> = self.pools.keys().collect();
+                names.sort_unstable();
+                let names: Vec<String> = names.into_iter().cloned().collect();
+                for name in names {
+                    if let Some(pool) = self.pools.get_mut(&name) {
+                        pool.advance(now, out);
+                    }
                 }
             }
             Some(name) => {
-                if !self.pools.contains_key(name) {
-                    let p = PoolState::new(name, self.default_policy.clone(), now);
-                    self.pools.insert(name.to_owned(), p);
-                }
-                let pool = self.pools.get_mut(name).expect("inserted above");
+                let pool = match self.pools.get_mut(name) {
+                    Some(p) => p,
+                    None => {
+                        let p = PoolState::new(name, self.default_policy.clone(), now);
+                        self.pools.entry(name.to_owned()).or_insert(p)
+                    }
+                };
                 pool.advance(now, out);
                 pool.apply(signal, out);
             }
@@ -102,4 +113,9 @@ impl Engine {
         self.pools.insert(p.pool.clone(), p);
         Ok(())
     }
+}
+
+/// Serialize a map in key order, so that snapshots of equal states are equal bytes.
+pub(crate) fn sorted<S: Serializer, V: Serialize>(map: &HashMap<String, V>, s: S) -> Result<S::Ok, S::Error> {
+    map.iter().collect::<BTreeMap<&String, &V>>().serialize(s)
 }

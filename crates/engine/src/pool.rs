@@ -2,9 +2,10 @@
 //! correlated-outage suspicion, peer-relative latency).
 
 use crate::endpoint::{buckets, Tracker, LATENCY_MIN_SAMPLES};
+use crate::window::Totals;
 use crate::Decision;
+use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use vitals_contracts::{
     DependencyStatus, HealthChanged, HealthState, Micros, OperatorOverride, OutcomeClass, OverrideAction, Policy,
     PolicyChange, PoolHealthChanged, ProbeKind, Signal,
@@ -16,7 +17,10 @@ pub struct PoolState {
     pub policy: Policy,
     pub now: Micros,
     pub seq: u64,
-    pub endpoints: BTreeMap<String, Tracker>,
+    #[serde(serialize_with = "crate::sorted")]
+    /// Boxed: a small pool's hash table has spare slots, and a spare slot then costs a pointer,
+    /// not a whole tracker (this keeps engine state under 1 KB per endpoint).
+    pub endpoints: HashMap<String, Box<Tracker>>,
     /// Endpoints by state, kept with every transition (index: `state_index`).
     counts: [u32; 6],
     refused: u32,
@@ -55,7 +59,7 @@ impl PoolState {
             policy,
             now,
             seq: 0,
-            endpoints: BTreeMap::new(),
+            endpoints: HashMap::default(),
             counts: [0; 6],
             refused: 0,
             panic: false,
@@ -78,7 +82,9 @@ impl PoolState {
         if self.next_deadline.is_none_or(|d| d > self.now) {
             return;
         }
-        let names: Vec<String> = self.endpoints.keys().cloned().collect();
+        // Sorted, so that the decisions come in the same order in every run.
+        let mut names: Vec<String> = self.endpoints.keys().cloned().collect();
+        names.sort_unstable();
         for name in &names {
             if let Some(change) = self.timer_change(name) {
                 self.apply_change(name, change, out);
@@ -109,7 +115,7 @@ impl PoolState {
                         t.heartbeat_silent = true;
                     }
                 }
-                self.automatic_change(name, Vec::new())
+                self.automatic_change(name, Vec::new(), None)
             }
         }
     }
@@ -146,7 +152,7 @@ impl PoolState {
     fn tracker(&mut self, endpoint: &str) -> &mut Tracker {
         if !self.endpoints.contains_key(endpoint) {
             self.endpoints
-                .insert(endpoint.to_owned(), Tracker::new(self.now, &self.policy));
+                .insert(endpoint.to_owned(), Box::new(Tracker::new(self.now, &self.policy)));
             self.counts[state_index(HealthState::Healthy)] += 1;
         }
         self.endpoints.get_mut(endpoint).expect("inserted above")
@@ -178,38 +184,45 @@ impl PoolState {
 
     fn outcome(&mut self, o: Outcome<'_>, out: &mut Vec<Decision>) {
         let now = self.now;
-        let policy = self.policy.clone();
         // A 200 whose first token took longer than slow_call_ms is a timeout to the user who waited.
-        let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > policy.slow_call_ms * 1000);
+        let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > self.policy.slow_call_ms * 1000);
         let class = if slow { OutcomeClass::Timeout } else { o.class };
-        let t = self.tracker(o.endpoint);
-        t.record(now, &policy, class, o.ttft_us, o.id);
+        if !self.endpoints.contains_key(o.endpoint) {
+            self.tracker(o.endpoint);
+        }
+        let policy = &self.policy;
+        let t = self.endpoints.get_mut(o.endpoint).expect("created above");
+        let totals = t.record(now, policy, class, o.ttft_us, o.id);
         if class.is_neutral() {
             return;
         }
+        let mut check_latency = false;
         if class == OutcomeClass::Success {
-            t.record_latency(o.latency_us, &policy);
-            if t.latency_samples >= LATENCY_MIN_SAMPLES && (t.latency_samples.is_multiple_of(4) || t.latency_outlier) {
-                self.check_latency_outlier(o.endpoint);
-            }
+            t.record_latency(o.latency_us, policy);
+            check_latency =
+                t.latency_samples >= LATENCY_MIN_SAMPLES && (t.latency_samples.is_multiple_of(4) || t.latency_outlier);
         }
-        let mut extra = Vec::new();
-        if slow {
-            extra.push(format!("ttft>{}ms", policy.slow_call_ms));
+        let state = t.state;
+        if check_latency {
+            self.check_latency_outlier(o.endpoint);
         }
-        let change = match self.endpoints[o.endpoint].state {
+        let extra = if slow {
+            vec![format!("ttft>{}ms", self.policy.slow_call_ms)]
+        } else {
+            Vec::new()
+        };
+        let change = match state {
             HealthState::Unhealthy | HealthState::Recovering | HealthState::Maintenance => {
                 self.isolated_outcome(o.endpoint, class, o.id)
             }
-            _ => self.automatic_change(o.endpoint, extra),
+            _ => self.automatic_change(o.endpoint, extra, Some(totals)),
         };
         if let Some(mut change) = change {
             if change.triggers.is_empty() {
                 change.triggers.push(o.id.to_owned());
             }
             self.apply_change(o.endpoint, change, out);
-        }
-        if let Some(d) = self.endpoints[o.endpoint].deadline(&policy) {
+        } else if let Some(d) = self.endpoints[o.endpoint].deadline(&self.policy) {
             self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
         }
         self.pool_rules(out, None);
@@ -280,14 +293,14 @@ impl PoolState {
     }
 
     /// The automatic rules for an endpoint in rotation (healthy, suspect or degraded).
-    fn automatic_change(&mut self, name: &str, extra: Vec<String>) -> Option<Change> {
+    fn automatic_change(&mut self, name: &str, extra: Vec<String>, totals: Option<Totals>) -> Option<Change> {
         let now = self.now;
         let policy = &self.policy;
         let t = &self.endpoints[name];
         if t.forced.is_some() {
             return None;
         }
-        let totals = t.totals(now, policy);
+        let totals = totals.unwrap_or_else(|| t.totals(now, policy));
         let eject = t.eject_causes(&totals, policy, now);
         let state = t.state;
         if !eject.is_empty() {
@@ -447,8 +460,8 @@ impl PoolState {
         if peers.len() < policy.latency_outlier_min_peers as usize {
             return;
         }
-        peers.sort_unstable_by(f64::total_cmp);
-        let median = peers[peers.len() / 2];
+        let mid = peers.len() / 2;
+        let median = *peers.select_nth_unstable_by(mid, f64::total_cmp).1;
         let factor = policy.latency_outlier_factor;
         let min_ms = policy.latency_outlier_min_ms;
         let t = self.endpoints.get_mut(name).expect("known endpoint");
