@@ -7,7 +7,7 @@
 //! fingerprint, a truncated body or a value that does not fit the schema is a [`CodecError`].
 
 use crate::types::*;
-use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value, Schema};
+use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value, write_avro_datum_ref, Schema};
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -239,12 +239,18 @@ pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
         kind: T::KIND,
         message: e.to_string(),
     };
-    let v = to_value(value).map_err(err)?.resolve(schema).map_err(err)?;
-    let body = to_avro_datum(schema, v).map_err(err)?;
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    let mut out = Vec::with_capacity(128);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&fp.to_le_bytes());
-    out.extend_from_slice(&body);
+    // Fast path: serde straight to Avro bytes. It cannot follow references to named types
+    // defined earlier in the schema (HealthChanged's `to_state`), so those records take the
+    // slower path through an Avro `Value`.
+    if write_avro_datum_ref(schema, value, &mut out).is_ok() {
+        return Ok(out);
+    }
+    out.truncate(HEADER_LEN);
+    let v = to_value(value).map_err(err)?.resolve(schema).map_err(err)?;
+    out.extend(to_avro_datum(schema, v).map_err(err)?);
     Ok(out)
 }
 

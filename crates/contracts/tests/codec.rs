@@ -206,6 +206,20 @@ fn fastavro_reads_what_we_write() {
     assert_eq!(v["to_state"], "UNHEALTHY");
     assert_eq!(v["evidence"]["consecutive_failures"], 5);
     assert_eq!(v["trigger_ids"], serde_json::json!(["a", "b"]));
+
+    let file = dir.join("call.bin");
+    std::fs::write(&file, encode(&sample_call()).unwrap()).unwrap();
+    let json = python(&[
+        "read".as_ref(),
+        schema_path("call_outcome.avsc").as_os_str(),
+        file.as_os_str(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["outcome"], "SERVER_ERROR");
+    assert_eq!(v["http_status"], 503);
+    assert_eq!(v["ttft_us"], 250_000);
+    assert_eq!(v["model"], "gpt-6");
+    assert_eq!(v["attributes"]["route"], "/v1/chat");
 }
 
 fn outcome() -> impl Strategy<Value = OutcomeClass> {

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: brings up the local stack (Kafka + Postgres, idempotent) and runs the whole
+# suite against it — unit, property, scenario and integration tests.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+scripts/stack.sh up
+if command -v docker-compose >/dev/null; then
+  docker-compose -f docker-compose.yaml config -q && echo "[test] docker-compose.yaml is valid" >&2
+fi
+export VITALS_TEST_KAFKA=${VITALS_TEST_KAFKA:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
+export VITALS_TEST_DATABASE_URL=${VITALS_TEST_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
+cargo test --workspace --release "$@"

@@ -1,0 +1,160 @@
+//! What one batch writes: decisions turned into audit rows and outbox rows, plus the offsets and
+//! snapshots of the partitions it touched.
+
+use std::collections::{BTreeMap, HashMap};
+use vitals_contracts::{encode, EndpointState, HealthChanged, PoolHealthChanged};
+use vitals_engine::Decision;
+
+/// One event to publish, with a key that makes a replayed insert a no-op.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub dedup_key: String,
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    /// The input partition whose record caused it (not stored; lets a fenced partition's rows go).
+    pub partition: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The offset the snapshot resumes from: the first record not applied to it.
+    pub offset: i64,
+    pub stream_time: i64,
+    pub pools: Vec<(String, Vec<u8>)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PartitionWrite {
+    pub partition: i32,
+    pub epoch: i64,
+    pub next_offset: i64,
+    pub snapshot: Option<Snapshot>,
+}
+
+#[derive(Debug, Default)]
+pub struct BatchWrite {
+    pub transitions: Vec<(HealthChanged, i32, i64)>,
+    pub pool_events: Vec<(PoolHealthChanged, i32, i64)>,
+    pub outbox: Vec<OutboxRow>,
+    pub partitions: Vec<PartitionWrite>,
+    /// Records consumed (valid or not) in this batch.
+    pub records: u64,
+    pub dead_lettered: u64,
+}
+
+/// Topic names the outbox rows are addressed to.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub signals: String,
+    pub changes: String,
+    pub state: String,
+    pub dlq: String,
+}
+
+impl BatchWrite {
+    pub fn is_empty(&self) -> bool {
+        self.partitions.is_empty()
+    }
+
+    /// Record what the engine decided for the record at (partition, offset).
+    pub fn add_decision(&mut self, topics: &Topics, d: Decision, partition: i32, offset: i64) {
+        match d {
+            Decision::Endpoint(h) => {
+                let key = Some(format!("{}/{}", h.pool, h.endpoint).into_bytes());
+                let type_header = |t: &str| BTreeMap::from([("vitals-type".to_string(), t.to_string())]);
+                match encode(h.as_ref()) {
+                    Ok(payload) => self.outbox.push(OutboxRow {
+                        dedup_key: format!("hc/{}", h.transition_id),
+                        topic: topics.changes.clone(),
+                        key: key.clone(),
+                        payload,
+                        headers: type_header("HealthChanged"),
+                        partition,
+                    }),
+                    Err(e) => tracing::error!(error = %e, transition = %h.transition_id, "cannot encode HealthChanged"),
+                }
+                match encode(&EndpointState::from_change(&h)) {
+                    Ok(payload) => self.outbox.push(OutboxRow {
+                        dedup_key: format!("es/{}", h.transition_id),
+                        topic: topics.state.clone(),
+                        key,
+                        payload,
+                        headers: type_header("EndpointState"),
+                        partition,
+                    }),
+                    Err(e) => tracing::error!(error = %e, transition = %h.transition_id, "cannot encode EndpointState"),
+                }
+                self.transitions.push((*h, partition, offset));
+            }
+            Decision::Pool(p) => {
+                match encode(&p) {
+                    Ok(payload) => self.outbox.push(OutboxRow {
+                        dedup_key: format!("pe/{}/{}", p.pool, p.seq),
+                        topic: topics.changes.clone(),
+                        key: Some(p.pool.clone().into_bytes()),
+                        payload,
+                        headers: BTreeMap::from([("vitals-type".to_string(), "PoolHealthChanged".to_string())]),
+                        partition,
+                    }),
+                    Err(e) => tracing::error!(error = %e, pool = %p.pool, "cannot encode PoolHealthChanged"),
+                }
+                self.pool_events.push((p, partition, offset));
+            }
+        }
+    }
+
+    /// A record that cannot be decoded or validated: to the dead-letter topic with its origin and
+    /// the error in headers, through the outbox so that it commits with the offset.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dead_letter(
+        &mut self,
+        topics: &Topics,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        code: &str,
+        error: &str,
+    ) {
+        self.dead_lettered += 1;
+        let headers = BTreeMap::from([
+            ("vitals-origin-topic".to_string(), topics.signals.clone()),
+            ("vitals-origin-partition".to_string(), partition.to_string()),
+            ("vitals-origin-offset".to_string(), offset.to_string()),
+            ("vitals-error-code".to_string(), code.to_string()),
+            ("vitals-error".to_string(), error.chars().take(1000).collect()),
+        ]);
+        self.outbox.push(OutboxRow {
+            dedup_key: format!("dlq/{}/{}/{}", topics.signals, partition, offset),
+            topic: topics.dlq.clone(),
+            key: key.map(<[u8]>::to_vec),
+            payload: payload.to_vec(),
+            headers,
+            partition,
+        });
+    }
+
+    /// The last transition of each endpoint in the batch, for the state projection.
+    pub fn latest_states(&self) -> Vec<&HealthChanged> {
+        let mut latest: HashMap<(&str, &str), &HealthChanged> = HashMap::new();
+        for (h, _, _) in &self.transitions {
+            let e = latest.entry((&h.pool, &h.endpoint)).or_insert(h);
+            if e.seq < h.seq {
+                *e = h;
+            }
+        }
+        let mut v: Vec<&HealthChanged> = latest.into_values().collect();
+        v.sort_by(|a, b| (&a.pool, &a.endpoint).cmp(&(&b.pool, &b.endpoint)));
+        v
+    }
+
+    /// Leave out a partition that another processor now owns.
+    pub fn drop_partition(&mut self, partition: i32) {
+        self.transitions.retain(|(_, p, _)| *p != partition);
+        self.pool_events.retain(|(_, p, _)| *p != partition);
+        self.outbox.retain(|o| o.partition != partition);
+        self.partitions.retain(|p| p.partition != partition);
+    }
+}

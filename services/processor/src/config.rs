@@ -1,0 +1,206 @@
+//! Configuration: flags, each with an environment variable. Secrets (the database URL's password,
+//! Kafka SASL passwords) are never printed: `Debug` is written by hand.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Parser, Clone)]
+#[command(name = "vitals-processor", version, about = "The vitals stream processor")]
+pub struct Config {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "VITALS_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Extra librdkafka settings, `key=value`, repeatable (e.g. security.protocol=SASL_SSL,
+    /// sasl.mechanism=SCRAM-SHA-512, sasl.username=..., ssl.ca.location=...). Applied to the
+    /// consumer and the producer.
+    #[arg(long = "kafka-option", env = "VITALS_KAFKA_OPTIONS", value_delimiter = ',')]
+    pub kafka_options: Vec<String>,
+    /// Consumer group of the processors.
+    #[arg(long, env = "VITALS_GROUP", default_value = "vitals-processor")]
+    pub group: String,
+    #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = vitals_contracts::topics::SIGNALS)]
+    pub signals_topic: String,
+    #[arg(long, env = "VITALS_CHANGES_TOPIC", default_value = vitals_contracts::topics::HEALTH_CHANGES)]
+    pub changes_topic: String,
+    #[arg(long, env = "VITALS_STATE_TOPIC", default_value = vitals_contracts::topics::HEALTH_STATE)]
+    pub state_topic: String,
+    #[arg(long, env = "VITALS_DLQ_TOPIC", default_value = vitals_contracts::topics::SIGNALS_DLQ)]
+    pub dlq_topic: String,
+    /// Create the four topics if they are missing.
+    #[arg(long, env = "VITALS_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub create_topics: bool,
+    /// Partitions of the topics this processor creates.
+    #[arg(long, env = "VITALS_PARTITIONS", default_value_t = 8)]
+    pub partitions: i32,
+    /// Replication factor of the topics this processor creates.
+    #[arg(long, env = "VITALS_REPLICATION_FACTOR", default_value_t = 1)]
+    pub replication_factor: i32,
+    /// Postgres URL (postgres://user:password@host:port/db).
+    #[arg(
+        long,
+        env = "VITALS_DATABASE_URL",
+        default_value = "postgres://vitals:vitals@127.0.0.1:5432/vitals"
+    )]
+    pub database_url: String,
+    /// Postgres schema holding the vitals tables; created and migrated at start.
+    #[arg(long, env = "VITALS_DB_SCHEMA", default_value = "vitals")]
+    pub db_schema: String,
+    /// A batch is written when it holds this many records...
+    #[arg(long, env = "VITALS_BATCH_MAX_RECORDS", default_value_t = 5_000)]
+    pub batch_max_records: usize,
+    /// ...or when its first record has waited this long.
+    #[arg(long, env = "VITALS_BATCH_MAX_MS", default_value_t = 20)]
+    pub batch_max_ms: u64,
+    /// Engine snapshots are written after this many records of a partition (and at shutdown);
+    /// recovery replays at most this many records.
+    #[arg(long, env = "VITALS_SNAPSHOT_EVERY", default_value_t = 50_000)]
+    pub snapshot_every: u64,
+    /// Period of the tick records this processor writes to every signals partition (0: none).
+    /// Ticks move stream time so that silence is detected.
+    #[arg(long, env = "VITALS_TICK_INTERVAL_MS", default_value_t = 1_000)]
+    pub tick_interval_ms: u64,
+    /// Address of the health and metrics endpoint.
+    #[arg(long, env = "VITALS_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+    pub http_addr: SocketAddr,
+    /// Outbox relay: rows published per round.
+    #[arg(long, env = "VITALS_RELAY_BATCH", default_value_t = 1_000)]
+    pub relay_batch: i64,
+    /// Seconds to finish in-flight work after SIGTERM.
+    #[arg(long, env = "VITALS_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+    pub shutdown_grace_secs: u64,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("brokers", &self.brokers)
+            .field(
+                "kafka_options",
+                &self.kafka_options.iter().map(|o| redact_option(o)).collect::<Vec<_>>(),
+            )
+            .field("group", &self.group)
+            .field("signals_topic", &self.signals_topic)
+            .field("changes_topic", &self.changes_topic)
+            .field("state_topic", &self.state_topic)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("database_url", &redact_url(&self.database_url))
+            .field("db_schema", &self.db_schema)
+            .field("batch_max_records", &self.batch_max_records)
+            .field("batch_max_ms", &self.batch_max_ms)
+            .field("snapshot_every", &self.snapshot_every)
+            .field("tick_interval_ms", &self.tick_interval_ms)
+            .field("http_addr", &self.http_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn redact_option(o: &str) -> String {
+    match o.split_once('=') {
+        Some((k, _)) if k.contains("password") || k.contains("secret") || k.contains("key") => format!("{k}=***"),
+        _ => o.to_owned(),
+    }
+}
+
+/// The URL with its password replaced.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}://{}:***@{}", &url[..s], user, &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(String);
+
+impl Config {
+    /// Cross-field checks, with a message that says what to change.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: String| Err(ConfigError(m));
+        if self.batch_max_records == 0 {
+            return err("--batch-max-records must be at least 1".into());
+        }
+        if self.batch_max_ms == 0 {
+            return err("--batch-max-ms must be at least 1".into());
+        }
+        if self.snapshot_every == 0 {
+            return err("--snapshot-every must be at least 1".into());
+        }
+        if self.partitions < 1 {
+            return err("--partitions must be at least 1".into());
+        }
+        let topics = [
+            &self.signals_topic,
+            &self.changes_topic,
+            &self.state_topic,
+            &self.dlq_topic,
+        ];
+        for (i, a) in topics.iter().enumerate() {
+            if a.is_empty() {
+                return err("topic names must not be empty".into());
+            }
+            if topics[i + 1..].contains(a) {
+                return err(format!("topic {a} is named twice; the four topics must differ"));
+            }
+        }
+        if !self.db_schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || self.db_schema.is_empty() {
+            return err(format!(
+                "--db-schema {:?}: use letters, digits and _ only",
+                self.db_schema
+            ));
+        }
+        for o in &self.kafka_options {
+            if !o.contains('=') {
+                return err(format!("--kafka-option {o:?} is not key=value"));
+            }
+        }
+        if !self.database_url.starts_with("postgres://") && !self.database_url.starts_with("postgresql://") {
+            return err(format!(
+                "--database-url {} is not a postgres:// URL",
+                redact_url(&self.database_url)
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn batch_max_wait(&self) -> Duration {
+        Duration::from_millis(self.batch_max_ms)
+    }
+
+    pub fn kafka_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.kafka_options.iter().filter_map(|o| o.split_once('='))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let c = Config::parse_from([
+            "p",
+            "--database-url",
+            "postgres://u:hunter2@db:5432/x",
+            "--kafka-option",
+            "sasl.password=hunter2",
+        ]);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("postgres://u:***@db:5432/x"));
+    }
+
+    #[test]
+    fn cross_field_errors_say_what_to_change() {
+        let c = Config::parse_from(["p", "--changes-topic", "vitals.signals.v1"]);
+        assert!(c.validate().unwrap_err().to_string().contains("named twice"));
+        let c = Config::parse_from(["p", "--db-schema", "x; drop table"]);
+        assert!(c.validate().unwrap_err().to_string().contains("--db-schema"));
+        assert!(Config::parse_from(["p"]).validate().is_ok());
+    }
+}

@@ -1,0 +1,423 @@
+//! The consumer loop: signals → engine → one Postgres transaction per batch.
+//!
+//! States of a partition: *unassigned* → (rebalance callback: claim in Postgres, load snapshot,
+//! seek to the snapshot offset) → *consuming* → (revoke) → *unassigned*. Records of the
+//! in-flight batch of a revoked partition are abandoned: they are not in Postgres, so the next
+//! owner reads them again. A batch is written when it is full or its first record has waited
+//! `batch_max_ms`; offsets are stored in Kafka only after the Postgres commit.
+
+use crate::batch::{BatchWrite, PartitionWrite, Snapshot, Topics};
+use crate::config::Config;
+use crate::db::{Db, DbError, Restored};
+use crate::metrics::Metrics;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::statistics::Statistics;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Message};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use vitals_contracts::{decode_signal, validate_signal, Policy};
+use vitals_engine::Engine;
+
+/// What the rebalance callback hands to the loop.
+enum Rebalanced {
+    Assigned(Vec<(i32, Restored)>),
+    Revoked(Vec<i32>),
+}
+
+pub struct ProcessorContext {
+    db: Db,
+    topic: String,
+    policy: Policy,
+    handle: tokio::runtime::Handle,
+    cancel: CancellationToken,
+    events: Mutex<Vec<Rebalanced>>,
+    metrics: Arc<Metrics>,
+}
+
+impl ClientContext for ProcessorContext {
+    fn stats(&self, stats: Statistics) {
+        let lag: i64 = stats
+            .topics
+            .get(&self.topic)
+            .map(|t| {
+                t.partitions
+                    .values()
+                    .filter(|p| p.partition >= 0)
+                    .map(|p| p.consumer_lag.max(0))
+                    .sum()
+            })
+            .unwrap_or(0);
+        self.metrics.consumer_lag.store(lag, Ordering::Relaxed);
+    }
+}
+
+impl ConsumerContext for ProcessorContext {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let partitions: Vec<i32> = tpl
+            .elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                // Restore before consuming: claim each partition in Postgres and load its snapshot,
+                // then assign at the snapshot's offset. This runs inside the consumer's poll, on a
+                // runtime worker; block_in_place lets the database calls run there.
+                let restored = tokio::task::block_in_place(|| self.handle.block_on(self.claim_all(&partitions)));
+                let Some(restored) = restored else {
+                    tracing::warn!("shutting down during assignment; not assigning");
+                    return;
+                };
+                for (p, r) in &restored {
+                    let offset = r.start_offset.map_or(Offset::Beginning, Offset::Offset);
+                    if let Err(e) = tpl.set_partition_offset(&self.topic, *p, offset) {
+                        tracing::error!(partition = p, error = %e, "cannot set start offset");
+                    }
+                }
+                if let Err(e) = consumer.assign(tpl) {
+                    tracing::error!(error = %e, "assign failed");
+                }
+                self.metrics.assigned.store(restored.len() as i64, Ordering::Relaxed);
+                self.events
+                    .lock()
+                    .expect("not poisoned")
+                    .push(Rebalanced::Assigned(restored));
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                tracing::info!(?partitions, "partitions revoked");
+                self.events
+                    .lock()
+                    .expect("not poisoned")
+                    .push(Rebalanced::Revoked(partitions));
+                self.metrics.assigned.store(0, Ordering::Relaxed);
+                if let Err(e) = consumer.unassign() {
+                    tracing::error!(error = %e, "unassign failed");
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance error; dropping assignment");
+                self.events
+                    .lock()
+                    .expect("not poisoned")
+                    .push(Rebalanced::Revoked(partitions));
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+impl ProcessorContext {
+    /// Claim every partition, retrying while Postgres is unreachable. None if shutdown came first.
+    async fn claim_all(&self, partitions: &[i32]) -> Option<Vec<(i32, Restored)>> {
+        let mut out = Vec::new();
+        for &p in partitions {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match self.db.claim_partition(p, &self.policy).await {
+                    Ok(r) => {
+                        tracing::info!(
+                            partition = p,
+                            epoch = r.epoch,
+                            pools = r.pools,
+                            start = ?r.start_offset,
+                            committed = ?r.committed_offset,
+                            "partition restored"
+                        );
+                        out.push((p, r));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition = p, error = %e, "cannot restore partition; retrying");
+                        if self.cancel.is_cancelled() {
+                            return None;
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+        Some(out)
+    }
+}
+
+struct PartitionState {
+    engine: Engine,
+    epoch: i64,
+    /// The next offset this partition's engine expects; earlier records are stale duplicates.
+    next_offset: Option<i64>,
+    since_snapshot: u64,
+}
+
+pub struct Processor {
+    cfg: Config,
+    consumer: StreamConsumer<ProcessorContext>,
+    db: Db,
+    topics: Topics,
+    metrics: Arc<Metrics>,
+    relay_wake: Arc<Notify>,
+    cancel: CancellationToken,
+    partitions: HashMap<i32, PartitionState>,
+    batch: BatchWrite,
+    batch_started: Option<Instant>,
+    /// Offsets consumed in the current batch, per partition: the next offset to read.
+    pending: HashMap<i32, i64>,
+    decisions: Vec<vitals_engine::Decision>,
+}
+
+impl Processor {
+    pub fn new(
+        cfg: Config,
+        db: Db,
+        metrics: Arc<Metrics>,
+        relay_wake: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> Result<Processor, KafkaError> {
+        let ctx = ProcessorContext {
+            db: db.clone(),
+            topic: cfg.signals_topic.clone(),
+            policy: Policy::default(),
+            handle: tokio::runtime::Handle::current(),
+            cancel: cancel.clone(),
+            events: Mutex::new(Vec::new()),
+            metrics: metrics.clone(),
+        };
+        let consumer: StreamConsumer<ProcessorContext> =
+            crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
+        consumer.subscribe(&[&cfg.signals_topic])?;
+        let topics = Topics {
+            signals: cfg.signals_topic.clone(),
+            changes: cfg.changes_topic.clone(),
+            state: cfg.state_topic.clone(),
+            dlq: cfg.dlq_topic.clone(),
+        };
+        Ok(Processor {
+            cfg,
+            consumer,
+            db,
+            topics,
+            metrics,
+            relay_wake,
+            cancel,
+            partitions: HashMap::new(),
+            batch: BatchWrite::default(),
+            batch_started: None,
+            pending: HashMap::new(),
+            decisions: Vec::new(),
+        })
+    }
+
+    pub async fn run(mut self) -> Result<(), DbError> {
+        loop {
+            let deadline = self
+                .batch_started
+                .map(|t| tokio::time::Instant::from_std(t + self.cfg.batch_max_wait()));
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => break,
+                _ = sleep_until(deadline), if deadline.is_some() => self.flush(false).await?,
+                msg = self.consumer.recv() => {
+                    let msg = msg.map(|m| m.detach());
+                    self.apply_rebalance();
+                    match msg {
+                        Ok(m) => {
+                            let ts = m.timestamp().to_millis();
+                            self.process(m.partition(), m.offset(), ts, m.key(), m.payload());
+                            if self.batch.records as usize >= self.cfg.batch_max_records {
+                                self.flush(false).await?;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "consumer error");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+        }
+        // Shutdown: write what was consumed, with a snapshot of every partition.
+        self.flush(true).await?;
+        self.consumer.unsubscribe();
+        Ok(())
+    }
+
+    fn apply_rebalance(&mut self) {
+        let events = std::mem::take(&mut *self.consumer.context().events.lock().expect("not poisoned"));
+        for e in events {
+            match e {
+                Rebalanced::Revoked(ps) => {
+                    for p in ps {
+                        self.partitions.remove(&p);
+                        self.pending.remove(&p);
+                        self.batch.drop_partition(p);
+                    }
+                }
+                Rebalanced::Assigned(rs) => {
+                    for (p, r) in rs {
+                        self.partitions.insert(
+                            p,
+                            PartitionState {
+                                engine: r.engine,
+                                epoch: r.epoch,
+                                next_offset: r.start_offset,
+                                since_snapshot: 0,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn process(&mut self, partition: i32, offset: i64, ts_ms: Option<i64>, key: Option<&[u8]>, payload: Option<&[u8]>) {
+        let Some(ps) = self.partitions.get_mut(&partition) else {
+            return; // not ours (any more); the owner reads it
+        };
+        if ps.next_offset.is_some_and(|n| offset < n) {
+            return; // already applied: a stale fetch from before a seek
+        }
+        ps.next_offset = Some(offset + 1);
+        ps.since_snapshot += 1;
+        self.batch.records += 1;
+        self.pending.insert(partition, offset + 1);
+        self.batch_started.get_or_insert_with(Instant::now);
+        let at = ts_ms.map_or(ps.engine.now, |ms| ms.saturating_mul(1000));
+        let payload = payload.unwrap_or_default();
+        let signal = match decode_signal(payload) {
+            Ok(s) => s,
+            Err(e) => {
+                self.batch
+                    .dead_letter(&self.topics, partition, offset, key, payload, e.code(), &e.to_string());
+                return;
+            }
+        };
+        if let Err(e) = validate_signal(&signal, Some(at)) {
+            self.batch.dead_letter(
+                &self.topics,
+                partition,
+                offset,
+                key,
+                payload,
+                "invalid_value",
+                &e.to_string(),
+            );
+            return;
+        }
+        ps.engine.apply(at, &signal, &mut self.decisions);
+        for d in self.decisions.drain(..) {
+            self.batch.add_decision(&self.topics, d, partition, offset);
+        }
+    }
+
+    /// Write the batch in one transaction, retrying through database outages.
+    async fn flush(&mut self, snapshot_all: bool) -> Result<(), DbError> {
+        let started = self.batch_started.take();
+        if self.pending.is_empty() && !snapshot_all {
+            return Ok(());
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        let pending = std::mem::take(&mut self.pending);
+        let mut snapshotted = Vec::new();
+        for (&p, ps) in &self.partitions {
+            let next = match (pending.get(&p), ps.next_offset) {
+                (Some(n), _) => *n,
+                (None, Some(n)) if snapshot_all => n,
+                _ => continue,
+            };
+            let snapshot = (snapshot_all || ps.since_snapshot >= self.cfg.snapshot_every).then(|| {
+                snapshotted.push(p);
+                let mut pools: Vec<(String, Vec<u8>)> = ps
+                    .engine
+                    .pools
+                    .keys()
+                    .filter_map(|name| ps.engine.pool_snapshot(name).map(|s| (name.clone(), s)))
+                    .collect();
+                pools.sort_by(|a, b| a.0.cmp(&b.0));
+                Snapshot {
+                    offset: next,
+                    stream_time: ps.engine.now,
+                    pools,
+                }
+            });
+            batch.partitions.push(PartitionWrite {
+                partition: p,
+                epoch: ps.epoch,
+                next_offset: next,
+                snapshot,
+            });
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut backoff = Duration::from_millis(50);
+        let grace = Instant::now() + Duration::from_secs(self.cfg.shutdown_grace_secs);
+        loop {
+            match self.db.write_batch(&batch).await {
+                Ok(()) => break,
+                Err(DbError::Fenced(ps)) => {
+                    tracing::warn!(partitions = ?ps, "partitions taken over by another processor; dropping them");
+                    for p in ps {
+                        batch.drop_partition(p);
+                        self.partitions.remove(&p);
+                    }
+                    if batch.is_empty() {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    self.metrics.db_retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "batch not written; retrying");
+                    if self.cancel.is_cancelled() && Instant::now() > grace {
+                        tracing::error!("giving up on the last batch at shutdown; it will be replayed");
+                        return Ok(());
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for p in snapshotted {
+            if let Some(ps) = self.partitions.get_mut(&p) {
+                ps.since_snapshot = 0;
+            }
+        }
+        let m = &self.metrics;
+        m.signals.fetch_add(batch.records, Ordering::Relaxed);
+        m.dead_lettered.fetch_add(batch.dead_lettered, Ordering::Relaxed);
+        m.transitions
+            .fetch_add(batch.transitions.len() as u64, Ordering::Relaxed);
+        m.pool_events
+            .fetch_add(batch.pool_events.len() as u64, Ordering::Relaxed);
+        m.batches.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = started {
+            m.batch_seconds.observe(t.elapsed().as_secs_f64());
+        }
+        if !batch.outbox.is_empty() {
+            self.relay_wake.notify_one();
+        }
+        // Durable in Postgres: now Kafka may learn the offsets too (for lag tools only).
+        let mut tpl = TopicPartitionList::new();
+        for pw in &batch.partitions {
+            let _ = tpl.add_partition_offset(&self.topics.signals, pw.partition, Offset::Offset(pw.next_offset));
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            tracing::debug!(error = %e, "kafka offset commit (informational) failed");
+        }
+        Ok(())
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

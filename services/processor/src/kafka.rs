@@ -1,0 +1,82 @@
+//! Kafka client settings and topic creation.
+
+use crate::config::Config;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+use std::time::Duration;
+
+/// Brokers, then our defaults, then the user's pass-through options (security, tuning), which
+/// win over the defaults.
+fn build(cfg: &Config, defaults: &[(&str, &str)]) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers);
+    for (k, v) in defaults.iter().copied().chain(cfg.kafka_pairs()) {
+        c.set(k, v);
+    }
+    c
+}
+
+pub fn base_config(cfg: &Config) -> ClientConfig {
+    build(cfg, &[])
+}
+
+/// An idempotent producer: retries never duplicate or reorder within a partition.
+pub fn producer_config(cfg: &Config) -> ClientConfig {
+    build(
+        cfg,
+        &[
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("linger.ms", "2"),
+            ("message.timeout.ms", "30000"),
+            ("compression.type", "zstd"),
+        ],
+    )
+}
+
+/// The consumer of the signals topic. Offsets live in Postgres; Kafka's committed offsets are
+/// only written after the database commit, for lag tools.
+pub fn consumer_config(cfg: &Config) -> ClientConfig {
+    let mut c = build(
+        cfg,
+        &[
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.offset.reset", "earliest"),
+            // Eager rebalancing: every assignment restores from Postgres, so a full revoke is
+            // simple and safe; the cooperative protocol would only save work.
+            ("partition.assignment.strategy", "range"),
+            ("session.timeout.ms", "10000"),
+            ("heartbeat.interval.ms", "1000"),
+            ("max.poll.interval.ms", "300000"),
+            ("fetch.wait.max.ms", "20"),
+            ("statistics.interval.ms", "5000"),
+        ],
+    );
+    c.set("group.id", &cfg.group);
+    c
+}
+
+/// Create the signals, changes, state (compacted) and dead-letter topics if missing.
+pub async fn ensure_topics(cfg: &Config) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = base_config(cfg).create()?;
+    let replication = || TopicReplication::Fixed(cfg.replication_factor);
+    let signals = NewTopic::new(&cfg.signals_topic, cfg.partitions, replication())
+        // Stream time is the broker's append time: the log, not a gateway's clock, orders time.
+        .set("message.timestamp.type", "LogAppendTime");
+    let changes = NewTopic::new(&cfg.changes_topic, cfg.partitions, replication());
+    let state = NewTopic::new(&cfg.state_topic, cfg.partitions, replication()).set("cleanup.policy", "compact");
+    let dlq = NewTopic::new(&cfg.dlq_topic, 1, replication()).set("retention.ms", "1209600000");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin.create_topics([&signals, &changes, &state, &dlq], &opts).await?;
+    for r in results {
+        match r {
+            Ok(t) => tracing::info!(topic = %t, "created topic"),
+            Err((t, RDKafkaErrorCode::TopicAlreadyExists)) => tracing::debug!(topic = %t, "topic exists"),
+            Err((t, e)) => anyhow::bail!("cannot create topic {t}: {e}"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The vitals stream processor as a library: `run(config)` until the cancellation token fires.
+//! The binary in `main.rs` adds signal handling and logging.
+
+pub mod batch;
+pub mod config;
+pub mod consumer;
+pub mod db;
+pub mod http;
+pub mod kafka;
+pub mod metrics;
+pub mod relay;
+pub mod ticker;
+
+use anyhow::Context;
+use config::Config;
+use rdkafka::producer::FutureProducer;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Start everything and run until `cancel` fires or a task fails (which cancels the rest).
+pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    cfg.validate()?;
+    tracing::info!(config = ?cfg, "starting vitals-processor");
+    if cfg.create_topics {
+        kafka::ensure_topics(&cfg).await.context("creating topics")?;
+    }
+    let pool = db::connect(&cfg.database_url, &cfg.db_schema)
+        .await
+        .with_context(|| format!("connecting to {}", config::redact_url(&cfg.database_url)))?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let producer: FutureProducer = kafka::producer_config(&cfg)
+        .create()
+        .context("creating the Kafka producer")?;
+    let database = db::Db {
+        pool: pool.clone(),
+        group: cfg.group.clone(),
+        topic: cfg.signals_topic.clone(),
+    };
+    let started = Arc::new(AtomicBool::new(false));
+
+    let listener = tokio::net::TcpListener::bind(cfg.http_addr)
+        .await
+        .with_context(|| format!("binding {}", cfg.http_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint");
+    let app = http::router(http::Health {
+        metrics: metrics.clone(),
+        pool: pool.clone(),
+        started: started.clone(),
+    });
+
+    let mut tasks = JoinSet::new();
+    {
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(cancel.cancelled_owned())
+                .await
+                .context("http server")
+        });
+    }
+    {
+        let relay = relay::Relay {
+            pool: pool.clone(),
+            schema: cfg.db_schema.clone(),
+            producer: producer.clone(),
+            batch: cfg.relay_batch,
+            metrics: metrics.clone(),
+            wake: wake.clone(),
+            cancel: cancel.clone(),
+        };
+        tasks.spawn(async move {
+            relay.run().await;
+            Ok(())
+        });
+    }
+    if cfg.tick_interval_ms > 0 {
+        let name = format!("processor-{}", std::process::id());
+        let every = Duration::from_millis(cfg.tick_interval_ms);
+        let fut = ticker::run(producer.clone(), cfg.signals_topic.clone(), every, name, cancel.clone());
+        tasks.spawn(async move {
+            fut.await;
+            Ok(())
+        });
+    }
+    {
+        let processor = consumer::Processor::new(cfg.clone(), database, metrics.clone(), wake.clone(), cancel.clone())
+            .context("creating the Kafka consumer")?;
+        started.store(true, std::sync::atomic::Ordering::Relaxed);
+        tasks.spawn(async move { processor.run().await.context("processor") });
+    }
+
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        let r = joined.map_err(anyhow::Error::from).and_then(|r| r);
+        if let Err(e) = r {
+            tracing::error!(error = %format!("{e:#}"), "task failed; shutting down");
+            cancel.cancel();
+            if result.is_ok() {
+                result = Err(e);
+            }
+        } else if !cancel.is_cancelled() {
+            // A task ended on its own: nothing should, so stop the rest too.
+            cancel.cancel();
+        }
+    }
+    result
+}

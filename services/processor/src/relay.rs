@@ -1,0 +1,175 @@
+//! The outbox relay: publishes committed outbox rows to Kafka with an idempotent producer, in
+//! id order, and marks them published. One relay is active per database schema (a Postgres
+//! advisory lock), so events of one endpoint leave in sequence order. A crash between publish
+//! and mark republishes; consumers drop duplicates by (endpoint, seq).
+
+use crate::metrics::Metrics;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use sqlx::{PgPool, Row};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Advisory-lock key of the relay (in the database, per schema via the key's second half).
+const RELAY_LOCK: i32 = 0x7669_7461; // "vita"
+
+pub struct Relay {
+    pub pool: PgPool,
+    pub schema: String,
+    pub producer: FutureProducer,
+    pub batch: i64,
+    pub metrics: Arc<Metrics>,
+    pub wake: Arc<Notify>,
+    pub cancel: CancellationToken,
+}
+
+impl Relay {
+    pub async fn run(self) {
+        let mut backoff = Duration::from_millis(100);
+        while !self.cancel.is_cancelled() {
+            match self.lead().await {
+                Ok(()) => backoff = Duration::from_millis(100),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "outbox relay error");
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => {}
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Hold the relay lock on one connection and publish until cancelled or an error.
+    async fn lead(&self) -> anyhow::Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        let schema_key = crc32(&self.schema);
+        loop {
+            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+                .bind(RELAY_LOCK)
+                .bind(schema_key)
+                .fetch_one(&mut *conn)
+                .await?;
+            if got {
+                break;
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        tracing::info!("outbox relay is active");
+        let result = self.publish_until_cancelled(&mut conn).await;
+        let _ = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+            .bind(RELAY_LOCK)
+            .bind(schema_key)
+            .execute(&mut *conn)
+            .await;
+        result
+    }
+
+    async fn publish_until_cancelled(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
+        let mut last_backlog = std::time::Instant::now() - Duration::from_secs(10);
+        loop {
+            let published = self.publish_round(conn).await?;
+            if last_backlog.elapsed() > Duration::from_secs(5) {
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                self.metrics.outbox_backlog.store(n, Ordering::Relaxed);
+                last_backlog = std::time::Instant::now();
+            }
+            if published > 0 {
+                continue;
+            }
+            if self.cancel.is_cancelled() {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => {}
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+
+    /// Publish one round of unpublished rows; the number published.
+    async fn publish_round(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<usize> {
+        let rows = sqlx::query(
+            "SELECT id, topic, key, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
+        )
+        .bind(self.batch)
+        .fetch_all(&mut *conn)
+        .await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id: i64 = r.get(0);
+            let topic: String = r.get(1);
+            let key: Option<Vec<u8>> = r.get(2);
+            let payload: Vec<u8> = r.get(3);
+            let headers: sqlx::types::Json<BTreeMap<String, String>> = r.get(4);
+            let mut h = OwnedHeaders::new_with_capacity(headers.0.len());
+            for (k, v) in &headers.0 {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut record = FutureRecord::to(&topic).payload(&payload).headers(h);
+            if let Some(k) = &key {
+                record = record.key(k);
+            }
+            // Queue them all, then wait: the producer batches, and order per partition holds.
+            let delivery = loop {
+                match self.producer.send_result(record) {
+                    Ok(d) => break d,
+                    Err((e, r)) => {
+                        tracing::debug!(error = %e, "producer queue full; waiting");
+                        record = r;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            };
+            deliveries.push(delivery);
+            ids.push(id);
+        }
+        for d in deliveries {
+            match d.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => anyhow::bail!("publish failed: {e}"),
+                Err(_) => anyhow::bail!("publish cancelled"),
+            }
+        }
+        sqlx::query("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *conn)
+            .await?;
+        self.metrics.published.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        Ok(ids.len())
+    }
+}
+
+/// A stable 32-bit key from the schema name (CRC-32, IEEE).
+fn crc32(s: &str) -> i32 {
+    let mut crc = 0xffff_ffffu32;
+    for b in s.bytes() {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc as i32
+}

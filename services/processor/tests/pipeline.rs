@@ -1,0 +1,277 @@
+//! The processor end to end on the real broker and the real database: results, crash safety,
+//! poison input, rebalancing and replay.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use vitals_contracts::*;
+use vitals_engine::{Decision, Engine};
+
+const LONG: Duration = Duration::from_secs(180);
+
+/// What the engine decides for these inputs, partition by partition: the oracle for the
+/// service, which must add nothing and lose nothing.
+fn expected(inputs: &[Input]) -> Vec<HealthChanged> {
+    let mut engines: BTreeMap<i32, Engine> = BTreeMap::new();
+    let mut out = Vec::new();
+    for i in inputs {
+        let e = engines
+            .entry(i.partition)
+            .or_insert_with(|| Engine::new(Policy::default()));
+        if let Ok(s) = decode_signal(&i.bytes) {
+            if validate_signal(&s, Some(i.ts_ms * 1000)).is_ok() {
+                for d in e.step(i.ts_ms * 1000, &s) {
+                    if let Decision::Endpoint(h) = d {
+                        out.push(*h);
+                    }
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.pool, &a.endpoint, a.seq).cmp(&(&b.pool, &b.endpoint, b.seq)));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_scenario_lands_in_postgres_and_on_the_changes_topic() {
+    let name = unique("e2e");
+    let topics = create_topics(&name, 2).await;
+    let mut inputs = Vec::new();
+    let mut t = T0_MS;
+    for ep in ["a", "b", "c", "d"] {
+        inputs.push(signal_input(
+            &call("e2e", ep, 0, OutcomeClass::Success, Some(300), t),
+            t,
+            2,
+        ));
+    }
+    for i in 1..=5 {
+        t += 100;
+        inputs.push(signal_input(
+            &call("e2e", "a", i, OutcomeClass::ConnectError, None, t),
+            t,
+            2,
+        ));
+    }
+    // Isolation (30 s) expires with the ticks; the trial and the slow start follow.
+    for s in 1..=40 {
+        inputs.extend(ticks(T0_MS + s * 1000, 2));
+    }
+    for i in 0..40 {
+        let ts = T0_MS + 41_000 + i * 1000;
+        inputs.push(signal_input(
+            &call("e2e", "a", 100 + i as u64, OutcomeClass::Success, Some(300), ts),
+            ts,
+            2,
+        ));
+    }
+    produce(&topics.signals, &inputs).await;
+
+    let db = Db::connect(&name).await;
+    let _p = Proc::start(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+
+    let want = expected(&inputs);
+    let states: Vec<HealthState> = want.iter().filter(|h| h.endpoint == "a").map(|h| h.to_state).collect();
+    assert!(
+        states.ends_with(&[HealthState::Unhealthy, HealthState::Recovering, HealthState::Healthy]),
+        "{states:?}"
+    );
+
+    type Row = (String, i64, String, String, String, serde_json::Value, Vec<String>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT endpoint, seq, from_state, to_state, reason, evidence, trigger_ids FROM transitions ORDER BY pool, endpoint, seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), want.len());
+    for (row, h) in rows.iter().zip(&want) {
+        assert_eq!(
+            (&row.0, row.1, row.2.as_str(), row.3.as_str()),
+            (&h.endpoint, h.seq, h.from_state.as_str(), h.to_state.as_str())
+        );
+        assert_eq!(row.4, h.reason);
+        assert_eq!(row.6, h.trigger_ids);
+        assert_eq!(
+            row.5["consecutive_failures"],
+            serde_json::json!(h.evidence.consecutive_failures)
+        );
+    }
+    let ejected = rows.iter().find(|r| r.3 == "unhealthy").unwrap();
+    assert_eq!(ejected.5["consecutive_failures"], 5);
+    assert_eq!(ejected.5["connect_error"], 5);
+    assert_eq!(ejected.6.len(), 5, "the five failing calls are the trigger");
+
+    // The same transitions leave on the changes topic, in sequence order per endpoint.
+    let msgs = read_n(&topics.changes, want.len(), LONG).await;
+    let mut published: Vec<HealthChanged> = msgs
+        .iter()
+        .filter(|m| header(m, "vitals-type").as_deref() == Some("HealthChanged"))
+        .map(|m| decode::<HealthChanged>(rdkafka::Message::payload(m).unwrap()).unwrap())
+        .collect();
+    let per_endpoint: Vec<i64> = published.iter().filter(|h| h.endpoint == "a").map(|h| h.seq).collect();
+    assert!(
+        per_endpoint.windows(2).all(|w| w[0] < w[1]),
+        "in order: {per_endpoint:?}"
+    );
+    published.sort_by(|a, b| (&a.pool, &a.endpoint, a.seq).cmp(&(&b.pool, &b.endpoint, b.seq)));
+    published.dedup_by(|a, b| a.transition_id == b.transition_id);
+    assert_eq!(published, want);
+    let current: (String, i64) =
+        sqlx::query_as("SELECT state, seq FROM endpoint_state WHERE pool = 'e2e' AND endpoint = 'a'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        current,
+        (
+            "healthy".to_string(),
+            want.iter().filter(|h| h.endpoint == "a").count() as i64
+        )
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_several_points_loses_and_doubles_nothing() {
+    let name = unique("crash");
+    let topics = create_topics(&name, 4).await;
+    let inputs = workload(24, 40_000, 4, 11);
+    produce(&topics.signals, &inputs).await;
+    let total = inputs.len() as i64;
+    let db = Db::connect(&name).await;
+    let args = ["--snapshot-every", "2500", "--batch-max-records", "400"];
+    for stop_at in [total / 5, total / 2, total * 4 / 5] {
+        let mut p = Proc::start(&topics, &name, &name, &args);
+        db.wait_consumed(&name, stop_at, LONG).await;
+        p.kill9();
+        let at = db.consumed(&name).await;
+        assert!(at < total, "killed mid-run ({at} of {total} consumed)");
+    }
+    let mut p = Proc::start(&topics, &name, &name, &args);
+    db.wait_consumed(&name, total, LONG).await;
+    p.terminate();
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, total, true).await;
+    assert!(got.0 > 50, "the workload makes transitions: {}", got.0);
+    assert_eq!(got, want, "audit log after three kill -9 equals an uninterrupted run");
+    assert_eq!(db.sequence_gaps().await, vec![], "no gaps, no doubles");
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_records_go_to_the_dead_letter_topic_and_change_nothing_else() {
+    let name = unique("poison");
+    let topics = create_topics(&name, 2).await;
+    let clean_topics = create_topics(&format!("{name}c"), 2).await;
+    let valid = workload(6, 3_000, 2, 5);
+    let good = valid[10].bytes.clone();
+    let mut unknown = good.clone();
+    unknown[2..10].copy_from_slice(&0x0123_4567_89ab_cdef_u64.to_le_bytes());
+    let mut negative = call("pool-1", "ep-0", 999_999, OutcomeClass::Success, None, T0_MS);
+    if let Signal::Call(c) = &mut negative {
+        c.latency_us = -7;
+    }
+    let mut empty_pool = call("x", "ep-0", 999_998, OutcomeClass::Success, None, T0_MS);
+    if let Signal::Call(c) = &mut empty_pool {
+        c.pool = String::new();
+    }
+    let poison: Vec<(Vec<u8>, &str)> = vec![
+        (b"definitely not avro".to_vec(), "bad_magic"),
+        (unknown, "unknown_fingerprint"),
+        (good[..good.len() - 3].to_vec(), "invalid_body"),
+        (vec![0xC3], "too_short"),
+        (encode_signal(&negative).unwrap(), "invalid_value"),
+        (encode_signal(&empty_pool).unwrap(), "invalid_value"),
+    ];
+    let mut mixed = Vec::new();
+    for (i, input) in valid.iter().enumerate() {
+        mixed.push(input.clone());
+        if i % 500 == 250 {
+            let (bytes, _) = &poison[(i / 500) % poison.len()];
+            mixed.push(Input {
+                partition: (i % 2) as i32,
+                ts_ms: input.ts_ms,
+                key: None,
+                bytes: bytes.clone(),
+            });
+        }
+    }
+    let poisoned: Vec<&str> = (0..valid.len())
+        .filter(|i| i % 500 == 250)
+        .map(|i| poison[(i / 500) % poison.len()].1)
+        .collect();
+    produce(&topics.signals, &mixed).await;
+    produce(&clean_topics.signals, &valid).await;
+
+    let db = Db::connect(&name).await;
+    let _p = Proc::start(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, mixed.len() as i64, LONG).await;
+
+    let dead = read_n(&topics.dlq, poisoned.len(), LONG).await;
+    let mut codes: Vec<String> = dead.iter().map(|m| header(m, "vitals-error-code").unwrap()).collect();
+    let mut want_codes: Vec<String> = poisoned.iter().map(|s| s.to_string()).collect();
+    codes.sort();
+    want_codes.sort();
+    assert_eq!(codes, want_codes);
+    for m in &dead {
+        assert_eq!(
+            header(m, "vitals-origin-topic").as_deref(),
+            Some(topics.signals.as_str())
+        );
+        let p: i32 = header(m, "vitals-origin-partition").unwrap().parse().unwrap();
+        let o: i64 = header(m, "vitals-origin-offset").unwrap().parse().unwrap();
+        assert!((0..2).contains(&p) && o >= 0);
+        assert!(!header(m, "vitals-error").unwrap().is_empty());
+    }
+    let got = db.digest(false).await;
+    let want = reference_digest(&clean_topics, valid.len() as i64, false).await;
+    assert!(got.0 > 5, "{}", got.0);
+    assert_eq!(got, want, "valid records give the same audit log as a clean run");
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_processor_joining_and_leaving_changes_nothing() {
+    let name = unique("rebal");
+    let topics = create_topics(&name, 4).await;
+    let inputs = workload(24, 40_000, 4, 23);
+    produce(&topics.signals, &inputs).await;
+    let total = inputs.len() as i64;
+    let db = Db::connect(&name).await;
+    let args = ["--batch-max-records", "200", "--snapshot-every", "3000"];
+    let mut a = Proc::start(&topics, &name, &name, &args);
+    db.wait_consumed(&name, total / 5, LONG).await;
+    let mut b = Proc::start(&topics, &name, &name, &args);
+    wait_until("the second processor to claim partitions", LONG, || async {
+        sqlx::query_scalar::<_, i64>("SELECT max(epoch) FROM consumer_offsets")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or(0)
+            >= 2
+    })
+    .await;
+    db.wait_consumed(&name, total * 3 / 5, LONG).await;
+    assert!(b.terminate().success(), "the second processor leaves cleanly");
+    db.wait_consumed(&name, total, LONG).await;
+    assert!(a.terminate().success());
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, total, true).await;
+    assert_eq!(got, want);
+    assert_eq!(db.sequence_gaps().await, vec![]);
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_into_a_fresh_schema_gives_an_identical_audit_log() {
+    let name = unique("replay");
+    let topics = create_topics(&name, 3).await;
+    let inputs = workload(12, 20_000, 3, 99);
+    produce(&topics.signals, &inputs).await;
+    let first = reference_digest(&topics, inputs.len() as i64, true).await;
+    let second = reference_digest(&topics, inputs.len() as i64, true).await;
+    assert!(first.0 > 20, "{}", first.0);
+    assert_eq!(first, second);
+}
