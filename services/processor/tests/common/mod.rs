@@ -335,7 +335,12 @@ impl Proc {
             .args(["--signals-topic", &topics.signals, "--changes-topic", &topics.changes])
             .args(["--state-topic", &topics.state, "--dlq-topic", &topics.dlq])
             .args(["--group", group, "--db-schema", schema, "--create-topics", "false"])
-            .args(["--http-addr", "127.0.0.1:0", "--tick-interval-ms", "0"])
+            .args(["--tick-interval-ms", "0"])
+            .args(if extra.contains(&"--http-addr") {
+                &[][..]
+            } else {
+                &["--http-addr", "127.0.0.1:0"][..]
+            })
             .args(extra)
             .env("VITALS_LOG", "info,rdkafka=warn,sqlx=warn")
             .stdin(Stdio::null())
@@ -412,4 +417,43 @@ pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
         .map(|i| h.get(i))
         .find(|h| h.key == name)
         .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 GET over loopback; the body, if the server answered.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// A counter's value from the processor's /metrics.
+pub async fn metric(port: u16, name: &str) -> Option<f64> {
+    let body = http_get(port, "/metrics").await?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+}
+
+/// Run a stack script command (scripts/stack.sh kafka-down, pg-up, ...).
+pub fn stack(cmd: &str) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
+    let status = Command::new("bash")
+        .arg(script)
+        .arg(cmd)
+        .status()
+        .expect("stack script runs");
+    assert!(status.success(), "scripts/stack.sh {cmd} failed");
 }

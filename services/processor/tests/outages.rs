@@ -1,0 +1,92 @@
+//! Postgres and Kafka restart under a running processor. These stop the shared local services,
+//! so they live in their own test binary (cargo runs test binaries one at a time) and run one
+//! after the other.
+
+mod common;
+use common::*;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+const LONG: Duration = Duration::from_secs(240);
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let name = unique("pgrestart");
+    let topics = create_topics(&name, 4).await;
+    let inputs = workload(16, 30_000, 4, 31);
+    let half = inputs.len() / 2;
+    produce(&topics.signals, &inputs[..half]).await;
+    let db = Db::connect(&name).await;
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut p = Proc::start(
+        &topics,
+        &name,
+        &name,
+        &["--batch-max-records", "100", "--http-addr", &http],
+    );
+    db.wait_consumed(&name, half as i64 / 2, LONG).await;
+
+    stack("pg-down");
+    produce(&topics.signals, &inputs[half..]).await;
+    wait_until("the processor to notice the database is gone", LONG, || async {
+        metric(port, "vitals_processor_db_retries_total").await.unwrap_or(0.0) > 0.0
+    })
+    .await;
+    let ready = http_get(port, "/readyz").await.unwrap_or_default();
+    assert_eq!(ready, "database unreachable");
+    stack("pg-up");
+
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    assert!(p.terminate().success());
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, inputs.len() as i64, true).await;
+    assert_eq!(got, want);
+    assert_eq!(db.sequence_gaps().await, vec![]);
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_restart_mid_run_pauses_and_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let name = unique("kafkarestart");
+    let topics = create_topics(&name, 4).await;
+    let inputs = workload(16, 30_000, 4, 37);
+    let cut = inputs.len() * 2 / 3;
+    produce(&topics.signals, &inputs[..cut]).await;
+    let db = Db::connect(&name).await;
+    let mut p = Proc::start(&topics, &name, &name, &["--batch-max-records", "100"]);
+    db.wait_consumed(&name, inputs.len() as i64 / 3, LONG).await;
+
+    stack("kafka-down");
+    stack("kafka-up");
+    produce(&topics.signals, &inputs[cut..]).await;
+
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    wait_until(
+        "the outbox relay to publish everything after the restart",
+        LONG,
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                .fetch_one(&db.pool)
+                .await
+                .map(|n| n == 0)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    assert!(p.terminate().success());
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, inputs.len() as i64, true).await;
+    assert_eq!(got, want);
+    // Every transition reached the changes topic (at least once; duplicates are allowed).
+    let transitions = got.0 as usize;
+    let published: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE dedup_key LIKE 'hc/%'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(published as usize, transitions);
+    db.drop_schema().await;
+}
