@@ -2,6 +2,7 @@
 //! synthetic signal mix.
 
 pub mod alloc;
+pub mod stack;
 pub mod workload;
 
 /// CPU time (user + system) this process has used, in seconds, from /proc/self/stat.

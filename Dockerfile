@@ -1,0 +1,14 @@
+# Builds the vitals services. Used by docker-compose.yaml; not needed for the native scripts.
+FROM rust:1.85-bookworm AS build
+RUN apt-get update && apt-get install -y --no-install-recommends cmake libcurl4-openssl-dev libssl-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p vitals-processor
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 libcurl4 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/vitals-processor /usr/local/bin/
+USER nobody
+ENTRYPOINT ["/usr/local/bin/vitals-processor"]

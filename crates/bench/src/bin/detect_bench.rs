@@ -1,0 +1,206 @@
+//! Detection latency: from producing the decisive signal to the health change being visible to
+//! a `read_committed` consumer of the changes topic, under a steady background load.
+//!
+//!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
+//!   target/release/detect-bench [--samples 200] [--background 2000]
+
+use clap::Parser;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::FutureRecord;
+use rdkafka::{ClientConfig, Message};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vitals_bench::stack;
+use vitals_contracts::*;
+
+#[derive(Parser)]
+struct Args {
+    /// Decisive signals to time.
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+    /// Background load, signals per second.
+    #[arg(long, default_value_t = 2_000)]
+    background: u64,
+    /// Pause between decisive signals, ms.
+    #[arg(long, default_value_t = 50)]
+    gap_ms: u64,
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as i64
+}
+
+fn probe(pool: &str, ep: &str, id: String, critical_down: bool) -> Signal {
+    Signal::Probe(ProbeResult {
+        probe_id: id,
+        pool: pool.into(),
+        endpoint: ep.into(),
+        prober: "detect-bench".into(),
+        occurred_at: now_us(),
+        kind: ProbeKind::Http,
+        outcome: OutcomeClass::Success,
+        latency_us: 3_000,
+        ttft_us: None,
+        http_status: Some(200),
+        interval_ms: None,
+        dependencies: if critical_down {
+            vec![DependencyReport {
+                name: "db".into(),
+                critical: true,
+                status: DependencyStatus::Down,
+            }]
+        } else {
+            vec![]
+        },
+        detail: String::new(),
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let env = stack::Env::from_env();
+    let name = stack::unique("detect");
+    let topics = stack::create_topics(&env, &name, 8, true).await?;
+    let mut child = stack::spawn_processor(&env, &topics, &name, &[])?;
+
+    // The read_committed consumer: when did each endpoint's first change arrive?
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.brokers)
+        .set("group.id", format!("{name}-watch"))
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "10")
+        .create()?;
+    c.subscribe(&[&topics[1]])?;
+    {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Ok(m) = c.recv().await {
+                let at = Instant::now();
+                if let Ok(h) = decode::<HealthChanged>(m.payload().unwrap_or_default()) {
+                    seen.lock().unwrap().entry(h.endpoint.clone()).or_insert(at);
+                }
+            }
+        });
+    }
+    let producer = stack::producer(&env)?;
+    let send = |s: &Signal| {
+        let bytes = encode_signal(s).expect("encodes");
+        let pool = s.pool().unwrap_or_default().to_string();
+        (pool, bytes)
+    };
+
+    // Background: healthy probes over 200 pools × 5 endpoints.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let producer = producer.clone();
+        let topic = topics[0].clone();
+        let stop = stop.clone();
+        let rate = args.background;
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                for _ in 0..(rate / 100).max(1) {
+                    i += 1;
+                    let s = probe(
+                        &format!("bg-{}", i % 200),
+                        &format!("ep-{}", i % 5),
+                        format!("bg-{i}"),
+                        false,
+                    );
+                    let (pool, bytes) = send(&s);
+                    let _ = producer.send_result(FutureRecord::to(&topic).key(&pool).payload(&bytes));
+                }
+            }
+        });
+    }
+    // Let the processor join its group and the background flow reach steady state.
+    eprintln!("warming up…");
+    let warm = Instant::now();
+    let warm_ep = "warm".to_string();
+    loop {
+        let s = probe("warmup", &warm_ep, format!("w-{}", warm.elapsed().as_millis()), true);
+        let (pool, bytes) = send(&s);
+        producer
+            .send_result(FutureRecord::to(&topics[0]).key(&pool).payload(&bytes))
+            .map_err(|(e, _)| e)?
+            .await
+            .ok();
+        if seen.lock().unwrap().contains_key(&warm_ep) {
+            break;
+        }
+        anyhow::ensure!(
+            warm.elapsed() < Duration::from_secs(60),
+            "processor did not start within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "measuring {} decisive signals under {} signals/s",
+        args.samples, args.background
+    );
+    let mut sent: Vec<(String, Instant)> = Vec::new();
+    for k in 0..args.samples {
+        // One endpoint per pool of 2, so max-ejection (≥1) always lets the decisive probe eject.
+        let pool = format!("victim-{k}");
+        let ep = format!("victim-{k}-a");
+        let s = probe(&pool, &ep, format!("decisive-{k}"), true);
+        let (key, bytes) = send(&s);
+        let t = Instant::now();
+        producer
+            .send_result(FutureRecord::to(&topics[0]).key(&key).payload(&bytes))
+            .map_err(|(e, _)| e)?;
+        sent.push((ep, t));
+        tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && sent.iter().any(|(ep, _)| !seen.lock().unwrap().contains_key(ep)) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = seen.lock().unwrap().clone();
+    let mut lat: Vec<f64> = sent
+        .iter()
+        .filter_map(|(ep, t)| seen.get(ep).map(|s| s.duration_since(*t).as_secs_f64() * 1000.0))
+        .collect();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    anyhow::ensure!(
+        lat.len() == sent.len(),
+        "only {} of {} changes seen",
+        lat.len(),
+        sent.len()
+    );
+    lat.sort_by(f64::total_cmp);
+    let q = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+    println!(
+        "detect-bench: {} decisive signals under {} signals/s background",
+        lat.len(),
+        args.background
+    );
+    println!(
+        "  p50 {:>7.1} ms   p90 {:>7.1} ms   p99 {:>7.1} ms   max {:>7.1} ms (target p99 ≤ 250 ms)",
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        q(1.0)
+    );
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env.database_url)
+        .await?;
+    let _ = sqlx::query(&format!("DROP SCHEMA \"{name}\" CASCADE"))
+        .execute(&pool)
+        .await;
+    Ok(())
+}
