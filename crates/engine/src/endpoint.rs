@@ -1,7 +1,7 @@
 //! Per-endpoint state: the window, the EWMA score, consecutive counters, isolation and the
 //! conditions that the pool's rules turn into transitions.
 
-use crate::window::{Totals, Window};
+use crate::window::{Rate, Totals, Window};
 use serde::{Deserialize, Serialize};
 use vitals_contracts::{Evidence, HealthState, Micros, OutcomeClass, OverrideAction, Policy};
 
@@ -88,6 +88,10 @@ impl Tracker {
         self.window.totals(now, policy.bucket_ms * 1000)
     }
 
+    pub fn rate(&self, now: Micros, policy: &Policy) -> Rate {
+        self.window.rate(now, policy.bucket_ms * 1000)
+    }
+
     /// Record an outcome: window, counters, score. `class` is the effective class (a success
     /// slower than `slow_call_ms` to its first token arrives here as a timeout).
     /// Returns the window's counts after recording.
@@ -98,11 +102,11 @@ impl Tracker {
         class: OutcomeClass,
         ttft_us: Option<i64>,
         id: &str,
-    ) -> Totals {
+    ) -> Rate {
         self.window.record(now, policy.bucket_ms * 1000, class);
-        let totals = self.totals(now, policy);
+        let rate = self.rate(now, policy);
         if class.is_neutral() {
-            return totals;
+            return rate;
         }
         let failed = class.is_failure();
         if failed {
@@ -134,7 +138,7 @@ impl Tracker {
                 s.clamp(0.0, 100.0)
             }
         };
-        let success_rate = (1.0 - totals.failure_rate()) * 100.0;
+        let success_rate = (1.0 - rate.failure_rate()) * 100.0;
         let sample = 0.6 * ttft_score + 0.4 * success_rate;
         self.score = policy.ewma_beta * self.score + (1.0 - policy.ewma_beta) * sample;
         if self.consecutive_hard >= policy.hard_break_after as u32 {
@@ -145,7 +149,7 @@ impl Tracker {
         } else {
             None
         };
-        totals
+        rate
     }
 
     pub fn record_latency(&mut self, latency_us: i64, policy: &Policy) {
@@ -169,7 +173,7 @@ impl Tracker {
     }
 
     /// Reasons for an automatic ejection, as thresholds crossed. Empty when there is none.
-    pub fn eject_causes(&self, totals: &Totals, policy: &Policy, now: Micros) -> Vec<String> {
+    pub fn eject_causes(&self, totals: &Rate, policy: &Policy, now: Micros) -> Vec<String> {
         let mut c = Vec::new();
         if self.consecutive_hard >= policy.hard_break_after as u32 {
             c.push(format!("consecutive_5xx_or_timeouts>={}", policy.hard_break_after));
@@ -302,6 +306,7 @@ impl Tracker {
         pool_median: Option<f64>,
     ) -> Evidence {
         let t = self.totals(now, policy);
+        let rate = self.rate(now, policy);
         let n = |c: OutcomeClass| t.get(c) as i64;
         Evidence {
             window_ms: policy.window_ms,
@@ -314,7 +319,7 @@ impl Tracker {
             client_error: n(OutcomeClass::ClientError),
             invalid_response: n(OutcomeClass::InvalidResponse),
             cancelled: n(OutcomeClass::Cancelled),
-            failure_rate: t.failure_rate(),
+            failure_rate: rate.failure_rate(),
             score: self.score,
             ttft_p50_ms: self.ttft_percentile(0.5),
             ttft_p99_ms: self.ttft_percentile(0.99),

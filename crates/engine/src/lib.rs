@@ -14,7 +14,7 @@ mod window;
 
 pub use endpoint::Tracker;
 pub use pool::PoolState;
-pub use window::{Totals, Window};
+pub use window::{Rate, Totals, Window};
 
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serializer;

@@ -2,7 +2,7 @@
 //! correlated-outage suspicion, peer-relative latency).
 
 use crate::endpoint::{buckets, Tracker, LATENCY_MIN_SAMPLES};
-use crate::window::Totals;
+use crate::window::Rate;
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,19 @@ pub struct PoolState {
     pub correlated_outage: bool,
     /// The earliest stream time at which some endpoint's timer may fire.
     next_deadline: Option<Micros>,
+    #[serde(skip)]
+    scratch: Scratch,
+}
+
+/// A reusable buffer for the peer-latency median, so the hot path does not allocate. It is not
+/// state: it never takes part in equality or snapshots.
+#[derive(Debug, Clone, Default)]
+struct Scratch(Vec<f64>);
+
+impl PartialEq for Scratch {
+    fn eq(&self, _: &Scratch) -> bool {
+        true
+    }
 }
 
 fn state_index(s: HealthState) -> usize {
@@ -65,6 +78,7 @@ impl PoolState {
             panic: false,
             correlated_outage: false,
             next_deadline: None,
+            scratch: Scratch::default(),
         }
     }
 
@@ -293,14 +307,14 @@ impl PoolState {
     }
 
     /// The automatic rules for an endpoint in rotation (healthy, suspect or degraded).
-    fn automatic_change(&mut self, name: &str, extra: Vec<String>, totals: Option<Totals>) -> Option<Change> {
+    fn automatic_change(&mut self, name: &str, extra: Vec<String>, totals: Option<Rate>) -> Option<Change> {
         let now = self.now;
         let policy = &self.policy;
         let t = &self.endpoints[name];
         if t.forced.is_some() {
             return None;
         }
-        let totals = totals.unwrap_or_else(|| t.totals(now, policy));
+        let totals = totals.unwrap_or_else(|| t.rate(now, policy));
         let eject = t.eject_causes(&totals, policy, now);
         let state = t.state;
         if !eject.is_empty() {
@@ -449,19 +463,24 @@ impl PoolState {
 
     fn check_latency_outlier(&mut self, name: &str) {
         let policy = &self.policy;
-        let mut peers: Vec<f64> = self
-            .endpoints
-            .iter()
-            .filter(|(n, t)| {
-                n.as_str() != name && t.latency_samples >= LATENCY_MIN_SAMPLES && t.state != HealthState::Unhealthy
-            })
-            .map(|(_, t)| t.latency_ewma_ms)
-            .collect();
+        let mut peers = std::mem::take(&mut self.scratch.0);
+        peers.clear();
+        peers.extend(
+            self.endpoints
+                .iter()
+                .filter(|(n, t)| {
+                    n.as_str() != name && t.latency_samples >= LATENCY_MIN_SAMPLES && t.state != HealthState::Unhealthy
+                })
+                .map(|(_, t)| t.latency_ewma_ms),
+        );
         if peers.len() < policy.latency_outlier_min_peers as usize {
+            self.scratch.0 = peers;
             return;
         }
         let mid = peers.len() / 2;
         let median = *peers.select_nth_unstable_by(mid, f64::total_cmp).1;
+        self.scratch.0 = peers;
+        let policy = &self.policy;
         let factor = policy.latency_outlier_factor;
         let min_ms = policy.latency_outlier_min_ms;
         let t = self.endpoints.get_mut(name).expect("known endpoint");

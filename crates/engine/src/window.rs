@@ -10,16 +10,41 @@ struct Bucket {
     /// The bucket's number: stream time / bucket length. A slot whose number is not the one the
     /// current time maps to holds stale counts and is reset before use.
     number: u32,
-    counts: [u32; CLASSES],
+    /// Exact counts of successes and failures: the failure rate comes from these.
+    ok: u32,
+    failed: u32,
+    /// Per-class counts for the evidence, saturating at 65,535 a bucket (21,845 calls a second
+    /// of one class to one endpoint); 16 bits keep a bucket at 32 bytes.
+    counts: [u16; CLASSES],
 }
 
-/// A ring of `window / bucket` buckets. Memory is fixed: 40 bytes a bucket.
+/// A ring of `window / bucket` buckets. Memory is fixed: 32 bytes a bucket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Window {
     buckets: Vec<Bucket>,
 }
 
-/// Counts by outcome class over the window.
+/// Successes and failures over the window: what the rules need on every signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rate {
+    pub ok: u64,
+    pub failed: u64,
+}
+
+impl Rate {
+    /// Calls that count towards the failure rate: successes and failures, not 4xx or cancelled.
+    pub fn counted(&self) -> u64 {
+        self.ok + self.failed
+    }
+    pub fn failure_rate(&self) -> f64 {
+        match self.counted() {
+            0 => 0.0,
+            n => self.failed as f64 / n as f64,
+        }
+    }
+}
+
+/// Counts by outcome class over the window, for the evidence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Totals(pub [u64; CLASSES]);
 
@@ -72,18 +97,35 @@ impl Window {
         if slot.number != n {
             *slot = Bucket {
                 number: n,
-                counts: [0; CLASSES],
+                ..Bucket::default()
             };
         }
         slot.counts[class.index()] = slot.counts[class.index()].saturating_add(1);
+        if class.is_failure() {
+            slot.failed = slot.failed.saturating_add(1);
+        } else if !class.is_neutral() {
+            slot.ok = slot.ok.saturating_add(1);
+        }
     }
 
-    /// Counts of the buckets that lie within the window ending at `now`.
-    pub fn totals(&self, now: Micros, bucket_us: i64) -> Totals {
+    fn live(&self, now: Micros, bucket_us: i64) -> impl Iterator<Item = &Bucket> {
         let n = number(now, bucket_us);
         let oldest = n.saturating_sub(self.buckets.len() as u32 - 1);
+        self.buckets.iter().filter(move |b| b.number >= oldest && b.number <= n)
+    }
+
+    /// Successes and failures of the buckets within the window ending at `now`.
+    pub fn rate(&self, now: Micros, bucket_us: i64) -> Rate {
+        self.live(now, bucket_us).fold(Rate::default(), |r, b| Rate {
+            ok: r.ok + u64::from(b.ok),
+            failed: r.failed + u64::from(b.failed),
+        })
+    }
+
+    /// Per-class counts of the buckets within the window ending at `now`.
+    pub fn totals(&self, now: Micros, bucket_us: i64) -> Totals {
         let mut t = [0u64; CLASSES];
-        for b in self.buckets.iter().filter(|b| b.number >= oldest && b.number <= n) {
+        for b in self.live(now, bucket_us) {
             for (acc, c) in t.iter_mut().zip(b.counts) {
                 *acc += u64::from(c);
             }
@@ -113,8 +155,11 @@ mod tests {
         w.record(t0, B, OutcomeClass::ClientError);
         let t = w.totals(t0 + 9 * B, B);
         assert_eq!((t.failures(), t.counted(), t.get(OutcomeClass::ClientError)), (4, 5, 1));
-        assert!((t.failure_rate() - 0.8).abs() < 1e-12);
+        let r = w.rate(t0 + 9 * B, B);
+        assert_eq!((r.failed, r.counted()), (4, 5));
+        assert!((r.failure_rate() - 0.8).abs() < 1e-12);
         assert_eq!(w.totals(t0 + 10 * B, B).counted(), 0);
+        assert_eq!(w.rate(t0 + 10 * B, B), Rate::default());
     }
 
     #[test]
@@ -122,7 +167,7 @@ mod tests {
         let mut w = Window::new(2);
         w.record(10 * B, B, OutcomeClass::ServerError);
         w.record(12 * B, B, OutcomeClass::Success);
-        let t = w.totals(12 * B, B);
-        assert_eq!((t.failures(), t.counted()), (0, 1));
+        let t = w.rate(12 * B, B);
+        assert_eq!((t.failed, t.counted()), (0, 1));
     }
 }

@@ -66,6 +66,14 @@ pub struct Config {
     /// Outbox relay: rows published per round.
     #[arg(long, env = "VITALS_RELAY_BATCH", default_value_t = 1_000)]
     pub relay_batch: i64,
+    /// Published outbox rows are deleted after this many hours (a replay from a snapshot older
+    /// than this would publish its events again; consumers drop duplicates by seq).
+    #[arg(long, env = "VITALS_OUTBOX_RETENTION_HOURS", default_value_t = 168)]
+    pub outbox_retention_hours: i64,
+    /// Transitions and pool events older than this many days (by stream time) are deleted;
+    /// 0 keeps them forever.
+    #[arg(long, env = "VITALS_AUDIT_RETENTION_DAYS", default_value_t = 0)]
+    pub audit_retention_days: i64,
     /// Seconds to finish in-flight work after SIGTERM.
     #[arg(long, env = "VITALS_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     pub shutdown_grace_secs: u64,
@@ -130,6 +138,9 @@ impl Config {
         }
         if self.snapshot_every == 0 {
             return err("--snapshot-every must be at least 1".into());
+        }
+        if self.outbox_retention_hours < 1 || self.audit_retention_days < 0 {
+            return err("--outbox-retention-hours must be at least 1 and --audit-retention-days at least 0".into());
         }
         if self.partitions < 1 {
             return err("--partitions must be at least 1".into());

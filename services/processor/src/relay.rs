@@ -25,6 +25,8 @@ pub struct Relay {
     pub metrics: Arc<Metrics>,
     pub wake: Arc<Notify>,
     pub cancel: CancellationToken,
+    pub outbox_retention_hours: i64,
+    pub audit_retention_days: i64,
 }
 
 impl Relay {
@@ -75,8 +77,13 @@ impl Relay {
 
     async fn publish_until_cancelled(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
         let mut last_backlog = std::time::Instant::now() - Duration::from_secs(10);
+        let mut last_retention = std::time::Instant::now() - Duration::from_secs(3600);
         loop {
             let published = self.publish_round(conn).await?;
+            if last_retention.elapsed() > Duration::from_secs(600) {
+                self.retention(conn).await?;
+                last_retention = std::time::Instant::now();
+            }
             if last_backlog.elapsed() > Duration::from_secs(5) {
                 let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
                     .fetch_one(&mut *conn)
@@ -96,6 +103,47 @@ impl Relay {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
+    }
+
+    /// Keep the database bounded: published outbox rows, and (if configured) old audit rows, are
+    /// deleted in chunks so that no single statement holds locks for long.
+    async fn retention(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
+        let mut deleted = 0;
+        loop {
+            let r = sqlx::query(
+                "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
+                 WHERE published_at < now() - make_interval(hours => $1::int) LIMIT 10000)",
+            )
+            .bind(self.outbox_retention_hours as i32)
+            .execute(&mut *conn)
+            .await?;
+            deleted += r.rows_affected();
+            if r.rows_affected() < 10_000 {
+                break;
+            }
+        }
+        if self.audit_retention_days > 0 {
+            for table in ["transitions", "pool_events"] {
+                loop {
+                    let q = format!(
+                        "DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table}
+                         WHERE stream_time < now() - make_interval(days => $1::int) LIMIT 10000)"
+                    );
+                    let r = sqlx::query(&q)
+                        .bind(self.audit_retention_days as i32)
+                        .execute(&mut *conn)
+                        .await?;
+                    deleted += r.rows_affected();
+                    if r.rows_affected() < 10_000 {
+                        break;
+                    }
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "retention: old rows deleted");
+        }
+        Ok(())
     }
 
     /// Publish one round of unpublished rows; the number published.
