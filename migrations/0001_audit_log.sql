@@ -34,10 +34,11 @@ CREATE TABLE transitions (
     recorded_at           timestamptz      NOT NULL DEFAULT now(),
     PRIMARY KEY (pool, endpoint, seq)
 );
--- History by endpoint and by pool, newest first; fleet-wide by time.
+-- History by endpoint, by pool and fleet-wide, newest first. Every key column runs the same way
+-- so that keyset pagination is one row comparison: (stream_time, pool, endpoint, seq) < cursor.
 CREATE INDEX transitions_by_endpoint ON transitions (pool, endpoint, stream_time DESC, seq DESC);
-CREATE INDEX transitions_by_pool ON transitions (pool, stream_time DESC, endpoint, seq DESC);
-CREATE INDEX transitions_by_time ON transitions (stream_time DESC, pool, endpoint, seq DESC);
+CREATE INDEX transitions_by_pool ON transitions (pool, stream_time DESC, endpoint DESC, seq DESC);
+CREATE INDEX transitions_by_time ON transitions (stream_time DESC, pool DESC, endpoint DESC, seq DESC);
 
 -- Pool-level decisions: panic mode, correlated-outage suspicion, policy changes.
 CREATE TABLE pool_events (
@@ -58,7 +59,8 @@ CREATE TABLE pool_events (
     PRIMARY KEY (pool, seq)
 );
 
--- The latest state of every endpoint that has had a transition: the projection the API reads.
+-- The latest state of every endpoint the engine knows: the projection the API reads. An endpoint
+-- appears with seq 0 when first seen; each transition replaces the row.
 CREATE TABLE endpoint_state (
     pool           text             NOT NULL,
     endpoint       text             NOT NULL,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 /// Stream time and record timestamps: microseconds since the Unix epoch.
 pub type Micros = i64;
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OutcomeClass {
@@ -89,6 +90,7 @@ pub struct CallOutcome {
     pub model: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ProbeKind {
@@ -98,6 +100,7 @@ pub enum ProbeKind {
     Heartbeat,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum DependencyStatus {
@@ -106,6 +109,7 @@ pub enum DependencyStatus {
     Down,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DependencyReport {
     pub name: String,
@@ -138,6 +142,7 @@ pub struct Tick {
     pub emitted_at: Micros,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OverrideAction {
@@ -161,6 +166,7 @@ pub struct OperatorOverride {
 
 /// Every number of the health model, per pool. Defaults come from the seed articles (see the
 /// schema `policy_change.avsc` and the README's table).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Policy {
@@ -286,6 +292,7 @@ impl Signal {
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum HealthState {
@@ -323,6 +330,7 @@ impl HealthState {
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Evidence {
     pub window_ms: i64,

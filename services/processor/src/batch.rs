@@ -33,8 +33,19 @@ pub struct PartitionWrite {
     pub snapshot: Option<Snapshot>,
 }
 
+/// An endpoint the engine saw for the first time: it enters the state projection as healthy.
+#[derive(Debug, Clone)]
+pub struct Discovered {
+    pub pool: String,
+    pub endpoint: String,
+    pub stream_time: i64,
+    pub policy_version: i32,
+    pub partition: i32,
+}
+
 #[derive(Debug, Default)]
 pub struct BatchWrite {
+    pub discovered: Vec<Discovered>,
     pub transitions: Vec<(HealthChanged, i32, i64)>,
     pub pool_events: Vec<(PoolHealthChanged, i32, i64)>,
     pub outbox: Vec<OutboxRow>,
@@ -155,6 +166,7 @@ impl BatchWrite {
         self.transitions.retain(|(_, p, _)| *p != partition);
         self.pool_events.retain(|(_, p, _)| *p != partition);
         self.outbox.retain(|o| o.partition != partition);
+        self.discovered.retain(|d| d.partition != partition);
         self.partitions.retain(|p| p.partition != partition);
     }
 }

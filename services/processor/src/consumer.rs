@@ -6,7 +6,7 @@
 //! owner reads them again. A batch is written when it is full or its first record has waited
 //! `batch_max_ms`; offsets are stored in Kafka only after the Postgres commit.
 
-use crate::batch::{BatchWrite, PartitionWrite, Snapshot, Topics};
+use crate::batch::{BatchWrite, Discovered, PartitionWrite, Snapshot, Topics};
 use crate::config::Config;
 use crate::db::{Db, DbError, Restored};
 use crate::metrics::Metrics;
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use vitals_contracts::{decode_signal, validate_signal, Policy};
+use vitals_contracts::{decode_signal, validate_signal, Policy, Signal};
 use vitals_engine::Engine;
 
 /// What the rebalance callback hands to the loop.
@@ -215,6 +215,11 @@ impl Processor {
     }
 
     pub async fn run(mut self) -> Result<(), DbError> {
+        // Re-poll the consumer at least once a second: a wake-up from librdkafka's queue
+        // callback can be lost (seen as a consumer that sits on fetched messages until the
+        // next spurious wake-up, max.poll.interval/2 later), and polling again is harmless.
+        let mut repoll = tokio::time::interval(Duration::from_secs(1));
+        repoll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self
                 .batch_started
@@ -223,6 +228,7 @@ impl Processor {
                 biased;
                 _ = self.cancel.cancelled() => break,
                 _ = sleep_until(deadline), if deadline.is_some() => self.flush(false).await?,
+                _ = repoll.tick() => {}
                 msg = self.consumer.recv() => {
                     let msg = msg.map(|m| m.detach());
                     self.apply_rebalance();
@@ -310,7 +316,25 @@ impl Processor {
             );
             return;
         }
+        let first_seen = endpoint_of(&signal)
+            .filter(|(pool, ep)| {
+                ps.engine
+                    .pools
+                    .get(*pool)
+                    .is_none_or(|p| !p.endpoints.contains_key(*ep))
+            })
+            .map(|(pool, ep)| (pool.to_owned(), ep.to_owned()));
         ps.engine.apply(at, &signal, &mut self.decisions);
+        if let Some((pool, endpoint)) = first_seen {
+            let policy_version = ps.engine.pools.get(&pool).map_or(0, |p| p.policy.version);
+            self.batch.discovered.push(Discovered {
+                pool,
+                endpoint,
+                stream_time: at,
+                policy_version,
+                partition,
+            });
+        }
         for d in self.decisions.drain(..) {
             self.batch.add_decision(&self.topics, d, partition, offset);
         }
@@ -412,6 +436,16 @@ impl Processor {
             tracing::debug!(error = %e, "kafka offset commit (informational) failed");
         }
         Ok(())
+    }
+}
+
+/// The endpoint a signal is about, if any.
+fn endpoint_of(s: &Signal) -> Option<(&str, &str)> {
+    match s {
+        Signal::Call(c) => Some((&c.pool, &c.endpoint)),
+        Signal::Probe(p) => Some((&p.pool, &p.endpoint)),
+        Signal::Override(o) => Some((&o.pool, &o.endpoint)),
+        Signal::Tick(_) | Signal::Policy(_) => None,
     }
 }
 

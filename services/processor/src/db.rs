@@ -158,6 +158,9 @@ impl Db {
             tx.rollback().await?;
             return Err(DbError::Fenced(fenced));
         }
+        for chunk in b.discovered.chunks(CHUNK) {
+            insert_discovered(&mut tx, chunk).await?;
+        }
         for chunk in b.transitions.chunks(CHUNK) {
             insert_transitions(&mut tx, chunk).await?;
         }
@@ -288,6 +291,32 @@ async fn upsert_states(tx: &mut sqlx::Transaction<'_, Postgres>, rows: &[&Health
           policy_version = excluded.policy_version
           WHERE endpoint_state.seq < excluded.seq",
     );
+    q.build().execute(&mut **tx).await?;
+    Ok(())
+}
+
+async fn insert_discovered(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    rows: &[crate::batch::Discovered],
+) -> Result<(), sqlx::Error> {
+    let mut q = QueryBuilder::<Postgres>::new(
+        "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since,
+         reason, policy_version) ",
+    );
+    q.push_values(rows, |mut r, d| {
+        r.push_bind(&d.pool)
+            .push_bind(&d.endpoint)
+            .push_bind(0i64)
+            .push_bind("healthy")
+            .push_bind(1.0f64)
+            .push_bind(0i64)
+            .push_bind(100.0f64)
+            .push_bind(0.0f64)
+            .push_bind(timestamp(d.stream_time))
+            .push_bind("first seen")
+            .push_bind(d.policy_version);
+    });
+    q.push(" ON CONFLICT (pool, endpoint) DO NOTHING");
     q.build().execute(&mut **tx).await?;
     Ok(())
 }

@@ -1,0 +1,123 @@
+//! Configuration of the API: flags with environment variables. Tokens are never printed.
+
+use crate::auth::{Role, Token};
+use clap::Parser;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Parser, Clone)]
+#[command(name = "vitals-api", version, about = "The vitals HTTP API")]
+pub struct Config {
+    #[arg(long, env = "VITALS_API_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+    #[arg(
+        long,
+        env = "VITALS_DATABASE_URL",
+        default_value = "postgres://vitals:vitals@127.0.0.1:5432/vitals"
+    )]
+    pub database_url: String,
+    #[arg(long, env = "VITALS_DB_SCHEMA", default_value = "vitals")]
+    pub db_schema: String,
+    #[arg(long, env = "VITALS_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Extra librdkafka settings, `key=value` (security), for the producer and the stream consumers.
+    #[arg(long = "kafka-option", env = "VITALS_KAFKA_OPTIONS", value_delimiter = ',')]
+    pub kafka_options: Vec<String>,
+    #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = vitals_contracts::topics::SIGNALS)]
+    pub signals_topic: String,
+    #[arg(long, env = "VITALS_CHANGES_TOPIC", default_value = vitals_contracts::topics::HEALTH_CHANGES)]
+    pub changes_topic: String,
+    /// API tokens, `name:role:secret` with role reader, writer (ingest) or admin (operator
+    /// actions and policies); repeatable or comma-separated.
+    #[arg(long = "token", env = "VITALS_API_TOKENS", value_delimiter = ',')]
+    pub tokens: Vec<String>,
+    /// Require a reader token for the read routes (history, health, stream).
+    #[arg(long, env = "VITALS_READ_REQUIRES_TOKEN", default_value_t = false, action = clap::ArgAction::Set)]
+    pub read_requires_token: bool,
+    /// Largest request body accepted, in bytes (413 beyond).
+    #[arg(long, env = "VITALS_MAX_BODY_BYTES", default_value_t = 1_048_576)]
+    pub max_body_bytes: usize,
+    /// Most items in one ingest batch.
+    #[arg(long, env = "VITALS_MAX_BATCH_ITEMS", default_value_t = 1_000)]
+    pub max_batch_items: usize,
+    /// Time to produce a response (not counting a live stream's body).
+    #[arg(long, env = "VITALS_REQUEST_TIMEOUT_MS", default_value_t = 15_000)]
+    pub request_timeout_ms: u64,
+    /// Time the broker has to confirm an ingested record.
+    #[arg(long, env = "VITALS_PRODUCE_TIMEOUT_MS", default_value_t = 10_000)]
+    pub produce_timeout_ms: u64,
+    /// Records the producer may hold unconfirmed; beyond it ingest answers 503 with Retry-After.
+    #[arg(long, env = "VITALS_PRODUCER_QUEUE", default_value_t = 100_000)]
+    pub producer_queue: usize,
+    /// Live streams served at once (503 beyond).
+    #[arg(long, env = "VITALS_MAX_STREAMS", default_value_t = 64)]
+    pub max_streams: usize,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("http_addr", &self.http_addr)
+            .field(
+                "database_url",
+                &vitals_processor::config::redact_url(&self.database_url),
+            )
+            .field("db_schema", &self.db_schema)
+            .field("brokers", &self.brokers)
+            .field("signals_topic", &self.signals_topic)
+            .field("changes_topic", &self.changes_topic)
+            .field("tokens", &format!("{} configured", self.tokens.len()))
+            .field("read_requires_token", &self.read_requires_token)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    /// Parse the tokens and check the settings; the error says what to change.
+    pub fn tokens(&self) -> anyhow::Result<Vec<Token>> {
+        let mut out = Vec::new();
+        for (i, t) in self.tokens.iter().enumerate() {
+            let mut parts = t.splitn(3, ':');
+            let (Some(name), Some(role), Some(secret)) = (parts.next(), parts.next(), parts.next()) else {
+                anyhow::bail!("token #{} is not name:role:secret", i + 1);
+            };
+            let role = Role::parse(role)
+                .ok_or_else(|| anyhow::anyhow!("token {name}: role must be reader, writer or admin"))?;
+            anyhow::ensure!(!name.is_empty(), "token #{}: empty name", i + 1);
+            anyhow::ensure!(
+                secret.len() >= 16,
+                "token {name}: the secret must be at least 16 characters"
+            );
+            out.push(Token {
+                name: name.to_owned(),
+                role,
+                secret: secret.as_bytes().to_vec(),
+            });
+        }
+        Ok(out)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.tokens()?;
+        anyhow::ensure!(self.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024");
+        anyhow::ensure!(self.max_batch_items >= 1, "--max-batch-items must be at least 1");
+        anyhow::ensure!(self.max_streams >= 1, "--max-streams must be at least 1");
+        anyhow::ensure!(
+            self.db_schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !self.db_schema.is_empty(),
+            "--db-schema: use letters, digits and _ only"
+        );
+        for o in &self.kafka_options {
+            anyhow::ensure!(o.contains('='), "--kafka-option {o:?} is not key=value");
+        }
+        Ok(())
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    pub fn kafka_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.kafka_options.iter().filter_map(|o| o.split_once('='))
+    }
+}

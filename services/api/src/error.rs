@@ -1,0 +1,112 @@
+//! One error type for every route, with one JSON body:
+//! `{"error": {"code": "...", "message": "...", "field": "..."}}`. Internal details are logged,
+//! never sent.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    Invalid { field: Option<String>, message: String },
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    #[error("this token's role may not do this")]
+    Forbidden,
+    #[error("request body larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("the request took too long")]
+    Timeout,
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError::Invalid {
+            field: Some(field.to_owned()),
+            message: message.into(),
+        }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::Invalid { .. } => (StatusCode::BAD_REQUEST, "invalid_request"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated"),
+            ApiError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+                tracing::warn!(error = %e, "database unavailable");
+                ApiError::Unavailable("the database is unavailable".into())
+            }
+            e => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+/// The error body of every failed request.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable: invalid_request, not_found, unauthenticated, forbidden,
+    /// payload_too_large, unavailable, timeout, internal.
+    pub code: String,
+    pub message: String,
+    /// The offending field or parameter, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.parts();
+        if let ApiError::Internal(e) = &self {
+            tracing::error!(error = %format!("{e:#}"), "internal error");
+        }
+        let field = match &self {
+            ApiError::Invalid { field, .. } => field.clone(),
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.into(),
+                message: self.to_string(),
+                field,
+            },
+        };
+        let mut resp = (status, axum::Json(body)).into_response();
+        match self {
+            ApiError::Unauthenticated => {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::Unavailable(_) => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}

@@ -1,0 +1,164 @@
+//! Current health: every pool with its endpoints, one pool, one endpoint with its latest evidence.
+
+use crate::error::{ApiError, ErrorBody};
+use crate::history::{state_name, StateName, TransitionItem};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::Row;
+use utoipa::ToSchema;
+
+#[derive(Serialize, ToSchema)]
+pub struct EndpointHealth {
+    pub endpoint: String,
+    pub state: StateName,
+    /// Routing weight 0..1; during slow start it rises to 1 over `ramp_ms` from `since`.
+    pub weight: f64,
+    pub ramp_ms: i64,
+    pub score: f64,
+    pub failure_rate: f64,
+    pub since: DateTime<Utc>,
+    /// The reason of the last transition ("first seen" before any).
+    pub reason: String,
+    /// Sequence number of the last transition (0: none yet).
+    pub seq: i64,
+    pub policy_version: i32,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PoolHealth {
+    pub pool: String,
+    pub endpoints: Vec<EndpointHealth>,
+    pub healthy: usize,
+    pub total: usize,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct EndpointDetail {
+    pub pool: String,
+    #[serde(flatten)]
+    pub current: EndpointHealth,
+    /// The last transition with its full evidence, if there was one.
+    pub last_transition: Option<TransitionItem>,
+}
+
+fn endpoint_health(r: &sqlx::postgres::PgRow) -> Result<EndpointHealth, ApiError> {
+    let s: String = r.try_get("state")?;
+    Ok(EndpointHealth {
+        endpoint: r.try_get("endpoint")?,
+        state: state_name(&s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("unknown state {s:?}")))?,
+        weight: r.try_get("weight")?,
+        ramp_ms: r.try_get("ramp_ms")?,
+        score: r.try_get("score")?,
+        failure_rate: r.try_get("failure_rate")?,
+        since: r.try_get("since")?,
+        reason: r.try_get("reason")?,
+        seq: r.try_get("seq")?,
+        policy_version: r.try_get("policy_version")?,
+    })
+}
+
+const STATE_COLUMNS: &str =
+    "pool, endpoint, state, weight, ramp_ms, score, failure_rate, since, reason, seq, policy_version";
+
+fn group(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PoolHealth>, ApiError> {
+    let mut pools: Vec<PoolHealth> = Vec::new();
+    for r in rows {
+        let pool: String = r.try_get("pool")?;
+        let e = endpoint_health(r)?;
+        match pools.last_mut() {
+            Some(p) if p.pool == pool => p.endpoints.push(e),
+            _ => pools.push(PoolHealth {
+                pool,
+                endpoints: vec![e],
+                healthy: 0,
+                total: 0,
+            }),
+        }
+    }
+    for p in &mut pools {
+        p.total = p.endpoints.len();
+        p.healthy = p
+            .endpoints
+            .iter()
+            .filter(|e| matches!(e.state, StateName::Healthy))
+            .count();
+    }
+    Ok(pools)
+}
+
+#[utoipa::path(get, path = "/v1/pools", tag = "health",
+    responses((status = 200, description = "Every pool with its endpoints", body = Vec<PoolHealth>),
+              (status = 401, description = "A token is required", body = ErrorBody)))]
+pub async fn pools(State(app): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<PoolHealth>>, ApiError> {
+    app.authorize_read(&headers)?;
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM endpoint_state ORDER BY pool, endpoint"
+    ))
+    .fetch_all(&app.db)
+    .await?;
+    Ok(Json(group(&rows)?))
+}
+
+#[utoipa::path(get, path = "/v1/pools/{pool}", tag = "health",
+    params(("pool" = String, Path, description = "Pool name")),
+    responses((status = 200, description = "One pool", body = PoolHealth),
+              (status = 404, description = "No such pool", body = ErrorBody),
+              (status = 401, description = "A token is required", body = ErrorBody)))]
+pub async fn pool(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(pool): Path<String>,
+) -> Result<Json<PoolHealth>, ApiError> {
+    app.authorize_read(&headers)?;
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 ORDER BY endpoint"
+    ))
+    .bind(&pool)
+    .fetch_all(&app.db)
+    .await?;
+    group(&rows)?
+        .pop()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("pool {pool:?}")))
+}
+
+#[utoipa::path(get, path = "/v1/pools/{pool}/endpoints/{endpoint}", tag = "health",
+    params(("pool" = String, Path, description = "Pool name"), ("endpoint" = String, Path, description = "Endpoint name")),
+    responses((status = 200, description = "One endpoint with its latest evidence", body = EndpointDetail),
+              (status = 404, description = "No such endpoint", body = ErrorBody),
+              (status = 401, description = "A token is required", body = ErrorBody)))]
+pub async fn endpoint(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path((pool, endpoint)): Path<(String, String)>,
+) -> Result<Json<EndpointDetail>, ApiError> {
+    app.authorize_read(&headers)?;
+    let row = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 AND endpoint = $2"
+    ))
+    .bind(&pool)
+    .bind(&endpoint)
+    .fetch_optional(&app.db)
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("endpoint {endpoint:?} of pool {pool:?}")))?;
+    let current = endpoint_health(&row)?;
+    let last = sqlx::query(
+        "SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, retry_at, reason_code,
+         reason, policy_version, trigger_ids, evidence, stream_time FROM transitions
+         WHERE pool = $1 AND endpoint = $2 ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(&pool)
+    .bind(&endpoint)
+    .fetch_optional(&app.db)
+    .await?;
+    let last_transition = last.as_ref().map(crate::history::transition_item).transpose()?;
+    Ok(Json(EndpointDetail {
+        pool,
+        current,
+        last_transition,
+    }))
+}

@@ -1,0 +1,144 @@
+//! The vitals HTTP API. `build(config)` connects and binds; `App::run(cancel)` serves until the
+//! token fires. `router(state)` is testable without a socket.
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod history;
+pub mod ingest;
+pub mod metrics;
+pub mod openapi;
+pub mod ops;
+pub mod probes;
+pub mod stream;
+
+use anyhow::Context;
+use auth::{Principal, Role, Token};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use config::Config;
+use error::ApiError;
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::ClientConfig;
+use sqlx::PgPool;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub cfg: Arc<Config>,
+    pub tokens: Arc<Vec<Token>>,
+    pub db: PgPool,
+    pub producer: FutureProducer,
+    pub metrics: Arc<metrics::Metrics>,
+    pub streams: Arc<Semaphore>,
+    pub cancel: CancellationToken,
+}
+
+impl AppState {
+    pub fn authorize(&self, headers: &axum::http::HeaderMap, need: Role) -> Result<Principal, ApiError> {
+        auth::authorize(headers, &self.tokens, need)
+    }
+
+    /// Reads are open unless `--read-requires-token`.
+    pub fn authorize_read(&self, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+        if self.cfg.read_requires_token {
+            self.authorize(headers, Role::Reader)?;
+        }
+        Ok(())
+    }
+
+    pub fn producer_in_flight(&self) -> usize {
+        self.producer.in_flight_count().max(0) as usize
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/transitions", get(history::history))
+        .route("/v1/pools", get(health::pools))
+        .route("/v1/pools/{pool}", get(health::pool))
+        .route("/v1/pools/{pool}/endpoints/{endpoint}", get(health::endpoint))
+        .route(
+            "/v1/pools/{pool}/endpoints/{endpoint}/override",
+            post(ops::override_endpoint),
+        )
+        .route("/v1/pools/{pool}/policy", put(ops::put_policy))
+        .route("/v1/stream", get(stream::stream))
+        .route("/v1/signals", post(ingest::ingest))
+        .route("/v1/openapi.json", get(|| async { Json(openapi::ApiDoc::openapi()) }))
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track));
+    api.fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .with_state(state)
+}
+
+pub struct App {
+    pub listener: tokio::net::TcpListener,
+    pub state: AppState,
+}
+
+impl App {
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    pub async fn run(self) -> anyhow::Result<()> {
+        let cancel = self.state.cancel.clone();
+        let app = router(self.state);
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await?;
+        Ok(())
+    }
+}
+
+/// Connect to Postgres (migrating it) and Kafka, and bind the listener.
+pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App> {
+    cfg.validate()?;
+    tracing::info!(config = ?cfg, "starting vitals-api");
+    let tokens = cfg.tokens()?;
+    if tokens.is_empty() {
+        tracing::warn!("no tokens configured: every write route will answer 401");
+    }
+    let db = vitals_processor::db::connect(&cfg.database_url, &cfg.db_schema)
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to {}",
+                vitals_processor::config::redact_url(&cfg.database_url)
+            )
+        })?;
+    let mut pc = ClientConfig::new();
+    pc.set("bootstrap.servers", &cfg.brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "2")
+        .set("message.timeout.ms", cfg.produce_timeout_ms.to_string())
+        .set("queue.buffering.max.messages", cfg.producer_queue.to_string());
+    for (k, v) in cfg.kafka_pairs() {
+        pc.set(k, v);
+    }
+    let producer: FutureProducer = pc.create().context("creating the Kafka producer")?;
+    let listener = tokio::net::TcpListener::bind(cfg.http_addr)
+        .await
+        .with_context(|| format!("binding {}", cfg.http_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "listening");
+    let state = AppState {
+        streams: Arc::new(Semaphore::new(cfg.max_streams)),
+        cfg: Arc::new(cfg),
+        tokens: Arc::new(tokens),
+        db,
+        producer,
+        metrics: Arc::default(),
+        cancel,
+    };
+    Ok(App { listener, state })
+}

@@ -1,0 +1,305 @@
+//! Live stream of health changes as Server-Sent Events, read from the changes topic.
+//!
+//! Each event's id is the stream position after it: the next offset of every partition,
+//! `0:15,1:7,...`. A client that reconnects with `Last-Event-ID` continues exactly after the
+//! last event it received, across API restarts and instances, with nothing lost or repeated.
+//! Without it, the stream starts at the end of the topic; a first `ready` event carries the
+//! starting position. Events republished by the outbox relay after a crash are dropped by
+//! (endpoint, seq) within a connection.
+
+use crate::error::{ApiError, ErrorBody};
+use crate::history::{state_name, StateName, TransitionItem};
+use crate::AppState;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use chrono::{DateTime, Utc};
+use futures::Stream;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
+use vitals_contracts::{self as c, codec::SchemaKind};
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // documents the parameters
+pub struct StreamParams {
+    /// Only events of this pool.
+    pool: Option<String>,
+    /// Only events of this endpoint.
+    endpoint: Option<String>,
+}
+
+/// A pool-level decision (panic mode, correlated outage, policy change).
+#[derive(Serialize, ToSchema)]
+pub struct PoolEvent {
+    pub pool: String,
+    pub seq: i64,
+    pub endpoints: i32,
+    pub healthy: i32,
+    pub ejected: i32,
+    pub healthy_fraction: f64,
+    pub panic: bool,
+    pub correlated_outage: bool,
+    pub reason: String,
+    pub policy_version: i32,
+    pub stream_time: DateTime<Utc>,
+}
+
+/// Positions: partition → next offset.
+type Positions = BTreeMap<i32, i64>;
+
+fn encode_positions(p: &Positions) -> String {
+    p.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(",")
+}
+
+fn parse_positions(s: &str) -> Result<Positions, ApiError> {
+    let bad = || ApiError::invalid("Last-Event-ID", "not an event id of this stream");
+    let mut out = Positions::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (p, o) = part.split_once(':').ok_or_else(bad)?;
+        let p: i32 = p.parse().map_err(|_| bad())?;
+        let o: i64 = o.parse().map_err(|_| bad())?;
+        if p < 0 || o < 0 {
+            return Err(bad());
+        }
+        out.insert(p, o);
+    }
+    Ok(out)
+}
+
+fn micros(t: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(t).unwrap_or_default()
+}
+
+fn state(s: c::HealthState) -> StateName {
+    state_name(s.as_str()).unwrap_or(StateName::Healthy)
+}
+
+pub(crate) fn change_item(h: c::HealthChanged) -> TransitionItem {
+    TransitionItem {
+        pool: h.pool,
+        endpoint: h.endpoint,
+        seq: h.seq,
+        transition_id: h.transition_id,
+        from_state: state(h.from_state),
+        to_state: state(h.to_state),
+        weight: h.weight,
+        ramp_ms: h.ramp_ms,
+        retry_at: h.retry_at.map(micros),
+        reason_code: h.reason_code,
+        reason: h.reason,
+        policy_version: h.policy_version,
+        trigger_ids: h.trigger_ids,
+        evidence: h.evidence,
+        stream_time: micros(h.stream_time),
+    }
+}
+
+struct Live {
+    consumer: StreamConsumer,
+    positions: Positions,
+    pool: Option<String>,
+    endpoint: Option<String>,
+    last_seq: HashMap<(String, String), i64>,
+    ready: bool,
+    cancel: tokio_util::sync::CancellationToken,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Live {
+    async fn next_event(&mut self) -> Option<Event> {
+        if !self.ready {
+            self.ready = true;
+            return Some(
+                Event::default()
+                    .event("ready")
+                    .id(encode_positions(&self.positions))
+                    .data("{}"),
+            );
+        }
+        loop {
+            let msg = tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                m = self.consumer.recv() => m,
+            };
+            let m = match msg {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "live stream: consumer error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            self.positions.insert(m.partition(), m.offset() + 1);
+            let payload = m.payload().unwrap_or_default();
+            let (kind, data) = match c::codec::peek_kind(payload) {
+                Ok(SchemaKind::HealthChanged) => {
+                    let Ok(h) = c::decode::<c::HealthChanged>(payload) else {
+                        continue;
+                    };
+                    if !self.wanted(&h.pool, Some(&h.endpoint)) {
+                        continue;
+                    }
+                    let key = (h.pool.clone(), h.endpoint.clone());
+                    if self.last_seq.get(&key).is_some_and(|s| *s >= h.seq) {
+                        continue; // a republished duplicate
+                    }
+                    self.last_seq.insert(key, h.seq);
+                    ("health_changed", serde_json::to_string(&change_item(h)))
+                }
+                Ok(SchemaKind::PoolHealthChanged) => {
+                    let Ok(p) = c::decode::<c::PoolHealthChanged>(payload) else {
+                        continue;
+                    };
+                    if !self.wanted(&p.pool, None) {
+                        continue;
+                    }
+                    let e = PoolEvent {
+                        pool: p.pool,
+                        seq: p.seq,
+                        endpoints: p.endpoints,
+                        healthy: p.healthy,
+                        ejected: p.ejected,
+                        healthy_fraction: p.healthy_fraction,
+                        panic: p.panic,
+                        correlated_outage: p.correlated_outage,
+                        reason: p.reason,
+                        policy_version: p.policy_version,
+                        stream_time: micros(p.stream_time),
+                    };
+                    ("pool_changed", serde_json::to_string(&e))
+                }
+                _ => continue,
+            };
+            let Ok(data) = data else { continue };
+            return Some(
+                Event::default()
+                    .event(kind)
+                    .id(encode_positions(&self.positions))
+                    .data(data),
+            );
+        }
+    }
+
+    fn wanted(&self, pool: &str, endpoint: Option<&str>) -> bool {
+        self.pool.as_deref().is_none_or(|p| p == pool) && self.endpoint.as_deref().is_none_or(|e| endpoint == Some(e))
+    }
+}
+
+#[utoipa::path(
+    get, path = "/v1/stream", tag = "stream", params(StreamParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
+    responses(
+        (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A Last-Event-ID that is not from this stream", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 503, description = "Too many live streams, or Kafka unavailable", body = ErrorBody),
+    )
+)]
+pub async fn stream(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    app.authorize_read(&headers)?;
+    let resume = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("Last-Event-ID", "not text"))
+                .and_then(parse_positions)
+        })
+        .transpose()?;
+    let permit = app
+        .streams
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::Unavailable("too many live streams".into()))?;
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", &app.cfg.brokers)
+        .set("group.id", "vitals-api-live")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "50");
+    for (k, v) in app.cfg.kafka_pairs() {
+        cfg.set(k, v);
+    }
+    let consumer: StreamConsumer = cfg.create().map_err(|e| ApiError::Internal(e.into()))?;
+    let topic = app.cfg.changes_topic.clone();
+    // Resolve the starting offset of every partition now, so the `ready` event is exact.
+    let (consumer, positions) = tokio::task::spawn_blocking(move || -> Result<(StreamConsumer, Positions), String> {
+        let timeout = Duration::from_secs(5);
+        let meta = consumer
+            .fetch_metadata(Some(&topic), timeout)
+            .map_err(|e| e.to_string())?;
+        let parts: Vec<i32> = meta
+            .topics()
+            .first()
+            .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+            .unwrap_or_default();
+        if parts.is_empty() {
+            return Err(format!("topic {topic} has no partitions"));
+        }
+        let mut positions = Positions::new();
+        let mut tpl = TopicPartitionList::new();
+        for p in parts {
+            let start = match resume.as_ref().and_then(|r| r.get(&p)) {
+                Some(o) => *o,
+                None if resume.is_some() => 0, // a partition added since: from its beginning
+                None => {
+                    consumer
+                        .fetch_watermarks(&topic, p, timeout)
+                        .map_err(|e| e.to_string())?
+                        .1
+                }
+            };
+            positions.insert(p, start);
+            tpl.add_partition_offset(&topic, p, Offset::Offset(start))
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        Ok((consumer, positions))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.into()))?
+    .map_err(|e| {
+        tracing::warn!(error = %e, "live stream: cannot read the changes topic");
+        ApiError::Unavailable("the changes topic is unavailable".into())
+    })?;
+    let live = Live {
+        consumer,
+        positions,
+        pool: q.get("pool").cloned(),
+        endpoint: q.get("endpoint").cloned(),
+        last_seq: HashMap::new(),
+        ready: false,
+        cancel: app.cancel.clone(),
+        _permit: permit,
+    };
+    let events = futures::stream::unfold(live, |mut live| async move {
+        let e = live.next_event().await?;
+        Some((Ok(e), live))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_round_trip_and_garbage_is_refused() {
+        let p: Positions = [(0, 15), (1, 0), (7, 123_456)].into_iter().collect();
+        assert_eq!(parse_positions(&encode_positions(&p)).unwrap(), p);
+        for bad in ["x", "0:", ":5", "0:-1", "-1:3", "0:1,zz"] {
+            assert!(parse_positions(bad).is_err(), "{bad}");
+        }
+    }
+}
