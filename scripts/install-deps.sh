@@ -16,5 +16,9 @@ if ((${#need_apt[@]})); then
 fi
 if ! python3 -c 'import fastavro' 2>/dev/null; then
   echo "[deps] pip install fastavro (interop tests)" >&2
-  python3 -m pip install -q 'fastavro>=1.9,<2'
+  python3 -m pip install -q --root-user-action=ignore 'fastavro>=1.9,<2'
+fi
+if ! python3 -c 'import schemathesis' 2>/dev/null; then
+  echo "[deps] pip install schemathesis (API fuzz test)" >&2
+  python3 -m pip install -q --root-user-action=ignore 'schemathesis>=4.32,<5'
 fi

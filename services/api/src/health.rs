@@ -1,9 +1,10 @@
 //! Current health: every pool with its endpoints, one pool, one endpoint with its latest evidence.
 
 use crate::error::{ApiError, ErrorBody};
+use crate::extract::ApiPath;
 use crate::history::{state_name, StateName, TransitionItem};
 use crate::AppState;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -111,7 +112,7 @@ pub async fn pools(State(app): State<AppState>, headers: HeaderMap) -> Result<Js
 pub async fn pool(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path(pool): Path<String>,
+    ApiPath(pool): ApiPath<String>,
 ) -> Result<Json<PoolHealth>, ApiError> {
     app.authorize_read(&headers)?;
     let rows = sqlx::query(&format!(
@@ -134,7 +135,7 @@ pub async fn pool(
 pub async fn endpoint(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path((pool, endpoint)): Path<(String, String)>,
+    ApiPath((pool, endpoint)): ApiPath<(String, String)>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     app.authorize_read(&headers)?;
     let row = sqlx::query(&format!(

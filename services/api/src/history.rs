@@ -1,8 +1,9 @@
 //! Transition history: by endpoint, by pool, or fleet-wide; newest first; keyset pagination.
 
 use crate::error::{ApiError, ErrorBody};
+use crate::extract::ApiQuery;
 use crate::AppState;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use base64::Engine as _;
@@ -146,7 +147,7 @@ fn name_param<'a>(q: &'a HashMap<String, String>, name: &'static str) -> Result<
 pub async fn history(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<HistoryPage>, ApiError> {
     app.authorize_read(&headers)?;
     let pool = name_param(&q, "pool")?;

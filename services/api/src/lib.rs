@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod extract;
 pub mod health;
 pub mod history;
 pub mod ingest;

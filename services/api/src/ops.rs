@@ -3,10 +3,11 @@
 
 use crate::auth::Role;
 use crate::error::{ApiError, ErrorBody};
+use crate::extract::ApiPath;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::Utc;
@@ -90,7 +91,7 @@ async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiErro
 pub async fn override_endpoint(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path((pool, endpoint)): Path<(String, String)>,
+    ApiPath((pool, endpoint)): ApiPath<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let who = app.authorize(&headers, Role::Admin)?;
@@ -132,7 +133,7 @@ pub async fn override_endpoint(
 pub async fn put_policy(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path(pool): Path<String>,
+    ApiPath(pool): ApiPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let who = app.authorize(&headers, Role::Admin)?;

@@ -8,9 +8,10 @@
 //! (endpoint, seq) within a connection.
 
 use crate::error::{ApiError, ErrorBody};
+use crate::extract::ApiQuery;
 use crate::history::{state_name, StateName, TransitionItem};
 use crate::AppState;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use chrono::{DateTime, Utc};
@@ -206,7 +207,7 @@ impl Live {
 pub async fn stream(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     app.authorize_read(&headers)?;
     let resume = headers

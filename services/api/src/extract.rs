@@ -1,0 +1,32 @@
+//! Path and query extractors whose rejections are the API's JSON errors, not axum's plain text.
+
+use crate::error::ApiError;
+use axum::extract::{FromRequestParts, Path, Query};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(t)| ApiPath(t))
+            .map_err(|e| ApiError::invalid("path", e.body_text()))
+    }
+}
+
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(t)| ApiQuery(t))
+            .map_err(|e| ApiError::invalid("query", e.body_text()))
+    }
+}
