@@ -4,11 +4,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends cmake libcurl4-
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p vitals-processor
+RUN cargo build --release --locked -p vitals-processor -p vitals-api
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 libcurl4 \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/vitals-processor /usr/local/bin/
+COPY --from=build /src/target/release/vitals-processor /src/target/release/vitals-api /usr/local/bin/
 USER nobody
 ENTRYPOINT ["/usr/local/bin/vitals-processor"]
