@@ -1,6 +1,8 @@
 //! Path and query extractors whose rejections are the API's JSON errors, not axum's plain text.
 
 use crate::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
@@ -29,4 +31,16 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
             .map(|Query(t)| ApiQuery(t))
             .map_err(|e| ApiError::invalid("query", e.body_text()))
     }
+}
+
+/// A JSON request body, with 413 for one over the limit and 400 naming the problem otherwise.
+pub fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
+    let body = body.map_err(|r| {
+        if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(limit)
+        } else {
+            ApiError::invalid("body", "cannot read the request body")
+        }
+    })?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::invalid("body", format!("not valid JSON for this route: {e}")))
 }

@@ -250,15 +250,7 @@ pub async fn ingest(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     app.authorize(&headers, Role::Writer)?;
-    let body = body.map_err(|r| {
-        if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge(app.cfg.max_body_bytes)
-        } else {
-            ApiError::invalid("body", "cannot read the request body")
-        }
-    })?;
-    let value: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| ApiError::invalid("body", format!("not JSON: {e}")))?;
+    let value: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let items = value
         .get("items")
         .and_then(|v| v.as_array())

@@ -42,20 +42,6 @@ pub struct Accepted {
     pub offset: i64,
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(
-    app: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let body = body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge(app.cfg.max_body_bytes)
-        } else {
-            ApiError::invalid("body", "cannot read the request body")
-        }
-    })?;
-    serde_json::from_slice(&body).map_err(|e| ApiError::invalid("body", e.to_string()))
-}
-
 async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiError> {
     let bytes = c::encode_signal(signal).map_err(|e| ApiError::Internal(e.into()))?;
     let pool = signal.pool().unwrap_or_default();
@@ -95,7 +81,7 @@ pub async fn override_endpoint(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let who = app.authorize(&headers, Role::Admin)?;
-    let req: OverrideRequest = parse_body(&app, body)?;
+    let req: OverrideRequest = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let now = Utc::now().timestamp_micros();
     let signal = c::Signal::Override(c::OperatorOverride {
         override_id: format!("override-{now}-{}", who.name),
@@ -137,7 +123,7 @@ pub async fn put_policy(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let who = app.authorize(&headers, Role::Admin)?;
-    let policy: c::Policy = parse_body(&app, body)?;
+    let policy: c::Policy = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let now = Utc::now().timestamp_micros();
     let signal = c::Signal::Policy(c::PolicyChange {
         change_id: format!("policy-{now}-{}", who.name),

@@ -9,6 +9,7 @@ pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod relay;
+pub mod shell;
 pub mod ticker;
 
 use anyhow::Context;

@@ -2,35 +2,15 @@ use clap::Parser;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use vitals_processor::config::Config;
+use vitals_processor::shell;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VITALS_LOG")
-                .unwrap_or_else(|_| "info,rdkafka=warn,sqlx=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shell::init_tracing();
     let cfg = Config::parse();
     let grace = Duration::from_secs(cfg.shutdown_grace_secs);
     let cancel = CancellationToken::new();
-    let signals = cancel.clone();
-    tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot install SIGTERM handler");
-                return;
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutdown requested");
-        signals.cancel();
-    });
+    shell::cancel_on_signals(cancel.clone());
     let run = vitals_processor::run(cfg, cancel.clone());
     tokio::pin!(run);
     tokio::select! {
