@@ -42,7 +42,10 @@ wait_for() { # wait_for <what> <deadline-secs> <command...>
 kafka_classpath() { printf '%s' "$CACHE/lib/*"; }
 
 kafka_resolve() {
-  if [[ -f "$CACHE/lib/.complete" ]]; then return; fi
+  # The cache is valid for the pom it was resolved from.
+  local want; want=$(sha256sum "$ROOT/scripts/kafka/pom.xml" | cut -d' ' -f1)
+  if [[ "$(cat "$CACHE/lib/.complete" 2>/dev/null)" == "$want" ]]; then return; fi
+  rm -rf "$CACHE/lib"
   command -v java >/dev/null || die "Java is missing: install a JDK 17+ (Debian: openjdk-17-jre-headless)"
   command -v mvn >/dev/null || die "Maven is missing: install it (Debian: maven)"
   say "resolving the Kafka broker jars with Maven into $CACHE/lib (first run only)"
@@ -52,7 +55,7 @@ kafka_resolve() {
     tail -n 20 "$CACHE/mvn.log" >&2
     die "Maven could not resolve org.apache.kafka:kafka_2.13 (is Maven Central reachable?); log: $CACHE/mvn.log"
   fi
-  touch "$CACHE/lib/.complete"
+  echo "$want" >"$CACHE/lib/.complete"
 }
 
 kafka_pid() { cat "$LOCAL/kafka.pid" 2>/dev/null || true; }
@@ -100,7 +103,8 @@ CONF
       || { cat "$dir/format.log" >&2; die "formatting Kafka storage failed"; }
   fi
   say "starting kafka on 127.0.0.1:$KAFKA_PORT"
-  nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Dlog4j2.level=WARN -cp "$(kafka_classpath)" kafka.Kafka "$conf" \
+  nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
+    -cp "$(kafka_classpath)" kafka.Kafka "$conf" \
     >"$dir/broker.log" 2>&1 </dev/null &
   echo $! >"$LOCAL/kafka.pid"
   if ! wait_for "kafka" "$DEADLINE_SECS" kafka_ready; then

@@ -49,7 +49,10 @@ pub async fn create_topics(
         ClientConfig::new().set("bootstrap.servers", &env.brokers).create()?;
     let ts = if log_append_time { "LogAppendTime" } else { "CreateTime" };
     let topics = [
-        NewTopic::new(&names[0], partitions, TopicReplication::Fixed(1)).set("message.timestamp.type", ts),
+        // The generated signals carry 2023 timestamps: keep them whatever their age.
+        NewTopic::new(&names[0], partitions, TopicReplication::Fixed(1))
+            .set("message.timestamp.type", ts)
+            .set("retention.ms", "-1"),
         NewTopic::new(&names[1], partitions, TopicReplication::Fixed(1)),
         NewTopic::new(&names[2], partitions, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
         NewTopic::new(&names[3], 1, TopicReplication::Fixed(1)),

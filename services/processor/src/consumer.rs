@@ -215,11 +215,6 @@ impl Processor {
     }
 
     pub async fn run(mut self) -> Result<(), DbError> {
-        // Re-poll the consumer at least once a second: a wake-up from librdkafka's queue
-        // callback can be lost (seen as a consumer that sits on fetched messages until the
-        // next spurious wake-up, max.poll.interval/2 later), and polling again is harmless.
-        let mut repoll = tokio::time::interval(Duration::from_secs(1));
-        repoll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self
                 .batch_started
@@ -228,7 +223,6 @@ impl Processor {
                 biased;
                 _ = self.cancel.cancelled() => break,
                 _ = sleep_until(deadline), if deadline.is_some() => self.flush(false).await?,
-                _ = repoll.tick() => {}
                 msg = self.consumer.recv() => {
                     let msg = msg.map(|m| m.detach());
                     self.apply_rebalance();

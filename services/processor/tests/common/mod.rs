@@ -80,8 +80,12 @@ pub async fn create_topics(prefix: &str, partitions: i32) -> Topics {
         .create()
         .expect("admin client");
     let r = TopicReplication::Fixed(1);
+    // Test records carry 2023 timestamps: without retention.ms=-1 the broker's time-based
+    // retention would delete them while a test runs.
     let topics = [
-        NewTopic::new(&t.signals, partitions, r).set("message.timestamp.type", "CreateTime"),
+        NewTopic::new(&t.signals, partitions, r)
+            .set("message.timestamp.type", "CreateTime")
+            .set("retention.ms", "-1"),
         NewTopic::new(&t.changes, partitions, TopicReplication::Fixed(1)),
         NewTopic::new(&t.state, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
         NewTopic::new(&t.dlq, 1, TopicReplication::Fixed(1)),
