@@ -17,7 +17,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -39,6 +39,9 @@ pub struct ProcessorContext {
     cancel: CancellationToken,
     events: Mutex<Vec<Rebalanced>>,
     metrics: Arc<Metrics>,
+    /// True while the consumer holds an assignment whose partitions are all restored (an
+    /// empty assignment counts: that processor is ready, with nothing to do).
+    ready: Arc<AtomicBool>,
 }
 
 impl ClientContext for ProcessorContext {
@@ -92,6 +95,7 @@ impl ConsumerContext for ProcessorContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");
+                self.ready.store(false, Ordering::Relaxed);
                 self.events
                     .lock()
                     .expect("not poisoned")
@@ -179,6 +183,7 @@ impl Processor {
         metrics: Arc<Metrics>,
         relay_wake: Arc<Notify>,
         cancel: CancellationToken,
+        ready: Arc<AtomicBool>,
     ) -> Result<Processor, KafkaError> {
         let ctx = ProcessorContext {
             db: db.clone(),
@@ -188,6 +193,7 @@ impl Processor {
             cancel: cancel.clone(),
             events: Mutex::new(Vec::new()),
             metrics: metrics.clone(),
+            ready,
         };
         let consumer: StreamConsumer<ProcessorContext> =
             crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;

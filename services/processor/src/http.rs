@@ -13,8 +13,8 @@ use std::sync::Arc;
 pub struct Health {
     pub metrics: Arc<Metrics>,
     pub pool: PgPool,
-    /// Set once the consumer has joined its group and restored what it was assigned.
-    pub started: Arc<AtomicBool>,
+    /// The consumer has joined its group and restored every partition it was assigned.
+    pub ready: Arc<AtomicBool>,
 }
 
 pub fn router(state: Health) -> Router {
@@ -26,8 +26,8 @@ pub fn router(state: Health) -> Router {
 }
 
 async fn ready(State(h): State<Health>) -> (StatusCode, &'static str) {
-    if !h.started.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "starting");
+    if !h.ready.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "partitions not assigned and restored");
     }
     match sqlx::query("SELECT 1").execute(&h.pool).await {
         Ok(_) => (StatusCode::OK, "ready"),

@@ -41,7 +41,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         group: cfg.group.clone(),
         topic: cfg.signals_topic.clone(),
     };
-    let started = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
 
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
         .await
@@ -50,7 +50,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let app = http::router(http::Health {
         metrics: metrics.clone(),
         pool: pool.clone(),
-        started: started.clone(),
+        ready: ready.clone(),
     });
 
     let mut tasks = JoinSet::new();
@@ -90,9 +90,15 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         });
     }
     {
-        let processor = consumer::Processor::new(cfg.clone(), database, metrics.clone(), wake.clone(), cancel.clone())
-            .context("creating the Kafka consumer")?;
-        started.store(true, std::sync::atomic::Ordering::Relaxed);
+        let processor = consumer::Processor::new(
+            cfg.clone(),
+            database,
+            metrics.clone(),
+            wake.clone(),
+            cancel.clone(),
+            ready,
+        )
+        .context("creating the Kafka consumer")?;
         tasks.spawn(async move { processor.run().await.context("processor") });
     }
 
