@@ -142,7 +142,8 @@ async fn kill_9_at_several_points_loses_and_doubles_nothing() {
     produce(&topics.signals, &inputs).await;
     let total = inputs.len() as i64;
     let db = Db::connect(&name).await;
-    let args = ["--snapshot-every", "2500", "--batch-max-records", "400"];
+    // Small batches keep the processor slow enough that every kill lands mid-run.
+    let args = ["--snapshot-every", "2500", "--batch-max-records", "100"];
     for stop_at in [total / 5, total / 2, total * 4 / 5] {
         let mut p = Proc::start(&topics, &name, &name, &args);
         db.wait_consumed(&name, stop_at, LONG).await;
