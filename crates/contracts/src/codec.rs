@@ -202,15 +202,6 @@ pub fn current_schema(kind: SchemaKind) -> (&'static Schema, u64) {
     (&r.known[idx].schema, fp)
 }
 
-/// Every schema version we can read: (kind, fingerprint, canonical form).
-pub fn known_schemas() -> Vec<(SchemaKind, u64, String)> {
-    registry()
-        .known
-        .iter()
-        .map(|k| (k.kind, fingerprint(&k.schema), canonical_form(&k.schema)))
-        .collect()
-}
-
 /// A Rust type with an Avro schema.
 pub trait Record: Serialize + DeserializeOwned {
     const KIND: SchemaKind;

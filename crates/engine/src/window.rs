@@ -52,23 +52,6 @@ impl Totals {
     pub fn get(&self, c: OutcomeClass) -> u64 {
         self.0[c.index()]
     }
-    pub fn failures(&self) -> u64 {
-        OutcomeClass::ALL
-            .iter()
-            .filter(|c| c.is_failure())
-            .map(|c| self.get(*c))
-            .sum()
-    }
-    /// Calls that count towards the failure rate: successes and failures, not 4xx or cancelled.
-    pub fn counted(&self) -> u64 {
-        self.get(OutcomeClass::Success) + self.failures()
-    }
-    pub fn failure_rate(&self) -> f64 {
-        match self.counted() {
-            0 => 0.0,
-            n => self.failures() as f64 / n as f64,
-        }
-    }
 }
 
 fn number(now: Micros, bucket_us: i64) -> u32 {
@@ -80,14 +63,6 @@ impl Window {
         Window {
             buckets: vec![Bucket::default(); buckets.max(1)],
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.buckets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
     }
 
     pub fn record(&mut self, now: Micros, bucket_us: i64, class: OutcomeClass) {
@@ -154,11 +129,18 @@ mod tests {
         w.record(t0, B, OutcomeClass::Success);
         w.record(t0, B, OutcomeClass::ClientError);
         let t = w.totals(t0 + 9 * B, B);
-        assert_eq!((t.failures(), t.counted(), t.get(OutcomeClass::ClientError)), (4, 5, 1));
+        assert_eq!(
+            (
+                t.get(OutcomeClass::Timeout),
+                t.get(OutcomeClass::Success),
+                t.get(OutcomeClass::ClientError)
+            ),
+            (4, 1, 1)
+        );
         let r = w.rate(t0 + 9 * B, B);
         assert_eq!((r.failed, r.counted()), (4, 5));
         assert!((r.failure_rate() - 0.8).abs() < 1e-12);
-        assert_eq!(w.totals(t0 + 10 * B, B).counted(), 0);
+        assert_eq!(w.totals(t0 + 10 * B, B), Totals::default());
         assert_eq!(w.rate(t0 + 10 * B, B), Rate::default());
     }
 
