@@ -1,5 +1,5 @@
 # Builds the vitals services. Used by docker-compose.yaml; not needed for the native scripts.
-FROM rust:1.85-bookworm AS build
+FROM rust:1.88-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends cmake libcurl4-openssl-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
