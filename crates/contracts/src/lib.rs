@@ -11,6 +11,7 @@
 //!   rejection is short enough to go into a dead-letter header.
 
 pub mod codec;
+mod fast;
 pub mod types;
 pub mod validate;
 

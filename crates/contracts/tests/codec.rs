@@ -250,6 +250,45 @@ proptest! {
     }
 
     #[test]
+    fn the_fast_decoders_equal_the_generic_path(
+        id in "\\PC{1,12}", at in 0i64..i64::MAX / 2, oc in outcome(), status in proptest::option::of(any::<i32>()),
+        lat in any::<i64>(), ttft in proptest::option::of(any::<i64>()), tpot in proptest::option::of(any::<i64>()),
+        attrs in proptest::collection::btree_map("\\PC{0,5}", "\\PC{0,8}", 0..5),
+        model in proptest::option::of("\\PC{0,10}"), interval in proptest::option::of(any::<i64>()),
+        deps in proptest::collection::vec(("\\PC{1,6}", any::<bool>(), 0..3usize), 0..4), detail in "\\PC{0,20}",
+    ) {
+        let call = Signal::Call(CallOutcome { event_id: id.clone(), pool: "p".into(), endpoint: "e".into(), gateway: "g".into(),
+            occurred_at: at, outcome: oc, http_status: status, latency_us: lat, ttft_us: ttft, tpot_us: tpot,
+            attributes: attrs, model });
+        let statuses = [DependencyStatus::Up, DependencyStatus::Degraded, DependencyStatus::Down];
+        let probe = Signal::Probe(ProbeResult { probe_id: id.clone(), pool: "p".into(), endpoint: "e".into(),
+            prober: "pr".into(), occurred_at: at, kind: ProbeKind::SyntheticCompletion, outcome: oc, latency_us: lat,
+            ttft_us: ttft, http_status: status, interval_ms: interval,
+            dependencies: deps.into_iter().map(|(name, critical, s)| DependencyReport { name, critical, status: statuses[s] }).collect(),
+            detail });
+        let tick = Signal::Tick(Tick { ticker: id, emitted_at: at });
+        for s in [call, probe, tick] {
+            let bytes = encode_signal(&s).unwrap();
+            prop_assert_eq!(decode_signal(&bytes).unwrap(), s.clone());
+            prop_assert_eq!(codec::decode_signal_generic(&bytes).unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn the_fast_decoders_accept_nothing_the_generic_path_rejects(
+        body in proptest::collection::vec(any::<u8>(), 0..120), which in 0..3usize,
+    ) {
+        let kind = [SchemaKind::CallOutcome, SchemaKind::ProbeResult, SchemaKind::Tick][which];
+        let (_, fp) = codec::current_schema(kind);
+        let mut bytes = vec![0xC3, 0x01];
+        bytes.extend_from_slice(&fp.to_le_bytes());
+        bytes.extend(&body);
+        if let Ok(fast) = decode_signal(&bytes) {
+            prop_assert_eq!(codec::decode_signal_generic(&bytes).unwrap(), fast);
+        }
+    }
+
+    #[test]
     fn random_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
         let _ = decode_signal(&body);
         let mut framed = encode(&sample_call()).unwrap()[..10].to_vec();

@@ -92,6 +92,7 @@ impl ConsumerContext for ProcessorContext {
                     .lock()
                     .expect("not poisoned")
                     .push(Rebalanced::Assigned(restored));
+                self.ready.store(true, Ordering::Relaxed);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");

@@ -10,6 +10,16 @@ use tokio::sync::Mutex;
 const LONG: Duration = Duration::from_secs(240);
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
+/// Brings a stopped service back however the test ends, so that a failure here does not leave
+/// the next tests without Postgres or Kafka.
+struct Restore(&'static str);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        stack(self.0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     let _serial = SERIAL.lock().await;
@@ -28,8 +38,14 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
         &["--batch-max-records", "100", "--http-addr", &http],
     );
     db.wait_consumed(&name, half as i64 / 2, LONG).await;
+    assert_eq!(
+        http_get(port, "/readyz").await.as_deref(),
+        Some("ready"),
+        "assigned, restored, database up"
+    );
 
     stack("pg-down");
+    let restore = Restore("pg-up");
     produce(&topics.signals, &inputs[half..]).await;
     wait_until("the processor to notice the database is gone", LONG, || async {
         metric(port, "vitals_processor_db_retries_total").await.unwrap_or(0.0) > 0.0
@@ -37,7 +53,7 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     .await;
     let ready = http_get(port, "/readyz").await.unwrap_or_default();
     assert_eq!(ready, "database unreachable");
-    stack("pg-up");
+    drop(restore); // pg-up
 
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
     assert!(p.terminate().success());
@@ -61,7 +77,7 @@ async fn kafka_restart_mid_run_pauses_and_loses_nothing() {
     db.wait_consumed(&name, inputs.len() as i64 / 3, LONG).await;
 
     stack("kafka-down");
-    stack("kafka-up");
+    drop(Restore("kafka-up"));
     produce(&topics.signals, &inputs[cut..]).await;
 
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;

@@ -48,6 +48,9 @@ fn main() -> anyhow::Result<()> {
     let avro_dec = per_record(n, |i| {
         black_box(decode_signal(&avro[i]).ok());
     });
+    let avro_generic = per_record(n, |i| {
+        black_box(vitals_contracts::codec::decode_signal_generic(&avro[i]).ok());
+    });
     let json_enc = per_record(n, |i| {
         black_box(serde_json::to_vec(&calls[i]).ok());
     });
@@ -64,5 +67,6 @@ fn main() -> anyhow::Result<()> {
         "  serde_json          encode {json_enc:>6.0} ns  decode {json_dec:>6.0} ns  size {:.0} B",
         size(&json)
     );
+    println!("  (avro decoded through apache-avro's generic Value instead: {avro_generic:.0} ns)");
     Ok(())
 }
