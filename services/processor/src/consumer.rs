@@ -175,6 +175,8 @@ pub struct Processor {
     /// Offsets consumed in the current batch, per partition: the next offset to read.
     pending: HashMap<i32, i64>,
     decisions: Vec<vitals_engine::Decision>,
+    /// The previous batch, being written while this one fills.
+    in_flight: Option<tokio::task::JoinHandle<Result<Written, DbError>>>,
 }
 
 impl Processor {
@@ -218,6 +220,7 @@ impl Processor {
             batch_started: None,
             pending: HashMap::new(),
             decisions: Vec::new(),
+            in_flight: None,
         })
     }
 
@@ -341,23 +344,21 @@ impl Processor {
         }
     }
 
-    /// Write the batch in one transaction, retrying through database outages.
+    /// Hand the batch to the writer. The write runs while the next batch fills; at most one is
+    /// in flight, so batches commit in order and at most two are held in memory. A batch is
+    /// one transaction, retried through database outages.
     async fn flush(&mut self, snapshot_all: bool) -> Result<(), DbError> {
         let started = self.batch_started.take();
-        if self.pending.is_empty() && !snapshot_all {
-            return Ok(());
-        }
         let mut batch = std::mem::take(&mut self.batch);
         let pending = std::mem::take(&mut self.pending);
-        let mut snapshotted = Vec::new();
-        for (&p, ps) in &self.partitions {
+        for (&p, ps) in self.partitions.iter_mut() {
             let next = match (pending.get(&p), ps.next_offset) {
                 (Some(n), _) => *n,
                 (None, Some(n)) if snapshot_all => n,
                 _ => continue,
             };
             let snapshot = (snapshot_all || ps.since_snapshot >= self.cfg.snapshot_every).then(|| {
-                snapshotted.push(p);
+                ps.since_snapshot = 0;
                 let mut pools: Vec<(String, Vec<u8>)> = ps
                     .engine
                     .pools
@@ -378,11 +379,72 @@ impl Processor {
                 snapshot,
             });
         }
+        self.finish_write().await?;
         if batch.is_empty() {
             return Ok(());
         }
+        let writer = Writer {
+            db: self.db.clone(),
+            metrics: self.metrics.clone(),
+            relay_wake: self.relay_wake.clone(),
+            cancel: self.cancel.clone(),
+            grace: Duration::from_secs(self.cfg.shutdown_grace_secs),
+        };
+        self.in_flight = Some(tokio::spawn(writer.write(batch, started)));
+        if snapshot_all {
+            self.finish_write().await?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the batch in flight, drop the partitions it found fenced, and tell Kafka the
+    /// offsets that are now durable (for lag tools only).
+    async fn finish_write(&mut self) -> Result<(), DbError> {
+        let Some(handle) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let done = handle.await.map_err(|e| DbError::Task(e.to_string()))??;
+        for p in &done.fenced {
+            self.partitions.remove(p);
+            self.pending.remove(p);
+            self.batch.drop_partition(*p);
+        }
+        if done.written {
+            let mut tpl = TopicPartitionList::new();
+            for pw in &done.partitions {
+                let _ = tpl.add_partition_offset(&self.topics.signals, pw.0, Offset::Offset(pw.1));
+            }
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                tracing::debug!(error = %e, "kafka offset commit (informational) failed");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a finished write reports back to the loop.
+struct Written {
+    /// Partitions another processor had claimed: dropped from the batch and to be dropped here.
+    fenced: Vec<i32>,
+    /// (partition, next offset) now durable.
+    partitions: Vec<(i32, i64)>,
+    /// False when the batch was abandoned at shutdown (it will be replayed).
+    written: bool,
+}
+
+struct Writer {
+    db: Db,
+    metrics: Arc<Metrics>,
+    relay_wake: Arc<Notify>,
+    cancel: CancellationToken,
+    grace: Duration,
+}
+
+impl Writer {
+    async fn write(self, mut batch: BatchWrite, started: Option<Instant>) -> Result<Written, DbError> {
+        let mut fenced = Vec::new();
         let mut backoff = Duration::from_millis(50);
-        let grace = Instant::now() + Duration::from_secs(self.cfg.shutdown_grace_secs);
+        let mut give_up_at: Option<Instant> = None;
         loop {
             match self.db.write_batch(&batch).await {
                 Ok(()) => break,
@@ -390,28 +452,34 @@ impl Processor {
                     tracing::warn!(partitions = ?ps, "partitions taken over by another processor; dropping them");
                     for p in ps {
                         batch.drop_partition(p);
-                        self.partitions.remove(&p);
+                        fenced.push(p);
                     }
                     if batch.is_empty() {
-                        return Ok(());
+                        return Ok(Written {
+                            fenced,
+                            partitions: vec![],
+                            written: false,
+                        });
                     }
                 }
                 Err(e) if e.is_retryable() => {
                     self.metrics.db_retries.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, retry_in = ?backoff, "batch not written; retrying");
-                    if self.cancel.is_cancelled() && Instant::now() > grace {
-                        tracing::error!("giving up on the last batch at shutdown; it will be replayed");
-                        return Ok(());
+                    if self.cancel.is_cancelled() {
+                        let deadline = *give_up_at.get_or_insert_with(|| Instant::now() + self.grace);
+                        if Instant::now() > deadline {
+                            tracing::error!("giving up on the last batch at shutdown; it will be replayed");
+                            return Ok(Written {
+                                fenced,
+                                partitions: vec![],
+                                written: false,
+                            });
+                        }
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => return Err(e),
-            }
-        }
-        for p in snapshotted {
-            if let Some(ps) = self.partitions.get_mut(&p) {
-                ps.since_snapshot = 0;
             }
         }
         let m = &self.metrics;
@@ -428,15 +496,12 @@ impl Processor {
         if !batch.outbox.is_empty() {
             self.relay_wake.notify_one();
         }
-        // Durable in Postgres: now Kafka may learn the offsets too (for lag tools only).
-        let mut tpl = TopicPartitionList::new();
-        for pw in &batch.partitions {
-            let _ = tpl.add_partition_offset(&self.topics.signals, pw.partition, Offset::Offset(pw.next_offset));
-        }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-            tracing::debug!(error = %e, "kafka offset commit (informational) failed");
-        }
-        Ok(())
+        let partitions = batch.partitions.iter().map(|p| (p.partition, p.next_offset)).collect();
+        Ok(Written {
+            fenced,
+            partitions,
+            written: true,
+        })
     }
 }
 

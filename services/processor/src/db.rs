@@ -25,6 +25,8 @@ pub enum DbError {
     Snapshot { partition: i32, message: String },
     #[error("partitions {0:?} were claimed by another processor (epoch changed)")]
     Fenced(Vec<i32>),
+    #[error("the batch writer failed: {0}")]
+    Task(String),
 }
 
 impl DbError {
