@@ -4,13 +4,14 @@
 //! seek to the snapshot offset) → *consuming* → (revoke) → *unassigned*. Records of the
 //! in-flight batch of a revoked partition are abandoned: they are not in Postgres, so the next
 //! owner reads them again. A batch is written when it is full or its first record has waited
-//! `batch_max_ms`; offsets are stored in Kafka only after the Postgres commit.
+//! `batch_max_ms`; offsets live in Postgres; the local offset store (for lag statistics) is
+//! updated only after the Postgres commit, and nothing is committed to Kafka.
 
 use crate::batch::{BatchWrite, Discovered, PartitionWrite, Snapshot, Topics};
 use crate::config::Config;
 use crate::db::{Db, DbError, Restored};
 use crate::metrics::Metrics;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -53,7 +54,7 @@ impl ClientContext for ProcessorContext {
                 t.partitions
                     .values()
                     .filter(|p| p.partition >= 0)
-                    .map(|p| p.consumer_lag.max(0))
+                    .map(|p| p.consumer_lag_stored.max(0))
                     .sum()
             })
             .unwrap_or(0);
@@ -410,12 +411,17 @@ impl Processor {
             self.batch.drop_partition(*p);
         }
         if done.written {
+            // Stored locally, never committed: Postgres holds the offsets. The local store feeds
+            // librdkafka's lag statistics. (Committing them to Kafka as well queued commits that
+            // held a rebalance in wait-unassign-to-complete after a broker restart.)
             let mut tpl = TopicPartitionList::new();
             for pw in &done.partitions {
-                let _ = tpl.add_partition_offset(&self.topics.signals, pw.0, Offset::Offset(pw.1));
+                if self.partitions.contains_key(&pw.0) {
+                    let _ = tpl.add_partition_offset(&self.topics.signals, pw.0, Offset::Offset(pw.1));
+                }
             }
-            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-                tracing::debug!(error = %e, "kafka offset commit (informational) failed");
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
+                tracing::debug!(error = %e, "storing offsets for the lag statistics failed");
             }
         }
         Ok(())
