@@ -461,25 +461,34 @@ impl PoolState {
         }
     }
 
-    fn check_latency_outlier(&mut self, name: &str) {
-        let policy = &self.policy;
+    /// The median latency EWMA of `name`'s peers that have enough samples (and, for the rule,
+    /// are in rotation); None with fewer than `min_peers` of them.
+    fn peer_median(&mut self, name: &str, in_rotation_only: bool, min_peers: usize) -> Option<f64> {
         let mut peers = std::mem::take(&mut self.scratch.0);
         peers.clear();
         peers.extend(
             self.endpoints
                 .iter()
                 .filter(|(n, t)| {
-                    n.as_str() != name && t.latency_samples >= LATENCY_MIN_SAMPLES && t.state != HealthState::Unhealthy
+                    n.as_str() != name
+                        && t.latency_samples >= LATENCY_MIN_SAMPLES
+                        && !(in_rotation_only && t.state == HealthState::Unhealthy)
                 })
                 .map(|(_, t)| t.latency_ewma_ms),
         );
-        if peers.len() < policy.latency_outlier_min_peers as usize {
-            self.scratch.0 = peers;
-            return;
-        }
-        let mid = peers.len() / 2;
-        let median = *peers.select_nth_unstable_by(mid, f64::total_cmp).1;
+        let median = (!peers.is_empty() && peers.len() >= min_peers).then(|| {
+            let mid = peers.len() / 2;
+            *peers.select_nth_unstable_by(mid, f64::total_cmp).1
+        });
         self.scratch.0 = peers;
+        median
+    }
+
+    fn check_latency_outlier(&mut self, name: &str) {
+        let min_peers = self.policy.latency_outlier_min_peers as usize;
+        let Some(median) = self.peer_median(name, true, min_peers) else {
+            return;
+        };
         let policy = &self.policy;
         let factor = policy.latency_outlier_factor;
         let min_ms = policy.latency_outlier_min_ms;
@@ -491,20 +500,6 @@ impl PoolState {
         } else {
             ewma > factor * median && ewma - median > min_ms
         };
-    }
-
-    fn pool_latency_median(&self, name: &str) -> Option<f64> {
-        let mut peers: Vec<f64> = self
-            .endpoints
-            .iter()
-            .filter(|(n, t)| n.as_str() != name && t.latency_samples >= LATENCY_MIN_SAMPLES)
-            .map(|(_, t)| t.latency_ewma_ms)
-            .collect();
-        if peers.is_empty() {
-            return None;
-        }
-        peers.sort_unstable_by(f64::total_cmp);
-        Some(peers[peers.len() / 2])
     }
 
     fn weight(&self, state: HealthState, forced: Option<OverrideAction>) -> (f64, i64) {
@@ -521,7 +516,7 @@ impl PoolState {
         let now = self.now;
         let policy = self.policy.clone();
         let median = if self.endpoints[name].latency_outlier {
-            self.pool_latency_median(name)
+            self.peer_median(name, false, 1)
         } else {
             None
         };

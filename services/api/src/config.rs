@@ -103,13 +103,7 @@ impl Config {
         anyhow::ensure!(self.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024");
         anyhow::ensure!(self.max_batch_items >= 1, "--max-batch-items must be at least 1");
         anyhow::ensure!(self.max_streams >= 1, "--max-streams must be at least 1");
-        anyhow::ensure!(
-            self.db_schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !self.db_schema.is_empty(),
-            "--db-schema: use letters, digits and _ only"
-        );
-        for o in &self.kafka_options {
-            anyhow::ensure!(o.contains('='), "--kafka-option {o:?} is not key=value");
-        }
+        vitals_processor::config::check_shared(&self.db_schema, &self.kafka_options).map_err(anyhow::Error::msg)?;
         Ok(())
     }
 
@@ -118,6 +112,6 @@ impl Config {
     }
 
     pub fn kafka_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.kafka_options.iter().filter_map(|o| o.split_once('='))
+        vitals_processor::config::kafka_pairs(&self.kafka_options)
     }
 }

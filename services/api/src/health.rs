@@ -2,7 +2,7 @@
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiPath;
-use crate::history::{state_name, StateName, TransitionItem};
+use crate::history::{state_column, StateName, TransitionItem};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -47,10 +47,9 @@ pub struct EndpointDetail {
 }
 
 fn endpoint_health(r: &sqlx::postgres::PgRow) -> Result<EndpointHealth, ApiError> {
-    let s: String = r.try_get("state")?;
     Ok(EndpointHealth {
         endpoint: r.try_get("endpoint")?,
-        state: state_name(&s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("unknown state {s:?}")))?,
+        state: state_column(r, "state")?,
         weight: r.try_get("weight")?,
         ramp_ms: r.try_get("ramp_ms")?,
         score: r.try_get("score")?,

@@ -253,11 +253,14 @@ pub async fn history(
     Ok(Json(HistoryPage { items, next_cursor }))
 }
 
+/// A state column of a row; an unknown value is a defect of the database, not of the request.
+pub(crate) fn state_column(r: &sqlx::postgres::PgRow, col: &str) -> Result<StateName, ApiError> {
+    let s: String = r.try_get(col)?;
+    state_name(&s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("unknown state {s:?} in column {col}")))
+}
+
 pub(crate) fn transition_item(r: &sqlx::postgres::PgRow) -> Result<TransitionItem, ApiError> {
-    let state = |col: &str| -> Result<StateName, ApiError> {
-        let s: String = r.try_get(col)?;
-        state_name(&s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("unknown state {s:?} in the audit log")))
-    };
+    let state = |col: &str| state_column(r, col);
     let evidence: sqlx::types::Json<Evidence> = r.try_get("evidence")?;
     Ok(TransitionItem {
         pool: r.try_get("pool")?,

@@ -159,17 +159,7 @@ impl Config {
                 return err(format!("topic {a} is named twice; the four topics must differ"));
             }
         }
-        if !self.db_schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || self.db_schema.is_empty() {
-            return err(format!(
-                "--db-schema {:?}: use letters, digits and _ only",
-                self.db_schema
-            ));
-        }
-        for o in &self.kafka_options {
-            if !o.contains('=') {
-                return err(format!("--kafka-option {o:?} is not key=value"));
-            }
-        }
+        check_shared(&self.db_schema, &self.kafka_options).map_err(ConfigError)?;
         if !self.database_url.starts_with("postgres://") && !self.database_url.starts_with("postgresql://") {
             return err(format!(
                 "--database-url {} is not a postgres:// URL",
@@ -184,8 +174,25 @@ impl Config {
     }
 
     pub fn kafka_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.kafka_options.iter().filter_map(|o| o.split_once('='))
+        kafka_pairs(&self.kafka_options)
     }
+}
+
+/// Checks of the settings the processor and the API share: the schema name (it is quoted
+/// into SQL) and the `key=value` form of pass-through Kafka options.
+pub fn check_shared(db_schema: &str, kafka_options: &[String]) -> Result<(), String> {
+    if db_schema.is_empty() || !db_schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("--db-schema {db_schema:?}: use letters, digits and _ only"));
+    }
+    match kafka_options.iter().find(|o| !o.contains('=')) {
+        Some(o) => Err(format!("--kafka-option {o:?} is not key=value")),
+        None => Ok(()),
+    }
+}
+
+/// The pass-through Kafka options as (key, value).
+pub fn kafka_pairs(options: &[String]) -> impl Iterator<Item = (&str, &str)> {
+    options.iter().filter_map(|o| o.split_once('='))
 }
 
 #[cfg(test)]
