@@ -7,7 +7,15 @@
 #   scripts/stack.sh status  say what is running
 #
 # Environment (defaults): VITALS_KAFKA_PORT=9092, VITALS_KAFKA_CONTROLLER_PORT=9093,
-# VITALS_PG_PORT=5432, VITALS_PG_USER=vitals, VITALS_PG_PASSWORD=vitals, VITALS_PG_DB=vitals.
+# VITALS_PG_PORT=5432, VITALS_PG_USER=vitals, VITALS_PG_PASSWORD=vitals, VITALS_PG_DB=vitals,
+# VITALS_PG_READER_USER=vitals_reader, VITALS_PG_READER_PASSWORD=vitals_reader.
+#
+# Roles: $VITALS_PG_USER owns the database and the schemas (the processor creates and migrates
+# them and writes the audit log); $VITALS_PG_READER_USER may only read them (the API runs as it).
+#
+# The cluster lives in .local/pg when the postgres user can reach that folder. When it cannot (a
+# clone in a home directory of mode 700), it lives in /var/lib/postgresql/vitals-<hash of the
+# clone's path> instead, and .local/pg-location says where.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,7 +29,8 @@ PG_PASSWORD=${VITALS_PG_PASSWORD:-vitals}
 PG_DB=${VITALS_PG_DB:-vitals}
 PG_VERSION=15
 PG_BIN=/usr/lib/postgresql/$PG_VERSION/bin
-PG_DATA="$LOCAL/pg"
+PG_READER=${VITALS_PG_READER_USER:-vitals_reader}
+PG_READER_PASSWORD=${VITALS_PG_READER_PASSWORD:-vitals_reader}
 DEADLINE_SECS=${VITALS_STACK_DEADLINE:-120}
 
 say() { printf '[stack] %s\n' "$*" >&2; }
@@ -126,18 +135,42 @@ kafka_down() {
 }
 
 as_pg() { runuser -u postgres -- "$@"; }
+
+# Where the cluster lives: the recorded place, else .local/pg if the postgres user can reach it,
+# else a folder of the postgres user's own.
+pg_data_dir() {
+  if [[ -f "$LOCAL/pg-location" ]]; then cat "$LOCAL/pg-location"; return; fi
+  local here="$LOCAL/pg"
+  mkdir -p "$here"
+  chown postgres:postgres "$here"
+  chmod o+x "$LOCAL" "$ROOT" 2>/dev/null || true
+  if as_pg test -w "$here" 2>/dev/null; then
+    echo "$here"
+    return
+  fi
+  rmdir "$here" 2>/dev/null || true
+  local hash
+  hash=$(printf '%s' "$ROOT" | md5sum | cut -c1-12)
+  local there="/var/lib/postgresql/vitals-$hash"
+  say "the postgres user cannot reach $here (a parent folder is not traversable by other users);"
+  say "placing the cluster in $there instead (recorded in $LOCAL/pg-location)"
+  mkdir -p "$there"
+  chown postgres:postgres "$there"
+  echo "$there" >"$LOCAL/pg-location"
+  echo "$there"
+}
 pg_ready() { "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; }
 
 pg_up() {
   [[ -x "$PG_BIN/postgres" ]] || die "PostgreSQL $PG_VERSION is not installed (Debian: postgresql-$PG_VERSION)"
   if ! pg_ready; then
     if port_open "$PG_PORT"; then die "port $PG_PORT is taken by something that is not PostgreSQL; set VITALS_PG_PORT"; fi
+    # The server refuses to run as root, so the cluster belongs to the postgres user, in a folder
+    # that user can reach.
+    PG_DATA=$(pg_data_dir)
     mkdir -p "$PG_DATA"
     chown postgres:postgres "$PG_DATA"
     chmod 700 "$PG_DATA"
-    # The server refuses to run as root, so the cluster belongs to the postgres user. Its parent folders
-    # must be traversable by that user.
-    chmod o+x "$LOCAL" "$ROOT" 2>/dev/null || true
     if [[ ! -f "$PG_DATA/PG_VERSION" ]]; then
       say "initialising a PostgreSQL cluster in $PG_DATA"
       as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
@@ -158,9 +191,27 @@ pg_up() {
   if [[ "$(as_pg "${psql[@]}" -c "select 1 from pg_database where datname='$PG_DB'")" != 1 ]]; then
     as_pg "${psql[@]}" -c "create database $PG_DB owner $PG_USER"
   fi
+  # The read-only role of the API: it may read every schema and table the owner creates.
+  if [[ "$(as_pg "${psql[@]}" -c "select 1 from pg_roles where rolname='$PG_READER'")" != 1 ]]; then
+    as_pg "${psql[@]}" -c "create role $PG_READER login password '$PG_READER_PASSWORD'"
+  fi
+  as_pg "${psql[@]}" -d "$PG_DB" <<SQL >/dev/null
+ALTER DEFAULT PRIVILEGES FOR ROLE $PG_USER GRANT USAGE ON SCHEMAS TO $PG_READER;
+ALTER DEFAULT PRIVILEGES FOR ROLE $PG_USER GRANT SELECT ON TABLES TO $PG_READER;
+DO \$\$
+DECLARE s text;
+BEGIN
+  FOR s IN SELECT nspname FROM pg_namespace WHERE nspowner = '$PG_USER'::regrole LOOP
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO $PG_READER', s);
+    EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA %I TO $PG_READER', s);
+  END LOOP;
+END
+\$\$;
+SQL
 }
 
 pg_down() {
+  PG_DATA=$(pg_data_dir)
   if [[ -f "$PG_DATA/postmaster.pid" ]]; then
     say "stopping postgres"
     as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null || true

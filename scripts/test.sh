@@ -4,10 +4,13 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+# What the build and the tests need (system packages, the Python peers): quick when present.
+scripts/install-deps.sh
 scripts/stack.sh up
 if command -v docker-compose >/dev/null; then
   docker-compose -f docker-compose.yaml config -q && echo "[test] docker-compose.yaml is valid" >&2
 fi
 export VITALS_TEST_KAFKA=${VITALS_TEST_KAFKA:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
 export VITALS_TEST_DATABASE_URL=${VITALS_TEST_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
+export VITALS_TEST_READER_DATABASE_URL=${VITALS_TEST_READER_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
 cargo test --workspace --release "$@"

@@ -263,6 +263,19 @@ fn header(bytes: &[u8]) -> Result<(SchemaKind, usize, &[u8]), CodecError> {
     Ok((registry().known[idx].kind, idx, &bytes[HEADER_LEN..]))
 }
 
+/// Every schema version we can read: (kind, fingerprint, is it the current version). For tests
+/// and fuzzing that must cover each version.
+pub fn known_schemas() -> Vec<(SchemaKind, u64, bool)> {
+    let r = registry();
+    let mut v: Vec<_> = r
+        .by_fingerprint
+        .iter()
+        .map(|(fp, idx)| (r.known[*idx].kind, *fp, r.known[*idx].resolve_to.is_none()))
+        .collect();
+    v.sort_by_key(|(_, fp, _)| *fp);
+    v
+}
+
 /// The kind of a record, from its header alone.
 pub fn peek_kind(bytes: &[u8]) -> Result<SchemaKind, CodecError> {
     header(bytes).map(|(k, _, _)| k)
@@ -275,6 +288,12 @@ fn decode_body<T: Record>(idx: usize, body: &[u8]) -> Result<T, CodecError> {
         kind: known.kind,
         message: e.to_string(),
     };
+    // Every count and length is checked against the bytes that remain before apache-avro, which
+    // trusts them, allocates anything.
+    crate::bounds::check(&known.schema, body).map_err(|message| CodecError::Body {
+        kind: known.kind,
+        message,
+    })?;
     let reader = known.resolve_to.map(|c| &r.known[c].schema);
     let mut input = Input {
         rest: body,

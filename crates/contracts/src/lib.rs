@@ -10,8 +10,10 @@
 //! - [`validate`]: the rules a signal must pass before it reaches the engine; the reason of a
 //!   rejection is short enough to go into a dead-letter header.
 
+mod bounds;
 pub mod codec;
 mod fast;
+pub mod keys;
 pub mod types;
 pub mod validate;
 
@@ -19,7 +21,7 @@ pub use codec::{decode, decode_signal, encode, encode_signal, CodecError, Record
 pub use types::*;
 pub use validate::{validate_signal, ValidationError};
 
-/// Kafka topic names (BRIEF.md, "Contracts").
+/// Kafka topic names (BRIEF.md, "Contracts"). Their record keys are described in [`keys`].
 pub mod topics {
     pub const SIGNALS: &str = "vitals.signals.v1";
     pub const HEALTH_CHANGES: &str = "vitals.health-changes.v1";

@@ -407,6 +407,23 @@ pub struct EndpointState {
 
 impl EndpointState {
     /// The state an endpoint is in after a transition.
+    /// An endpoint seen for the first time, before any transition: healthy at full weight.
+    pub fn first_seen(pool: &str, endpoint: &str, stream_time: Micros, policy_version: i32) -> EndpointState {
+        EndpointState {
+            pool: pool.to_owned(),
+            endpoint: endpoint.to_owned(),
+            seq: 0,
+            state: HealthState::Healthy,
+            weight: 1.0,
+            ramp_ms: 0,
+            score: 100.0,
+            failure_rate: 0.0,
+            since: stream_time,
+            reason: "first seen".into(),
+            policy_version,
+        }
+    }
+
     pub fn from_change(c: &HealthChanged) -> EndpointState {
         EndpointState {
             pool: c.pool.clone(),

@@ -10,6 +10,14 @@ pub const MAX_SKEW_MICROS: Micros = 24 * 3600 * 1_000_000;
 pub const MAX_NAME_LEN: usize = 256;
 /// Longest latency accepted: one hour.
 pub const MAX_DURATION_US: i64 = 3_600 * 1_000_000;
+/// Most entries in a call's `attributes`, and the longest key and value.
+pub const MAX_ATTRIBUTES: usize = 32;
+pub const MAX_ATTRIBUTE_KEY_LEN: usize = 128;
+pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 1024;
+/// Longest probe `detail`.
+pub const MAX_DETAIL_LEN: usize = 4096;
+/// Most dependencies one probe may report.
+pub const MAX_DEPENDENCIES: usize = 64;
 /// Most buckets a sliding window may have; it bounds engine memory per endpoint.
 pub const MAX_BUCKETS: i64 = 60;
 
@@ -89,6 +97,29 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
             duration("latency_us", c.latency_us)?;
             opt_duration("ttft_us", c.ttft_us)?;
             opt_duration("tpot_us", c.tpot_us)?;
+            if c.attributes.len() > MAX_ATTRIBUTES {
+                return Err(bad(
+                    "attributes",
+                    format!("{} entries; at most {MAX_ATTRIBUTES}", c.attributes.len()),
+                ));
+            }
+            for (k, v) in &c.attributes {
+                if k.is_empty() || k.len() > MAX_ATTRIBUTE_KEY_LEN {
+                    return Err(bad(
+                        "attributes",
+                        format!("a key must have 1..={MAX_ATTRIBUTE_KEY_LEN} bytes"),
+                    ));
+                }
+                if v.len() > MAX_ATTRIBUTE_VALUE_LEN {
+                    return Err(bad(
+                        "attributes",
+                        format!("the value of {k:?} is longer than {MAX_ATTRIBUTE_VALUE_LEN} bytes"),
+                    ));
+                }
+            }
+            if let Some(m) = &c.model {
+                name("model", m)?;
+            }
         }
         Signal::Probe(p) => {
             name("probe_id", &p.probe_id)?;
@@ -104,8 +135,17 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
                     return Err(bad("interval_ms", format!("{i} ms is not between 1 ms and an hour")));
                 }
             }
+            if p.dependencies.len() > MAX_DEPENDENCIES {
+                return Err(bad(
+                    "dependencies",
+                    format!("{} entries; at most {MAX_DEPENDENCIES}", p.dependencies.len()),
+                ));
+            }
             for d in &p.dependencies {
                 name("dependencies.name", &d.name)?;
+            }
+            if p.detail.len() > MAX_DETAIL_LEN {
+                return Err(bad("detail", format!("longer than {MAX_DETAIL_LEN} bytes")));
             }
         }
         Signal::Tick(t) => {
@@ -138,21 +178,39 @@ fn fraction(field: &'static str, v: f64, lo: f64, hi: f64) -> Result<(), Validat
     Ok(())
 }
 
-fn positive(field: &'static str, v: i64) -> Result<(), ValidationError> {
-    if v <= 0 {
-        return Err(bad(field, format!("{v} must be positive")));
+
+/// Longest time span a policy may set: one day (isolation caps, resets). Every other duration is
+/// bounded by an hour. Bounds keep every time computation of the engine far from overflow and
+/// every timestamp it writes within what Postgres stores.
+pub const MAX_POLICY_SPAN_MS: i64 = 24 * 3_600_000;
+const HOUR_MS: i64 = 3_600_000;
+/// Largest count a policy may set (volumes, consecutive outcomes, peers).
+pub const MAX_POLICY_COUNT: i32 = 1_000_000;
+
+fn span(field: &'static str, v: i64, lo: i64, hi: i64) -> Result<(), ValidationError> {
+    if v < lo || v > hi {
+        return Err(bad(field, format!("{v} ms is not within {lo}..={hi} ms")));
     }
     Ok(())
 }
 
-/// Cross-field checks of a policy. A policy that passes cannot make the engine divide by zero or
-/// allocate without bound.
+fn count(field: &'static str, v: i32, hi: i32) -> Result<(), ValidationError> {
+    if v < 1 || v > hi {
+        return Err(bad(field, format!("{v} is not within 1..={hi}")));
+    }
+    Ok(())
+}
+
+/// Range and cross-field checks of a policy. A policy that passes cannot make the engine divide
+/// by zero, allocate without bound, overflow its time arithmetic or write a timestamp Postgres
+/// cannot store. The same checks serve the API (400 naming the field) and the processor
+/// (a PolicyChange that fails them is dead-lettered).
 pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
     if p.version < 0 {
         return Err(bad("policy.version", "must not be negative"));
     }
-    positive("policy.window_ms", p.window_ms)?;
-    positive("policy.bucket_ms", p.bucket_ms)?;
+    span("policy.window_ms", p.window_ms, 1_000, HOUR_MS)?;
+    span("policy.bucket_ms", p.bucket_ms, 100, HOUR_MS)?;
     if p.window_ms % p.bucket_ms != 0 {
         return Err(bad("policy.bucket_ms", "must divide window_ms"));
     }
@@ -162,18 +220,21 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
             format!("window_ms/bucket_ms must be at most {MAX_BUCKETS}"),
         ));
     }
-    positive("policy.min_volume", p.min_volume.into())?;
+    count("policy.min_volume", p.min_volume, MAX_POLICY_COUNT)?;
     fraction("policy.failure_rate_threshold", p.failure_rate_threshold, 0.0, 1.0)?;
-    positive("policy.consecutive_failures", p.consecutive_failures.into())?;
-    positive("policy.consecutive_successes", p.consecutive_successes.into())?;
-    positive("policy.suspect_after_failures", p.suspect_after_failures.into())?;
-    positive("policy.hard_break_after", p.hard_break_after.into())?;
+    count("policy.consecutive_failures", p.consecutive_failures, 10_000)?;
+    count("policy.consecutive_successes", p.consecutive_successes, 10_000)?;
+    count("policy.suspect_after_failures", p.suspect_after_failures, 10_000)?;
+    count("policy.hard_break_after", p.hard_break_after, 10_000)?;
     fraction("policy.ewma_beta", p.ewma_beta, 0.0, 0.999)?;
-    fraction("policy.ttft_baseline_ms", p.ttft_baseline_ms, 0.0, 3.6e6)?;
-    if !p.ttft_max_ms.is_finite() || p.ttft_max_ms <= p.ttft_baseline_ms {
-        return Err(bad("policy.ttft_max_ms", "must be greater than ttft_baseline_ms"));
+    fraction("policy.ttft_baseline_ms", p.ttft_baseline_ms, 0.0, HOUR_MS as f64)?;
+    if !p.ttft_max_ms.is_finite() || p.ttft_max_ms <= p.ttft_baseline_ms || p.ttft_max_ms > HOUR_MS as f64 {
+        return Err(bad(
+            "policy.ttft_max_ms",
+            format!("must be greater than ttft_baseline_ms and at most {HOUR_MS} ms"),
+        ));
     }
-    positive("policy.slow_call_ms", p.slow_call_ms)?;
+    span("policy.slow_call_ms", p.slow_call_ms, 1, HOUR_MS)?;
     fraction("policy.degrade_below", p.degrade_below, 0.0, 100.0)?;
     fraction("policy.recover_above", p.recover_above, 0.0, 100.0)?;
     if p.recover_above < p.degrade_below {
@@ -182,29 +243,26 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
             "must not be below degrade_below (the deadband)",
         ));
     }
-    if p.recover_hold_ms < 0 {
-        return Err(bad("policy.recover_hold_ms", "must not be negative"));
-    }
+    span("policy.recover_hold_ms", p.recover_hold_ms, 0, HOUR_MS)?;
     fraction("policy.degraded_weight", p.degraded_weight, 0.0, 1.0)?;
-    positive("policy.isolation_base_ms", p.isolation_base_ms)?;
-    if p.isolation_max_ms < p.isolation_base_ms {
-        return Err(bad("policy.isolation_max_ms", "must not be below isolation_base_ms"));
-    }
-    positive("policy.isolation_reset_ms", p.isolation_reset_ms)?;
-    if p.slow_start_ms < 0 {
-        return Err(bad("policy.slow_start_ms", "must not be negative"));
-    }
+    span("policy.isolation_base_ms", p.isolation_base_ms, 1, HOUR_MS)?;
+    span(
+        "policy.isolation_max_ms",
+        p.isolation_max_ms,
+        p.isolation_base_ms,
+        MAX_POLICY_SPAN_MS,
+    )?;
+    span("policy.isolation_reset_ms", p.isolation_reset_ms, 1, 7 * MAX_POLICY_SPAN_MS)?;
+    span("policy.slow_start_ms", p.slow_start_ms, 0, HOUR_MS)?;
     fraction("policy.slow_start_weight", p.slow_start_weight, 0.0, 1.0)?;
     fraction("policy.max_ejection_pct", p.max_ejection_pct, 0.0, 100.0)?;
     fraction("policy.panic_threshold_pct", p.panic_threshold_pct, 0.0, 100.0)?;
     fraction("policy.latency_outlier_factor", p.latency_outlier_factor, 1.0, 1000.0)?;
-    positive("policy.latency_outlier_min_peers", p.latency_outlier_min_peers.into())?;
-    fraction("policy.latency_outlier_min_ms", p.latency_outlier_min_ms, 0.0, 3.6e6)?;
-    positive("policy.heartbeat_interval_ms", p.heartbeat_interval_ms)?;
-    positive(
-        "policy.heartbeat_suspect_intervals",
-        p.heartbeat_suspect_intervals.into(),
-    )?;
+    count("policy.latency_outlier_min_peers", p.latency_outlier_min_peers, MAX_POLICY_COUNT)?;
+    fraction("policy.latency_outlier_min_ms", p.latency_outlier_min_ms, 0.0, HOUR_MS as f64)?;
+    span("policy.heartbeat_interval_ms", p.heartbeat_interval_ms, 1, HOUR_MS)?;
+    count("policy.heartbeat_suspect_intervals", p.heartbeat_suspect_intervals, 100)?;
+    count("policy.heartbeat_unhealthy_intervals", p.heartbeat_unhealthy_intervals, 1000)?;
     if p.heartbeat_unhealthy_intervals <= p.heartbeat_suspect_intervals {
         return Err(bad(
             "policy.heartbeat_unhealthy_intervals",
@@ -253,6 +311,19 @@ mod tests {
             ("http_status", Box::new(|c| c.http_status = Some(42))),
             ("occurred_at", Box::new(|c| c.occurred_at += 3 * MAX_SKEW_MICROS)),
             ("ttft_us", Box::new(|c| c.ttft_us = Some(-1))),
+            (
+                "attributes",
+                Box::new(|c| {
+                    c.attributes = (0..100).map(|i| (format!("k{i}"), "v".into())).collect();
+                }),
+            ),
+            (
+                "attributes",
+                Box::new(|c| {
+                    c.attributes.insert("k".into(), "x".repeat(2_000_000));
+                }),
+            ),
+            ("model", Box::new(|c| c.model = Some("m".repeat(10_000)))),
         ];
         for (field, mutate) in cases {
             let mut c = call();
@@ -275,5 +346,42 @@ mod tests {
             ..Policy::default()
         };
         assert_eq!(validate_policy(&p).unwrap_err().field, "policy.recover_above");
+    }
+
+    /// The values an administrator got accepted, each of which stalled or broke a pool.
+    #[test]
+    fn policy_values_that_overflow_time_are_rejected_with_the_field_named() {
+        type Mutation = Box<dyn Fn(&mut Policy)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            (
+                "policy.isolation_base_ms",
+                Box::new(|p| {
+                    p.isolation_base_ms = 17_444_980_000_000_000;
+                    p.isolation_max_ms = 17_444_980_000_000_000;
+                }),
+            ),
+            ("policy.isolation_max_ms", Box::new(|p| p.isolation_max_ms = i64::MAX)),
+            ("policy.heartbeat_interval_ms", Box::new(|p| p.heartbeat_interval_ms = i64::MAX)),
+            ("policy.slow_start_ms", Box::new(|p| p.slow_start_ms = i64::MAX)),
+            ("policy.recover_hold_ms", Box::new(|p| p.recover_hold_ms = i64::MAX)),
+            (
+                "policy.window_ms",
+                Box::new(|p| {
+                    p.window_ms = 60_000_000_000_000_000;
+                    p.bucket_ms = 1_000_000_000_000_000;
+                }),
+            ),
+            ("policy.ttft_max_ms", Box::new(|p| p.ttft_max_ms = 1e308)),
+            ("policy.slow_call_ms", Box::new(|p| p.slow_call_ms = i64::MAX)),
+            ("policy.isolation_reset_ms", Box::new(|p| p.isolation_reset_ms = i64::MAX)),
+            ("policy.min_volume", Box::new(|p| p.min_volume = i32::MAX)),
+            ("policy.heartbeat_unhealthy_intervals", Box::new(|p| p.heartbeat_unhealthy_intervals = i32::MAX)),
+        ];
+        for (field, mutate) in cases {
+            let mut p = Policy::default();
+            mutate(&mut p);
+            let err = validate_policy(&p).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
     }
 }

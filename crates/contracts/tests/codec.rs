@@ -296,3 +296,94 @@ proptest! {
         let _ = decode_signal(&framed);
     }
 }
+
+/// Decode a record of any kind the way its consumer would.
+fn decode_any(bytes: &[u8]) -> Result<(), CodecError> {
+    match peek_kind(bytes)? {
+        SchemaKind::HealthChanged => decode::<HealthChanged>(bytes).map(drop),
+        SchemaKind::PoolHealthChanged => decode::<PoolHealthChanged>(bytes).map(drop),
+        SchemaKind::EndpointState => decode::<EndpointState>(bytes).map(drop),
+        _ => decode_signal(bytes).map(drop),
+    }
+}
+
+fn varint(v: i64) -> Vec<u8> {
+    let mut n = ((v << 1) ^ (v >> 63)) as u64;
+    let mut out = Vec::new();
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+    out
+}
+
+/// The 61-byte record that aborted the processor on every restart: a CallOutcome written with
+/// the older (v1) schema whose `attributes` map announces 400,000,000 entries.
+#[test]
+fn a_v1_record_announcing_400_million_attributes_is_an_error_not_an_abort() {
+    let hex = "c301b121b3fe4544bfc810706f69736f6e2d3114706f69736f6e706f6f6c046531046777e8d991c3cfdcb00600029003d00f00008090bcfd02026b0276";
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(bytes.len(), 61);
+    let e = decode_signal(&bytes).unwrap_err();
+    assert_eq!(e.code(), "invalid_body", "{e}");
+    assert!(e.to_string().contains("400000000 items"), "{e}");
+}
+
+/// A HealthChanged whose `thresholds` array claims 500,000,000 items aborted the API's live
+/// stream the same way.
+#[test]
+fn a_health_change_announcing_500_million_thresholds_is_an_error_not_an_abort() {
+    let mut h = sample_change();
+    h.evidence.thresholds = vec!["MARK".into()];
+    let bytes = encode(&h).unwrap();
+    let marker = [0x02u8, 0x08, b'M', b'A', b'R', b'K', 0x00];
+    let at = bytes.windows(marker.len()).position(|w| w == marker).expect("thresholds block");
+    let mut forged = bytes[..at].to_vec();
+    forged.extend(varint(500_000_000));
+    forged.extend_from_slice(&bytes[at + 1..]);
+    let e = decode::<HealthChanged>(&forged).unwrap_err();
+    assert!(e.to_string().contains("500000000 items"), "{e}");
+}
+
+/// A piece of a forged body: random bytes, or a count or length far larger than the record.
+fn segment() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..24),
+        (1i64..i64::MAX).prop_map(varint),
+        (-i64::MAX..0i64).prop_map(varint),
+        Just(varint(400_000_000)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// The decoder fuzz target: every schema version we read, with bodies that are random or
+    /// carry forged counts and lengths. Decoding must end in a value or an error — never a
+    /// panic, an abort or a giant allocation (the process would not survive to report it).
+    #[test]
+    fn every_schema_version_survives_hostile_bodies(
+        which in any::<proptest::sample::Index>(),
+        segments in proptest::collection::vec(segment(), 0..12),
+    ) {
+        let known = codec::known_schemas();
+        let (_, fp, _) = known[which.index(known.len())];
+        let mut bytes = codec::MAGIC.to_vec();
+        bytes.extend_from_slice(&fp.to_le_bytes());
+        for s in segments {
+            bytes.extend(s);
+        }
+        let _ = decode_any(&bytes);
+    }
+}
+
+#[test]
+fn the_fuzz_target_covers_every_schema_version() {
+    let known = codec::known_schemas();
+    assert_eq!(known.len(), 9, "{known:?}");
+    assert_eq!(known.iter().filter(|k| !k.2).count(), 1, "one older version (CallOutcome v1)");
+}

@@ -85,11 +85,11 @@ impl Tracker {
     }
 
     pub fn totals(&self, now: Micros, policy: &Policy) -> Totals {
-        self.window.totals(now, policy.bucket_ms * 1000)
+        self.window.totals(now, us(policy.bucket_ms))
     }
 
     pub fn rate(&self, now: Micros, policy: &Policy) -> Rate {
-        self.window.rate(now, policy.bucket_ms * 1000)
+        self.window.rate(now, us(policy.bucket_ms))
     }
 
     /// Record an outcome: window, counters, score. `class` is the effective class (a success
@@ -103,7 +103,7 @@ impl Tracker {
         ttft_us: Option<i64>,
         id: &str,
     ) -> Rate {
-        self.window.record(now, policy.bucket_ms * 1000, class);
+        self.window.record(now, us(policy.bucket_ms), class);
         let rate = self.rate(now, policy);
         if class.is_neutral() {
             return rate;
@@ -188,7 +188,7 @@ impl Tracker {
             c.push(format!("critical_dependency_down:{}", self.critical_down.join(",")));
         }
         if let Some(silence) = self.heartbeat_silence(now) {
-            let limit = policy.heartbeat_unhealthy_intervals as i64 * self.heartbeat_interval(policy) * 1000;
+            let limit = us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into());
             if silence >= limit {
                 c.push(format!(
                     "heartbeat_silence>={}x_interval",
@@ -239,14 +239,14 @@ impl Tracker {
     }
 
     pub fn heartbeat_silence(&self, now: Micros) -> Option<i64> {
-        self.last_heartbeat.map(|t| now - t)
+        self.last_heartbeat.map(|t| now.saturating_sub(t))
     }
 
     /// The isolation for the next ejection: base × 2^k, capped; k resets after a quiet period.
     pub fn next_isolation(&mut self, now: Micros, policy: &Policy) -> i64 {
         if self
             .last_isolated_at
-            .is_some_and(|t| now - t > policy.isolation_reset_ms * 1000)
+            .is_some_and(|t| now.saturating_sub(t) > us(policy.isolation_reset_ms))
         {
             self.isolations = 0;
         }
@@ -279,7 +279,7 @@ impl Tracker {
             }
             HealthState::Degraded => {
                 if let Some(t) = self.above_since {
-                    consider(t + policy.recover_hold_ms * 1000);
+                    consider(t.saturating_add(us(policy.recover_hold_ms)));
                 }
             }
             _ => {}
@@ -287,13 +287,13 @@ impl Tracker {
         if let (Some(last), HealthState::Healthy | HealthState::Suspect | HealthState::Degraded) =
             (self.last_heartbeat, self.state)
         {
-            let iv = self.heartbeat_interval(policy) * 1000;
+            let iv = us(self.heartbeat_interval(policy));
             let n = if self.heartbeat_silent {
                 policy.heartbeat_unhealthy_intervals
             } else {
                 policy.heartbeat_suspect_intervals
             };
-            consider(last + n as i64 * iv);
+            consider(last.saturating_add(iv.saturating_mul(n.into())));
         }
         d
     }
@@ -347,4 +347,10 @@ impl Tracker {
 
 pub fn buckets(policy: &Policy) -> usize {
     (policy.window_ms / policy.bucket_ms).max(1) as usize
+}
+
+/// Milliseconds to microseconds, saturating: a policy or probe value can never wrap stream time
+/// (validation bounds them far below this, but the engine must not rely on its callers).
+pub(crate) fn us(ms: i64) -> i64 {
+    ms.saturating_mul(1000)
 }

@@ -1,7 +1,7 @@
 //! One pool: its endpoints, its policy and the pool-level rules (max-ejection, panic mode,
 //! correlated-outage suspicion, peer-relative latency).
 
-use crate::endpoint::{buckets, Tracker, LATENCY_MIN_SAMPLES};
+use crate::endpoint::{buckets, us, Tracker, LATENCY_MIN_SAMPLES};
 use crate::window::Rate;
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
@@ -125,7 +125,7 @@ impl PoolState {
             HealthState::Recovering => self.recovery_complete(name),
             _ => {
                 if let (Some(silence), false) = (t.heartbeat_silence(now), t.heartbeat_silent) {
-                    if silence >= policy.heartbeat_suspect_intervals as i64 * t.heartbeat_interval(&policy) * 1000 {
+                    if silence >= us(t.heartbeat_interval(&policy)).saturating_mul(policy.heartbeat_suspect_intervals.into()) {
                         t.heartbeat_silent = true;
                     }
                 }
@@ -199,7 +199,7 @@ impl PoolState {
     fn outcome(&mut self, o: Outcome<'_>, out: &mut Vec<Decision>) {
         let now = self.now;
         // A 200 whose first token took longer than slow_call_ms is a timeout to the user who waited.
-        let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > self.policy.slow_call_ms * 1000);
+        let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > us(self.policy.slow_call_ms));
         let class = if slow { OutcomeClass::Timeout } else { o.class };
         if !self.endpoints.contains_key(o.endpoint) {
             self.tracker(o.endpoint);
@@ -396,7 +396,7 @@ impl PoolState {
                 })
             }
             HealthState::Degraded
-                if suspect.is_empty() && t.above_since.is_some_and(|s| now - s >= policy.recover_hold_ms * 1000) =>
+                if suspect.is_empty() && t.above_since.is_some_and(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms)) =>
             {
                 Some(Change {
                     to: HealthState::Healthy,
@@ -526,7 +526,7 @@ impl PoolState {
         match change.to {
             HealthState::Unhealthy if t.forced.is_none() => {
                 let iso = t.next_isolation(now, &policy);
-                t.isolated_until = Some(now + iso * 1000);
+                t.isolated_until = Some(now.saturating_add(us(iso)));
                 t.trial_open = false;
                 t.ramp_until = None;
                 retry_at = t.isolated_until;
@@ -535,7 +535,7 @@ impl PoolState {
                 t.reset_for_recovery(now);
                 t.isolated_until = None;
                 t.trial_open = false;
-                t.ramp_until = Some(now + policy.slow_start_ms * 1000);
+                t.ramp_until = Some(now.saturating_add(us(policy.slow_start_ms)));
             }
             HealthState::Healthy => {
                 t.isolated_until = None;
@@ -557,11 +557,11 @@ impl PoolState {
             self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
         }
         let reason = match retry_at {
-            Some(r) => format!("{}; isolated for {} s", change.reason, (r - now) / 1_000_000),
+            Some(r) => format!("{}; isolated for {} s", change.reason, r.saturating_sub(now) / 1_000_000),
             None => change.reason,
         };
         out.push(Decision::Endpoint(Box::new(HealthChanged {
-            transition_id: format!("{}/{}/{}", self.pool, name, seq),
+            transition_id: vitals_contracts::keys::transition_id(&self.pool, name, seq),
             pool: self.pool.clone(),
             endpoint: name.to_owned(),
             seq,

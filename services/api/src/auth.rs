@@ -36,12 +36,18 @@ pub struct Principal {
     pub role: Role,
 }
 
+/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 9110 §11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 /// The token's owner, if the request carries a known token with at least `need`.
 pub fn authorize(headers: &HeaderMap, tokens: &[Token], need: Role) -> Result<Principal, ApiError> {
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .ok_or(ApiError::Unauthenticated)?
         .as_bytes();
     // Compare against every token so that timing says nothing about which one matched.
@@ -103,6 +109,19 @@ mod tests {
                 .name,
             "gw"
         );
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            assert_eq!(
+                authorize(&headers(&format!("{scheme} writer-secret-0001")), &tokens, Role::Writer)
+                    .unwrap()
+                    .name,
+                "gw",
+                "the scheme {scheme} is case-insensitive"
+            );
+        }
+        assert!(matches!(
+            authorize(&headers("Basic writer-secret-0001"), &tokens, Role::Reader),
+            Err(ApiError::Unauthenticated)
+        ));
         assert_eq!(
             authorize(&headers("Bearer admin-secret-00001"), &tokens, Role::Writer)
                 .unwrap()

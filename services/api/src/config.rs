@@ -49,9 +49,31 @@ pub struct Config {
     /// Records the producer may hold unconfirmed; beyond it ingest answers 503 with Retry-After.
     #[arg(long, env = "VITALS_PRODUCER_QUEUE", default_value_t = 100_000)]
     pub producer_queue: usize,
-    /// Live streams served at once (503 beyond).
+    /// Live streams served at once (503 beyond). A quarter of them is kept for clients with a
+    /// token: anonymous clients cannot take every slot.
     #[arg(long, env = "VITALS_MAX_STREAMS", default_value_t = 64)]
     pub max_streams: usize,
+    /// Live streams one client may hold at once: per token, or per IP address without one.
+    #[arg(long, env = "VITALS_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
+    pub max_streams_per_client: usize,
+    /// A live stream ends after this many seconds with a `reconnect` event; the client resumes
+    /// with `Last-Event-ID` and loses nothing.
+    #[arg(long, env = "VITALS_STREAM_MAX_LIFETIME_SECS", default_value_t = 3600)]
+    pub stream_max_lifetime_secs: u64,
+    /// Open connections at once; beyond it a connection gets 503 and is closed.
+    #[arg(long, env = "VITALS_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Time a connection has to send a request's headers; also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = "VITALS_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+    /// Requests one route serves at once (the live stream has its own limits); beyond it, and
+    /// after waiting up to a second, 503 `busy` with Retry-After.
+    #[arg(long, env = "VITALS_MAX_CONCURRENT_PER_ROUTE", default_value_t = 16)]
+    pub max_concurrent_per_route: usize,
+    /// Postgres connections of the API (it only reads).
+    #[arg(long, env = "VITALS_DB_MAX_CONNECTIONS", default_value_t = 8)]
+    pub db_max_connections: u32,
 }
 
 impl std::fmt::Debug for Config {
@@ -103,8 +125,33 @@ impl Config {
         anyhow::ensure!(self.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024");
         anyhow::ensure!(self.max_batch_items >= 1, "--max-batch-items must be at least 1");
         anyhow::ensure!(self.max_streams >= 1, "--max-streams must be at least 1");
+        anyhow::ensure!(
+            self.max_streams_per_client >= 1,
+            "--max-streams-per-client must be at least 1"
+        );
+        anyhow::ensure!(
+            self.stream_max_lifetime_secs >= 1,
+            "--stream-max-lifetime-secs must be at least 1"
+        );
+        anyhow::ensure!(self.max_connections >= 1, "--max-connections must be at least 1");
+        anyhow::ensure!(
+            self.header_read_timeout_ms >= 100,
+            "--header-read-timeout-ms must be at least 100"
+        );
+        anyhow::ensure!(
+            self.max_concurrent_per_route >= 1,
+            "--max-concurrent-per-route must be at least 1"
+        );
+        anyhow::ensure!(self.db_max_connections >= 1, "--db-max-connections must be at least 1");
         vitals_processor::config::check_shared(&self.db_schema, &self.kafka_options).map_err(anyhow::Error::msg)?;
         Ok(())
+    }
+
+    /// Stream slots anonymous clients may use: all but a quarter (at least one is kept for
+    /// token holders when there are two or more).
+    pub fn anonymous_streams(&self) -> usize {
+        let reserved = (self.max_streams / 4).max(usize::from(self.max_streams > 1));
+        self.max_streams - reserved
     }
 
     pub fn request_timeout(&self) -> Duration {

@@ -21,6 +21,12 @@ pub enum ApiError {
     TooLarge(usize),
     #[error("{0}")]
     Unavailable(String),
+    /// The server is at a limit that frees up by itself (a route's concurrency, the database
+    /// pool): retry shortly.
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    TooMany(String),
     #[error("the request took too long")]
     Timeout,
     #[error("internal error")]
@@ -43,6 +49,8 @@ impl ApiError {
             ApiError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+            ApiError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             ApiError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -52,7 +60,11 @@ impl ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> ApiError {
         match e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+            sqlx::Error::PoolTimedOut => {
+                tracing::warn!("database pool exhausted");
+                ApiError::Busy("the server is busy; retry shortly".into())
+            }
+            sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::Unavailable("the database is unavailable".into())
             }
@@ -70,7 +82,7 @@ pub struct ErrorBody {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Machine-readable: invalid_request, not_found, unauthenticated, forbidden,
-    /// payload_too_large, unavailable, timeout, internal.
+    /// payload_too_large, unavailable, busy, too_many_requests, timeout, internal.
     pub code: String,
     pub message: String,
     /// The offending field or parameter, when there is one.
@@ -101,7 +113,7 @@ impl IntoResponse for ApiError {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            ApiError::Unavailable(_) => {
+            ApiError::Unavailable(_) | ApiError::Busy(_) | ApiError::TooMany(_) => {
                 resp.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }

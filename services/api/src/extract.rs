@@ -13,6 +13,12 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let raw = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid("path", e.body_text()))?;
+        for (name, value) in &raw.0 {
+            no_control(name, value)?;
+        }
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(t)| ApiPath(t))
@@ -26,11 +32,28 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let raw = Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid("query", e.body_text()))?;
+        for (name, value) in &raw.0 {
+            no_control(name, name)?;
+            no_control(name, value)?;
+        }
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(t)| ApiQuery(t))
             .map_err(|e| ApiError::invalid("query", e.body_text()))
     }
+}
+
+/// A path segment or query parameter with a control character (NUL, newline, …) is refused
+/// like an ingested name with one: no name in vitals contains them.
+pub fn no_control(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.chars().any(char::is_control) {
+        let field = if field.chars().any(char::is_control) { "query" } else { field };
+        return Err(ApiError::invalid(field, "contains control characters"));
+    }
+    Ok(())
 }
 
 /// A JSON request body, with 413 for one over the limit and 400 naming the problem otherwise.

@@ -1,7 +1,7 @@
 //! Current health: every pool with its endpoints, one pool, one endpoint with its latest evidence.
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::ApiPath;
+use crate::extract::{ApiPath, ApiQuery};
 use crate::history::{state_column, StateName, TransitionItem};
 use crate::AppState;
 use axum::extract::State;
@@ -90,24 +90,73 @@ fn group(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PoolHealth>, ApiError> {
     Ok(pools)
 }
 
-#[utoipa::path(get, path = "/v1/pools", tag = "health",
-    responses((status = 200, description = "Every pool with its endpoints", body = Vec<PoolHealth>),
-              (status = 401, description = "A token is required", body = ErrorBody)))]
-pub async fn pools(State(app): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<PoolHealth>>, ApiError> {
+/// A page of pools, in name order.
+#[derive(Serialize, ToSchema)]
+pub struct PoolPage {
+    pub pools: Vec<PoolHealth>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // documents the parameters
+pub struct PoolParams {
+    /// Pools per page, 1 to 1000 (default 100).
+    limit: Option<i64>,
+    /// Only pools whose name sorts after this one: the `next_after` of the previous page.
+    after: Option<String>,
+}
+
+const DEFAULT_POOLS: i64 = 100;
+const MAX_POOLS: i64 = 1000;
+
+#[utoipa::path(get, path = "/v1/pools", tag = "health", params(PoolParams),
+    responses((status = 200, description = "A page of pools with their endpoints", body = PoolPage),
+              (status = 400, description = "An invalid parameter", body = ErrorBody),
+              (status = 401, description = "A token is required", body = ErrorBody),
+              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+pub async fn pools(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<std::collections::HashMap<String, String>>,
+) -> Result<Json<PoolPage>, ApiError> {
     app.authorize_read(&headers)?;
+    let limit = match q.get("limit") {
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|l| (1..=MAX_POOLS).contains(l))
+            .ok_or_else(|| ApiError::invalid("limit", format!("must be an integer from 1 to {MAX_POOLS}")))?,
+        None => DEFAULT_POOLS,
+    };
+    let after = q.get("after").cloned().unwrap_or_default();
     let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM endpoint_state ORDER BY pool, endpoint"
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool IN
+           (SELECT DISTINCT pool FROM endpoint_state WHERE pool > $1 ORDER BY pool LIMIT $2)
+         ORDER BY pool, endpoint"
     ))
+    .bind(&after)
+    .bind(limit + 1)
     .fetch_all(&app.db)
     .await?;
-    Ok(Json(group(&rows)?))
+    let mut pools = group(&rows)?;
+    let next_after = if pools.len() as i64 > limit {
+        pools.truncate(limit as usize);
+        pools.last().map(|p| p.pool.clone())
+    } else {
+        None
+    };
+    Ok(Json(PoolPage { pools, next_after }))
 }
 
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "health",
     params(("pool" = String, Path, description = "Pool name")),
     responses((status = 200, description = "One pool", body = PoolHealth),
+              (status = 400, description = "An invalid path parameter", body = ErrorBody),
               (status = 404, description = "No such pool", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody)))]
+              (status = 401, description = "A token is required", body = ErrorBody),
+              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
 pub async fn pool(
     State(app): State<AppState>,
     headers: HeaderMap,
@@ -129,8 +178,10 @@ pub async fn pool(
 #[utoipa::path(get, path = "/v1/pools/{pool}/endpoints/{endpoint}", tag = "health",
     params(("pool" = String, Path, description = "Pool name"), ("endpoint" = String, Path, description = "Endpoint name")),
     responses((status = 200, description = "One endpoint with its latest evidence", body = EndpointDetail),
+              (status = 400, description = "An invalid path parameter", body = ErrorBody),
               (status = 404, description = "No such endpoint", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody)))]
+              (status = 401, description = "A token is required", body = ErrorBody),
+              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
 pub async fn endpoint(
     State(app): State<AppState>,
     headers: HeaderMap,

@@ -99,7 +99,10 @@ impl Cursor {
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(s)
             .map_err(|_| bad())?;
-        serde_json::from_slice(&bytes).map_err(|_| bad())
+        let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+        crate::extract::no_control("cursor", &c.p)?;
+        crate::extract::no_control("cursor", &c.e)?;
+        Ok(c)
     }
 }
 
@@ -142,6 +145,7 @@ fn name_param<'a>(q: &'a HashMap<String, String>, name: &'static str) -> Result<
         (status = 200, description = "A page of transitions, newest first", body = HistoryPage),
         (status = 400, description = "An invalid parameter", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody),
     )
 )]
 pub async fn history(

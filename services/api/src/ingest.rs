@@ -283,6 +283,14 @@ pub async fn ingest(
             continue;
         }
         let bytes = match c::encode_signal(&signal) {
+            Ok(b) if b.len() > MAX_RECORD_BYTES => {
+                results.push(rejected(
+                    index,
+                    Some("item".into()),
+                    format!("encodes to {} bytes; at most {MAX_RECORD_BYTES}", b.len()),
+                ));
+                continue;
+            }
             Ok(b) => b,
             Err(e) => {
                 results.push(rejected(index, None, e.to_string()));
@@ -305,15 +313,20 @@ pub async fn ingest(
                     error: None,
                 });
             }
-            Err((e, _)) => results.push(ItemResult {
-                index,
-                status: ItemStatus::Failed,
-                id: Some(id),
-                partition: None,
-                offset: None,
-                field: None,
-                error: Some(format!("not queued: {e}")),
-            }),
+            Err((e, _)) => {
+                // librdkafka's text stays in the log; the client learns what to do about it.
+                tracing::warn!(error = %e, "ingest: record not queued");
+                let (status, error) = kafka_failure(&e);
+                results.push(ItemResult {
+                    index,
+                    status,
+                    id: Some(id),
+                    partition: None,
+                    offset: None,
+                    field: None,
+                    error: Some(format!("not queued: {error}")),
+                })
+            }
         }
     }
     for (slot, delivery) in pending {
@@ -324,8 +337,10 @@ pub async fn ingest(
                 r.offset = Some(d.offset);
             }
             Ok(Err((e, _))) => {
-                r.status = ItemStatus::Failed;
-                r.error = Some(format!("the broker did not confirm: {e}"));
+                tracing::warn!(error = %e, "ingest: the broker did not confirm a record");
+                let (status, error) = kafka_failure(&e);
+                r.status = status;
+                r.error = Some(format!("the broker did not confirm: {error}"));
             }
             Err(_) => {
                 r.status = ItemStatus::Failed;
@@ -348,4 +363,23 @@ pub async fn ingest(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     Ok(resp)
+}
+
+/// Largest encoded record ingest produces; validation keeps real records far below it, and it is
+/// far below the broker's default `message.max.bytes` (1 MB).
+pub const MAX_RECORD_BYTES: usize = 256 * 1024;
+
+/// How a Kafka error reads to a client: `rejected` when retrying cannot help (the record is too
+/// large or otherwise refused as such), `failed` (retry) otherwise. The message is ours, not
+/// librdkafka's.
+pub(crate) fn kafka_failure(e: &rdkafka::error::KafkaError) -> (ItemStatus, &'static str) {
+    use rdkafka::types::RDKafkaErrorCode as K;
+    match e.rdkafka_error_code() {
+        Some(K::MessageSizeTooLarge | K::InvalidMessageSize | K::InvalidMessage | K::InvalidRecord) => {
+            (ItemStatus::Rejected, "the broker refuses this record; do not retry it")
+        }
+        Some(K::QueueFull) => (ItemStatus::Failed, "the producer queue is full; retry"),
+        Some(K::MessageTimedOut) => (ItemStatus::Failed, "Kafka did not answer in time; retry"),
+        _ => (ItemStatus::Failed, "Kafka is unavailable; retry"),
+    }
 }

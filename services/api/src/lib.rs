@@ -7,11 +7,13 @@ pub mod error;
 pub mod extract;
 pub mod health;
 pub mod history;
+pub mod limit;
 pub mod ingest;
 pub mod metrics;
 pub mod openapi;
 pub mod ops;
 pub mod probes;
+pub mod serve;
 pub mod stream;
 
 use anyhow::Context;
@@ -37,6 +39,12 @@ pub struct AppState {
     pub producer: FutureProducer,
     pub metrics: Arc<metrics::Metrics>,
     pub streams: Arc<Semaphore>,
+    /// The stream slots anonymous clients may take (the rest are kept for token holders).
+    pub anonymous_streams: Arc<Semaphore>,
+    /// Live streams per client (token name or IP address).
+    pub stream_clients: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Concurrency of each route, by route template.
+    pub route_limits: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>>,
     pub cancel: CancellationToken,
 }
 
@@ -75,6 +83,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), limit::per_route))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track));
     api.fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
@@ -93,15 +102,18 @@ impl App {
 
     pub async fn run(self) -> anyhow::Result<()> {
         let cancel = self.state.cancel.clone();
+        let limits = serve::Limits {
+            max_connections: self.state.cfg.max_connections,
+            header_read_timeout: std::time::Duration::from_millis(self.state.cfg.header_read_timeout_ms),
+        };
         let app = router(self.state);
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await?;
+        serve::serve(self.listener, app, limits, cancel).await;
         Ok(())
     }
 }
 
-/// Connect to Postgres (migrating it) and Kafka, and bind the listener.
+/// Connect to Postgres read-only (the processor owns and migrates the schema; the API only
+/// checks that the schema is at the version it was built for) and Kafka, and bind the listener.
 pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App> {
     cfg.validate()?;
     tracing::info!(config = ?cfg, "starting vitals-api");
@@ -109,7 +121,7 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
     if tokens.is_empty() {
         tracing::warn!("no tokens configured: every write route will answer 401");
     }
-    let db = vitals_processor::db::connect(&cfg.database_url, &cfg.db_schema)
+    let db = connect_read_only(&cfg)
         .await
         .with_context(|| {
             format!(
@@ -134,6 +146,9 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
     tracing::info!(addr = %listener.local_addr()?, "listening");
     let state = AppState {
         streams: Arc::new(Semaphore::new(cfg.max_streams)),
+        anonymous_streams: Arc::new(Semaphore::new(cfg.anonymous_streams())),
+        stream_clients: Arc::default(),
+        route_limits: Arc::default(),
         cfg: Arc::new(cfg),
         tokens: Arc::new(tokens),
         db,
@@ -142,4 +157,54 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         cancel,
     };
     Ok(App { listener, state })
+}
+
+/// A pool of read-only sessions (`default_transaction_read_only`, bounded statements) on the
+/// configured schema, after checking that the schema exists and is migrated to the version this
+/// build expects. The API's role needs only `SELECT` on the schema's tables (README, "Roles").
+pub async fn connect_read_only(cfg: &Config) -> anyhow::Result<PgPool> {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::str::FromStr;
+    let opts = PgConnectOptions::from_str(&cfg.database_url)?.options([
+        ("search_path", cfg.db_schema.as_str()),
+        ("default_transaction_read_only", "on"),
+        ("statement_timeout", "10s"),
+        ("idle_in_transaction_session_timeout", "10s"),
+    ]);
+    let db = PgPoolOptions::new()
+        .max_connections(cfg.db_max_connections)
+        .acquire_timeout(std::time::Duration::from_secs(2))
+        .connect_with(opts)
+        .await?;
+    let want = vitals_processor::db::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    let have: Option<i64> = sqlx::query_scalar(
+        "SELECT max(version) FROM _sqlx_migrations WHERE success",
+    )
+    .fetch_one(&db)
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "schema {:?} is not migrated or not readable by this role ({e}); the processor creates and \
+             migrates it (start vitals-processor first), and the API's role needs USAGE on the schema and \
+             SELECT on its tables",
+            cfg.db_schema
+        )
+    })?;
+    match have {
+        Some(v) if v >= want => {
+            if v > want {
+                tracing::warn!(schema_version = v, built_for = want, "the schema is newer than this API");
+            }
+            Ok(db)
+        }
+        v => anyhow::bail!(
+            "schema {:?} is at migration {:?}, this API needs {want}: upgrade the processor first",
+            cfg.db_schema,
+            v
+        ),
+    }
 }

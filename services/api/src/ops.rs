@@ -46,17 +46,18 @@ async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiErro
     let bytes = c::encode_signal(signal).map_err(|e| ApiError::Internal(e.into()))?;
     let pool = signal.pool().unwrap_or_default();
     let record = FutureRecord::to(&app.cfg.signals_topic).key(pool).payload(&bytes);
-    let delivery = app
-        .producer
-        .send_result(record)
-        .map_err(|(e, _)| ApiError::Unavailable(format!("cannot queue the record: {e}")))?;
+    let kafka_error = |e: rdkafka::error::KafkaError| {
+        tracing::warn!(error = %e, "operator record not produced");
+        ApiError::Unavailable(crate::ingest::kafka_failure(&e).1.to_owned())
+    };
+    let delivery = app.producer.send_result(record).map_err(|(e, _)| kafka_error(e))?;
     match delivery.await {
         Ok(Ok(d)) => Ok(Accepted {
             id: signal.id().to_owned(),
             partition: d.partition,
             offset: d.offset,
         }),
-        Ok(Err((e, _))) => Err(ApiError::Unavailable(format!("the broker did not confirm: {e}"))),
+        Ok(Err((e, _))) => Err(kafka_error(e)),
         Err(_) => Err(ApiError::Unavailable("the producer was shut down".into())),
     }
 }
@@ -71,7 +72,7 @@ async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiErro
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "The token is not an admin", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "Kafka unavailable", body = ErrorBody),
+        (status = 503, description = "Kafka unavailable, or busy", body = ErrorBody),
     )
 )]
 pub async fn override_endpoint(
@@ -105,6 +106,9 @@ pub async fn override_endpoint(
 
 #[utoipa::path(
     put, path = "/v1/pools/{pool}/policy", tag = "operations",
+    description = "Replaces the pool's whole policy: a field left out takes its documented default (not the \
+pool's current value), and an unknown field is refused (400 naming it), so that a typo cannot silently \
+revert a setting. Every value is range-checked.",
     params(("pool" = String, Path, description = "Pool name")),
     request_body = c::Policy, security(("bearer" = [])),
     responses(
@@ -113,7 +117,7 @@ pub async fn override_endpoint(
         (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "The token is not an admin", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "Kafka unavailable", body = ErrorBody),
+        (status = 503, description = "Kafka unavailable, or busy", body = ErrorBody),
     )
 )]
 pub async fn put_policy(
@@ -123,7 +127,8 @@ pub async fn put_policy(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     let who = app.authorize(&headers, Role::Admin)?;
-    let policy: c::Policy = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
+    let body: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
+    let policy = policy_from_json(body)?;
     let now = Utc::now().timestamp_micros();
     let signal = c::Signal::Policy(c::PolicyChange {
         change_id: format!("policy-{now}-{}", who.name),
@@ -135,4 +140,21 @@ pub async fn put_policy(
     c::validate_signal(&signal, Some(now)).map_err(|e| ApiError::invalid(e.field, e.message))?;
     tracing::info!(actor = %who.name, "policy change");
     Ok((StatusCode::ACCEPTED, Json(produce(&app, &signal).await?)))
+}
+
+/// A policy from a PUT body: an object whose every key is a policy field. `c::Policy` fills
+/// omitted fields with defaults (PUT replaces the whole policy) and, being the Avro contract
+/// type, cannot refuse unknown fields itself; a misspelt field must not pass silently.
+fn policy_from_json(body: serde_json::Value) -> Result<c::Policy, ApiError> {
+    let serde_json::Value::Object(fields) = &body else {
+        return Err(ApiError::invalid("body", "a policy is a JSON object"));
+    };
+    let known = serde_json::to_value(c::Policy::default()).map_err(|e| ApiError::Internal(e.into()))?;
+    if let Some(unknown) = fields.keys().find(|k| known.get(k.as_str()).is_none()) {
+        return Err(ApiError::invalid(
+            &format!("policy.{unknown}"),
+            format!("{unknown:?} is not a policy field"),
+        ));
+    }
+    serde_json::from_value(body).map_err(|e| ApiError::invalid("body", format!("not a valid policy: {e}")))
 }

@@ -6,11 +6,17 @@
 //! Without it, the stream starts at the end of the topic; a first `ready` event carries the
 //! starting position. Events republished by the outbox relay after a crash are dropped by
 //! (endpoint, seq) within a connection.
+//!
+//! Limits: `--max-streams` in all, of which a quarter is kept for clients with a token;
+//! `--max-streams-per-client` per token (or per IP address without one); and a lifetime, after
+//! which the stream ends with a `reconnect` event whose id resumes it. A record on the changes
+//! topic that cannot be decoded is skipped, logged and counted.
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
 use crate::history::{state_name, StateName, TransitionItem};
 use crate::AppState;
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -111,7 +117,62 @@ struct Live {
     last_seq: HashMap<(String, String), i64>,
     ready: bool,
     cancel: tokio_util::sync::CancellationToken,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// When the stream ends with a `reconnect` event.
+    ends_at: tokio::time::Instant,
+    ended: bool,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    _slot: StreamSlot,
+}
+
+/// A live stream's place: its permits and its count against its client, given back on drop.
+struct StreamSlot {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _anonymous: Option<tokio::sync::OwnedSemaphorePermit>,
+    client: String,
+    clients: std::sync::Arc<std::sync::Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = clients.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                clients.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// Take a stream slot for `client`, or say why not. Permits taken before a refusal are
+/// given back as they drop.
+fn take_slot(app: &AppState, client: String, anonymous: bool) -> Result<StreamSlot, ApiError> {
+    let anonymous_permit = if anonymous {
+        Some(app.anonymous_streams.clone().try_acquire_owned().map_err(|_| {
+            ApiError::Unavailable("too many anonymous live streams; a token gets a reserved slot".into())
+        })?)
+    } else {
+        None
+    };
+    let all = app
+        .streams
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::Unavailable("too many live streams".into()))?;
+    let mut clients = app.stream_clients.lock().unwrap_or_else(|p| p.into_inner());
+    if clients.get(&client).copied().unwrap_or(0) >= app.cfg.max_streams_per_client {
+        return Err(ApiError::TooMany(format!(
+            "this client already holds {} live streams",
+            app.cfg.max_streams_per_client
+        )));
+    }
+    *clients.entry(client.clone()).or_insert(0) += 1;
+    Ok(StreamSlot {
+        _all: all,
+        _anonymous: anonymous_permit,
+        client,
+        clients: app.stream_clients.clone(),
+    })
 }
 
 impl Live {
@@ -125,9 +186,21 @@ impl Live {
                     .data("{}"),
             );
         }
+        if self.ended {
+            return None;
+        }
         loop {
             let msg = tokio::select! {
                 _ = self.cancel.cancelled() => return None,
+                _ = tokio::time::sleep_until(self.ends_at) => {
+                    self.ended = true;
+                    return Some(
+                        Event::default()
+                            .event("reconnect")
+                            .id(encode_positions(&self.positions))
+                            .data(r#"{"reason":"the stream reached its maximum lifetime; resume with Last-Event-ID"}"#),
+                    );
+                }
                 m = self.consumer.recv() => m,
             };
             let m = match msg {
@@ -142,8 +215,12 @@ impl Live {
             let payload = m.payload().unwrap_or_default();
             let (kind, data) = match c::codec::peek_kind(payload) {
                 Ok(SchemaKind::HealthChanged) => {
-                    let Ok(h) = c::decode::<c::HealthChanged>(payload) else {
-                        continue;
+                    let h = match c::decode::<c::HealthChanged>(payload) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            self.undecodable(m.partition(), m.offset(), &e);
+                            continue;
+                        }
                     };
                     if !self.wanted(&h.pool, Some(&h.endpoint)) {
                         continue;
@@ -156,8 +233,12 @@ impl Live {
                     ("health_changed", serde_json::to_string(&change_item(h)))
                 }
                 Ok(SchemaKind::PoolHealthChanged) => {
-                    let Ok(p) = c::decode::<c::PoolHealthChanged>(payload) else {
-                        continue;
+                    let p = match c::decode::<c::PoolHealthChanged>(payload) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            self.undecodable(m.partition(), m.offset(), &e);
+                            continue;
+                        }
                     };
                     if !self.wanted(&p.pool, None) {
                         continue;
@@ -189,6 +270,11 @@ impl Live {
         }
     }
 
+    fn undecodable(&self, partition: i32, offset: i64, e: &c::CodecError) {
+        self.metrics.stream_undecodable();
+        tracing::warn!(partition, offset, error = %e, "live stream: skipping a record that cannot be decoded");
+    }
+
     fn wanted(&self, pool: &str, endpoint: Option<&str>) -> bool {
         self.pool.as_deref().is_none_or(|p| p == pool) && self.endpoint.as_deref().is_none_or(|e| endpoint == Some(e))
     }
@@ -198,18 +284,28 @@ impl Live {
     get, path = "/v1/stream", tag = "stream", params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses(
-        (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`; `reconnect` when the stream reaches its lifetime", content_type = "text/event-stream", body = String),
         (status = 400, description = "A Last-Event-ID that is not from this stream", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 429, description = "This client holds its maximum of live streams", body = ErrorBody),
         (status = 503, description = "Too many live streams, or Kafka unavailable", body = ErrorBody),
     )
 )]
 pub async fn stream(
     State(app): State<AppState>,
     headers: HeaderMap,
+    peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     app.authorize_read(&headers)?;
+    let principal = crate::auth::authorize(&headers, &app.tokens, crate::auth::Role::Reader).ok();
+    let (client, anonymous) = match principal {
+        Some(p) => (format!("token:{}", p.name), false),
+        None => (
+            format!("ip:{}", peer.map_or("unknown".to_string(), |axum::Extension(ConnectInfo(a))| a.ip().to_string())),
+            true,
+        ),
+    };
     let resume = headers
         .get("last-event-id")
         .map(|v| {
@@ -218,11 +314,7 @@ pub async fn stream(
                 .and_then(parse_positions)
         })
         .transpose()?;
-    let permit = app
-        .streams
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::Unavailable("too many live streams".into()))?;
+    let slot = take_slot(&app, client, anonymous)?;
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &app.cfg.brokers)
         .set("group.id", "vitals-api-live")
@@ -282,7 +374,10 @@ pub async fn stream(
         last_seq: HashMap::new(),
         ready: false,
         cancel: app.cancel.clone(),
-        _permit: permit,
+        ends_at: tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs),
+        ended: false,
+        metrics: app.metrics.clone(),
+        _slot: slot,
     };
     let events = futures::stream::unfold(live, |mut live| async move {
         let e = live.next_event().await?;

@@ -2,7 +2,7 @@
 //! snapshots of the partitions it touched.
 
 use std::collections::{BTreeMap, HashMap};
-use vitals_contracts::{encode, EndpointState, HealthChanged, PoolHealthChanged};
+use vitals_contracts::{encode, keys, EndpointState, HealthChanged, PoolHealthChanged};
 use vitals_engine::Decision;
 
 /// One event to publish, with a key that makes a replayed insert a no-op.
@@ -73,7 +73,7 @@ impl BatchWrite {
     pub fn add_decision(&mut self, topics: &Topics, d: Decision, partition: i32, offset: i64) {
         match d {
             Decision::Endpoint(h) => {
-                let key = Some(format!("{}/{}", h.pool, h.endpoint).into_bytes());
+                let key = Some(keys::endpoint_key(&h.pool, &h.endpoint).into_bytes());
                 let type_header = |t: &str| BTreeMap::from([("vitals-type".to_string(), t.to_string())]);
                 match encode(h.as_ref()) {
                     Ok(payload) => self.outbox.push(OutboxRow {
@@ -102,7 +102,7 @@ impl BatchWrite {
             Decision::Pool(p) => {
                 match encode(&p) {
                     Ok(payload) => self.outbox.push(OutboxRow {
-                        dedup_key: format!("pe/{}/{}", p.pool, p.seq),
+                        dedup_key: format!("pe/{}/{}", keys::escape(&p.pool), p.seq),
                         topic: topics.changes.clone(),
                         key: Some(p.pool.clone().into_bytes()),
                         payload,
@@ -114,6 +114,25 @@ impl BatchWrite {
                 self.pool_events.push((p, partition, offset));
             }
         }
+    }
+
+    /// An endpoint seen for the first time: into the state projection, and onto the compacted
+    /// state topic so that a router bootstrapping from it learns every member of a pool.
+    pub fn discover(&mut self, topics: &Topics, d: Discovered) {
+        let state = EndpointState::first_seen(&d.pool, &d.endpoint, d.stream_time, d.policy_version);
+        let key = keys::endpoint_key(&d.pool, &d.endpoint);
+        match encode(&state) {
+            Ok(payload) => self.outbox.push(OutboxRow {
+                dedup_key: format!("es0/{key}"),
+                topic: topics.state.clone(),
+                key: Some(key.into_bytes()),
+                payload,
+                headers: BTreeMap::from([("vitals-type".to_string(), "EndpointState".to_string())]),
+                partition: d.partition,
+            }),
+            Err(e) => tracing::error!(error = %e, endpoint = %key, "cannot encode EndpointState"),
+        }
+        self.discovered.push(d);
     }
 
     /// A record that cannot be decoded or validated: to the dead-letter topic with its origin and

@@ -74,6 +74,10 @@ pub struct Config {
     /// 0 keeps them forever.
     #[arg(long, env = "VITALS_AUDIT_RETENTION_DAYS", default_value_t = 0)]
     pub audit_retention_days: i64,
+    /// A partition with lag and no commit for this many seconds is stalled: `/readyz` turns
+    /// false and names it.
+    #[arg(long, env = "VITALS_STALL_AFTER_SECS", default_value_t = 30)]
+    pub stall_after_secs: u64,
     /// Seconds to finish in-flight work after SIGTERM.
     #[arg(long, env = "VITALS_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     pub shutdown_grace_secs: u64,

@@ -11,9 +11,9 @@ use crate::batch::{BatchWrite, Discovered, PartitionWrite, Snapshot, Topics};
 use crate::config::Config;
 use crate::db::{Db, DbError, Restored};
 use crate::metrics::Metrics;
+use crate::progress::Progress;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
@@ -43,24 +43,11 @@ pub struct ProcessorContext {
     /// True while the consumer holds an assignment whose partitions are all restored (an
     /// empty assignment counts: that processor is ready, with nothing to do).
     ready: Arc<AtomicBool>,
+    progress: Arc<Progress>,
 }
 
-impl ClientContext for ProcessorContext {
-    fn stats(&self, stats: Statistics) {
-        let lag: i64 = stats
-            .topics
-            .get(&self.topic)
-            .map(|t| {
-                t.partitions
-                    .values()
-                    .filter(|p| p.partition >= 0)
-                    .map(|p| p.consumer_lag_stored.max(0))
-                    .sum()
-            })
-            .unwrap_or(0);
-        self.metrics.consumer_lag.store(lag, Ordering::Relaxed);
-    }
-}
+// Lag comes from the write path (`progress`), not from librdkafka's statistics.
+impl ClientContext for ProcessorContext {}
 
 impl ConsumerContext for ProcessorContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
@@ -80,6 +67,7 @@ impl ConsumerContext for ProcessorContext {
                     return;
                 };
                 for (p, r) in &restored {
+                    self.progress.assigned(*p, r.committed_offset);
                     let offset = r.start_offset.map_or(Offset::Beginning, Offset::Offset);
                     if let Err(e) = tpl.set_partition_offset(&self.topic, *p, offset) {
                         tracing::error!(partition = p, error = %e, "cannot set start offset");
@@ -97,6 +85,7 @@ impl ConsumerContext for ProcessorContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");
+                partitions.iter().for_each(|p| self.progress.revoked(*p));
                 self.ready.store(false, Ordering::Relaxed);
                 self.events
                     .lock()
@@ -109,6 +98,7 @@ impl ConsumerContext for ProcessorContext {
             }
             other => {
                 tracing::error!(error = ?other, "rebalance error; dropping assignment");
+                partitions.iter().for_each(|p| self.progress.revoked(*p));
                 self.events
                     .lock()
                     .expect("not poisoned")
@@ -178,6 +168,10 @@ pub struct Processor {
     decisions: Vec<vitals_engine::Decision>,
     /// The previous batch, being written while this one fills.
     in_flight: Option<tokio::task::JoinHandle<Result<Written, DbError>>>,
+    /// A batch was abandoned at shutdown: the engines are ahead of Postgres, so no later batch
+    /// may commit (its offsets and snapshots would skip the abandoned records for good).
+    abandoned: bool,
+    progress: Arc<Progress>,
 }
 
 impl Processor {
@@ -188,6 +182,7 @@ impl Processor {
         relay_wake: Arc<Notify>,
         cancel: CancellationToken,
         ready: Arc<AtomicBool>,
+        progress: Arc<Progress>,
     ) -> Result<Processor, KafkaError> {
         let ctx = ProcessorContext {
             db: db.clone(),
@@ -198,6 +193,7 @@ impl Processor {
             events: Mutex::new(Vec::new()),
             metrics: metrics.clone(),
             ready,
+            progress: progress.clone(),
         };
         let consumer: StreamConsumer<ProcessorContext> =
             crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
@@ -222,6 +218,8 @@ impl Processor {
             pending: HashMap::new(),
             decisions: Vec::new(),
             in_flight: None,
+            abandoned: false,
+            progress,
         })
     }
 
@@ -289,7 +287,10 @@ impl Processor {
 
     fn process(&mut self, partition: i32, offset: i64, ts_ms: Option<i64>, key: Option<&[u8]>, payload: Option<&[u8]>) {
         let Some(ps) = self.partitions.get_mut(&partition) else {
-            return; // not ours (any more); the owner reads it
+            // Not ours (any more); the owner reads it. Counted: a processor that keeps fetching
+            // records it drops has lost track of its assignment.
+            self.metrics.not_ours.fetch_add(1, Ordering::Relaxed);
+            return;
         };
         if ps.next_offset.is_some_and(|n| offset < n) {
             return; // already applied: a stale fetch from before a seek
@@ -332,7 +333,7 @@ impl Processor {
         ps.engine.apply(at, &signal, &mut self.decisions);
         if let Some((pool, endpoint)) = first_seen {
             let policy_version = ps.engine.pools.get(&pool).map_or(0, |p| p.policy.version);
-            self.batch.discovered.push(Discovered {
+            self.batch.discover(&self.topics, Discovered {
                 pool,
                 endpoint,
                 stream_time: at,
@@ -381,6 +382,13 @@ impl Processor {
             });
         }
         self.finish_write().await?;
+        if self.abandoned {
+            tracing::warn!(
+                records = batch.records,
+                "not writing a batch that follows an abandoned one; it will be replayed"
+            );
+            return Ok(());
+        }
         if batch.is_empty() {
             return Ok(());
         }
@@ -390,6 +398,7 @@ impl Processor {
             relay_wake: self.relay_wake.clone(),
             cancel: self.cancel.clone(),
             grace: Duration::from_secs(self.cfg.shutdown_grace_secs),
+            progress: self.progress.clone(),
         };
         self.in_flight = Some(tokio::spawn(writer.write(batch, started)));
         if snapshot_all {
@@ -405,10 +414,15 @@ impl Processor {
             return Ok(());
         };
         let done = handle.await.map_err(|e| DbError::Task(e.to_string()))??;
-        for p in &done.fenced {
-            self.partitions.remove(p);
-            self.pending.remove(p);
-            self.batch.drop_partition(*p);
+        self.abandoned |= done.abandoned;
+        // Only the state of the fenced epoch goes: a rebalance may already have given the
+        // partition back to this processor under a new epoch, and that state is live.
+        for (p, epoch) in &done.fenced {
+            if self.partitions.get(p).is_some_and(|ps| ps.epoch == *epoch) {
+                self.partitions.remove(p);
+                self.pending.remove(p);
+                self.batch.drop_partition(*p);
+            }
         }
         if done.written {
             // Stored locally, never committed: Postgres holds the offsets. The local store feeds
@@ -430,12 +444,15 @@ impl Processor {
 
 /// What a finished write reports back to the loop.
 struct Written {
-    /// Partitions another processor had claimed: dropped from the batch and to be dropped here.
-    fenced: Vec<i32>,
+    /// (partition, epoch) that another processor had claimed: dropped from the batch, and to be
+    /// dropped here if the loop still holds that epoch.
+    fenced: Vec<(i32, i64)>,
     /// (partition, next offset) now durable.
     partitions: Vec<(i32, i64)>,
-    /// False when the batch was abandoned at shutdown (it will be replayed).
+    /// False when nothing was committed (all fenced, or abandoned).
     written: bool,
+    /// The batch was given up at shutdown: it will be replayed, and nothing after it may commit.
+    abandoned: bool,
 }
 
 struct Writer {
@@ -444,6 +461,7 @@ struct Writer {
     relay_wake: Arc<Notify>,
     cancel: CancellationToken,
     grace: Duration,
+    progress: Arc<Progress>,
 }
 
 impl Writer {
@@ -457,14 +475,17 @@ impl Writer {
                 Err(DbError::Fenced(ps)) => {
                     tracing::warn!(partitions = ?ps, "partitions taken over by another processor; dropping them");
                     for p in ps {
+                        if let Some(pw) = batch.partitions.iter().find(|pw| pw.partition == p) {
+                            fenced.push((p, pw.epoch));
+                        }
                         batch.drop_partition(p);
-                        fenced.push(p);
                     }
                     if batch.is_empty() {
                         return Ok(Written {
                             fenced,
                             partitions: vec![],
                             written: false,
+                            abandoned: false,
                         });
                     }
                 }
@@ -479,13 +500,20 @@ impl Writer {
                                 fenced,
                                 partitions: vec![],
                                 written: false,
+                                abandoned: true,
                             });
                         }
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // Retrying cannot fix a data error; stopping (not ready, exit non-zero) is
+                    // better than a writer that retries one batch forever while claiming to work.
+                    self.metrics.permanent_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %e, "batch failed with a permanent database error; stopping");
+                    return Err(e);
+                }
             }
         }
         let m = &self.metrics;
@@ -502,11 +530,13 @@ impl Writer {
         if !batch.outbox.is_empty() {
             self.relay_wake.notify_one();
         }
-        let partitions = batch.partitions.iter().map(|p| (p.partition, p.next_offset)).collect();
+        let partitions: Vec<(i32, i64)> = batch.partitions.iter().map(|p| (p.partition, p.next_offset)).collect();
+        self.progress.committed(&partitions);
         Ok(Written {
             fenced,
             partitions,
             written: true,
+            abandoned: false,
         })
     }
 }

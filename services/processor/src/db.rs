@@ -30,15 +30,57 @@ pub enum DbError {
 }
 
 impl DbError {
-    /// Connection loss, restarts and timeouts go away by themselves; the batch is retried.
+    /// Connection loss, restarts, timeouts, lock waits and serialization failures go away by
+    /// themselves: the batch is retried. A data error (SQLSTATE class 22, e.g. "timestamp out of
+    /// range"), a constraint or a privilege error (23, 42) and every decode error are permanent:
+    /// the same batch would fail the same way forever.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, DbError::Sql(e) if !matches!(e, sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::TypeNotFound { .. }))
+        match self {
+            DbError::Sql(e) => sql_retryable(e),
+            _ => false,
+        }
     }
 }
 
+fn sql_retryable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| sqlstate_retryable(&c)),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// Classes that are transient: connection exceptions (08), transaction rollbacks such as
+/// serialization failures and deadlocks (40), insufficient resources (53), lock not available
+/// (55P03) and other object-state errors (55), operator intervention such as a cancelled
+/// statement, an admin shutdown or an idle-session timeout (57), system errors (58).
+pub fn sqlstate_retryable(code: &str) -> bool {
+    matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57" | "58"))
+}
+
+/// Session settings that bound every wait on the database: a frozen or partitioned processor
+/// must not hold row locks (and so the next owner's claim) for longer than
+/// `idle_in_transaction_session_timeout`; no statement or lock wait runs unbounded; the server
+/// notices a vanished client by TCP keepalive.
+const SESSION_LIMITS: [(&str, &str); 6] = [
+    ("idle_in_transaction_session_timeout", "5s"),
+    ("lock_timeout", "3s"),
+    ("statement_timeout", "60s"),
+    ("tcp_keepalives_idle", "5"),
+    ("tcp_keepalives_interval", "2"),
+    ("tcp_keepalives_count", "3"),
+];
+
 /// Connect with `search_path` set to `schema`, create the schema and run the migrations.
 pub async fn connect(url: &str, schema: &str) -> Result<PgPool, DbError> {
-    let opts = PgConnectOptions::from_str(url)?.options([("search_path", schema)]);
+    let opts = PgConnectOptions::from_str(url)?
+        .options([("search_path", schema)])
+        .options(SESSION_LIMITS);
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))
@@ -363,4 +405,23 @@ async fn insert_outbox(tx: &mut sqlx::Transaction<'_, Postgres>, rows: &[OutboxR
     q.push(" ON CONFLICT (dedup_key) DO NOTHING");
     q.build().execute(&mut **tx).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_errors_are_permanent_and_outages_are_not() {
+        assert!(!sqlstate_retryable("22008"), "datetime field overflow");
+        assert!(!sqlstate_retryable("22003"), "numeric value out of range");
+        assert!(!sqlstate_retryable("23505"), "unique violation");
+        assert!(!sqlstate_retryable("42501"), "insufficient privilege");
+        assert!(sqlstate_retryable("40001"), "serialization failure");
+        assert!(sqlstate_retryable("55P03"), "lock not available");
+        assert!(sqlstate_retryable("57P01"), "admin shutdown");
+        assert!(sqlstate_retryable("08006"), "connection failure");
+        assert!(DbError::Sql(sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(!DbError::Fenced(vec![1]).is_retryable());
+    }
 }

@@ -1,6 +1,7 @@
 //! Liveness, readiness and Prometheus metrics over HTTP.
 
 use crate::metrics::Metrics;
+use crate::progress::Progress;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -15,6 +16,7 @@ pub struct Health {
     pub pool: PgPool,
     /// The consumer has joined its group and restored every partition it was assigned.
     pub ready: Arc<AtomicBool>,
+    pub progress: Arc<Progress>,
 }
 
 pub fn router(state: Health) -> Router {
@@ -25,19 +27,24 @@ pub fn router(state: Health) -> Router {
         .with_state(state)
 }
 
-async fn ready(State(h): State<Health>) -> (StatusCode, &'static str) {
+async fn ready(State(h): State<Health>) -> (StatusCode, String) {
+    let unavailable = |why: &str| (StatusCode::SERVICE_UNAVAILABLE, why.to_owned());
     if !h.ready.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "partitions not assigned and restored");
+        return unavailable("partitions not assigned and restored");
     }
-    match sqlx::query("SELECT 1").execute(&h.pool).await {
-        Ok(_) => (StatusCode::OK, "ready"),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "database unreachable"),
+    if sqlx::query("SELECT 1").execute(&h.pool).await.is_err() {
+        return unavailable("database unreachable");
     }
+    let stalled = h.progress.stalled();
+    if !stalled.is_empty() {
+        return unavailable(&format!("partitions {stalled:?} have lag and made no progress"));
+    }
+    (StatusCode::OK, "ready".to_owned())
 }
 
 async fn metrics(State(h): State<Health>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        h.metrics.render(),
+        h.metrics.render(&h.progress.figures()),
     )
 }

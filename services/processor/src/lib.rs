@@ -8,6 +8,7 @@ pub mod db;
 pub mod http;
 pub mod kafka;
 pub mod metrics;
+pub mod progress;
 pub mod relay;
 pub mod shell;
 pub mod ticker;
@@ -42,6 +43,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         topic: cfg.signals_topic.clone(),
     };
     let ready = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(progress::Progress::new(Duration::from_secs(cfg.stall_after_secs)));
 
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
         .await
@@ -51,6 +53,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         pool: pool.clone(),
         ready: ready.clone(),
+        progress: progress.clone(),
     });
 
     let mut tasks = JoinSet::new();
@@ -74,6 +77,14 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             cancel: cancel.clone(),
             outbox_retention_hours: cfg.outbox_retention_hours,
             audit_retention_days: cfg.audit_retention_days,
+            holder: format!(
+                "processor-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_micros())
+                    .unwrap_or(0)
+            ),
         };
         tasks.spawn(async move {
             relay.run().await;
@@ -90,6 +101,16 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         });
     }
     {
+        let client = kafka::base_config(&cfg)
+            .create()
+            .context("creating the watermark client")?;
+        let fut = progress::monitor(progress.clone(), client, cfg.signals_topic.clone(), cancel.clone());
+        tasks.spawn(async move {
+            fut.await;
+            Ok(())
+        });
+    }
+    {
         let processor = consumer::Processor::new(
             cfg.clone(),
             database,
@@ -97,6 +118,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             wake.clone(),
             cancel.clone(),
             ready,
+            progress,
         )
         .context("creating the Kafka consumer")?;
         tasks.spawn(async move { processor.run().await.context("processor") });

@@ -1,6 +1,7 @@
 //! Prometheus metrics, kept in atomics and rendered as text. The names live here, in one place.
 
 use std::fmt::Write;
+use crate::progress::PartitionFigures;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 pub const SIGNALS: &str = "vitals_processor_signals_total";
@@ -14,6 +15,10 @@ pub const CONSUMER_LAG: &str = "vitals_processor_consumer_lag";
 pub const OUTBOX_BACKLOG: &str = "vitals_processor_outbox_backlog";
 pub const PUBLISHED: &str = "vitals_processor_published_total";
 pub const ASSIGNED: &str = "vitals_processor_assigned_partitions";
+pub const PARTITION_LAG: &str = "vitals_processor_partition_lag";
+pub const COMMIT_AGE: &str = "vitals_processor_partition_commit_age_seconds";
+pub const NOT_OURS: &str = "vitals_processor_records_not_owned_total";
+pub const PERMANENT_ERRORS: &str = "vitals_processor_permanent_db_errors_total";
 
 const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
@@ -45,14 +50,16 @@ pub struct Metrics {
     pub batches: AtomicU64,
     pub batch_seconds: Histogram,
     pub db_retries: AtomicU64,
-    pub consumer_lag: AtomicI64,
+    pub not_ours: AtomicU64,
+    pub permanent_errors: AtomicU64,
     pub outbox_backlog: AtomicI64,
     pub published: AtomicU64,
     pub assigned: AtomicI64,
 }
 
 impl Metrics {
-    pub fn render(&self) -> String {
+    /// The text exposition; `parts` are the per-partition figures of the write path.
+    pub fn render(&self, parts: &PartitionFigures) -> String {
         let mut s = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -88,6 +95,16 @@ impl Metrics {
             self.db_retries.load(Ordering::Relaxed),
         );
         counter(
+            NOT_OURS,
+            "Records fetched for a partition this processor does not own (dropped; the owner reads them).",
+            self.not_ours.load(Ordering::Relaxed),
+        );
+        counter(
+            PERMANENT_ERRORS,
+            "Batches that failed with a database error retrying cannot fix (the processor stops).",
+            self.permanent_errors.load(Ordering::Relaxed),
+        );
+        counter(
             PUBLISHED,
             "Outbox rows published to Kafka.",
             self.published.load(Ordering::Relaxed),
@@ -97,8 +114,8 @@ impl Metrics {
         };
         gauge(
             CONSUMER_LAG,
-            "Records behind the end of the assigned partitions.",
-            self.consumer_lag.load(Ordering::Relaxed),
+            "Records behind the end of the assigned partitions: high watermark minus the offset committed to Postgres.",
+            parts.values().filter_map(|(lag, _)| *lag).sum(),
         );
         gauge(
             OUTBOX_BACKLOG,
@@ -110,6 +127,22 @@ impl Metrics {
             "Signals partitions assigned and restored.",
             self.assigned.load(Ordering::Relaxed),
         );
+        let _ = writeln!(
+            s,
+            "# HELP {PARTITION_LAG} High watermark minus the offset committed to Postgres, per assigned partition.\n# TYPE {PARTITION_LAG} gauge"
+        );
+        for (p, (lag, _)) in parts {
+            if let Some(lag) = lag {
+                let _ = writeln!(s, "{PARTITION_LAG}{{partition=\"{p}\"}} {lag}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "# HELP {COMMIT_AGE} Seconds since the partition's last commit (or since it had nothing to do).\n# TYPE {COMMIT_AGE} gauge"
+        );
+        for (p, (_, age)) in parts {
+            let _ = writeln!(s, "{COMMIT_AGE}{{partition=\"{p}\"}} {age:.3}");
+        }
         let h = &self.batch_seconds;
         let _ = writeln!(
             s,

@@ -1,7 +1,9 @@
 //! The outbox relay: publishes committed outbox rows to Kafka with an idempotent producer, in
-//! id order, and marks them published. One relay is active per database schema (a Postgres
-//! advisory lock), so events of one endpoint leave in sequence order. A crash between publish
-//! and mark republishes; consumers drop duplicates by (endpoint, seq).
+//! id order, and marks them published. One relay is active per database schema, by a lease in
+//! `relay_lease` that its holder renews every second and that expires after [`LEASE`]: a frozen
+//! or partitioned holder loses it and another processor's relay takes over. Events of one
+//! endpoint leave in sequence order. A crash between publish and mark, or a holder that resumes
+//! after losing its lease, republishes; consumers drop duplicates by (endpoint, seq).
 
 use crate::metrics::Metrics;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -14,8 +16,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Advisory-lock key of the relay (in the database, per schema via the key's second half).
-const RELAY_LOCK: i32 = 0x7669_7461; // "vita"
+/// How long a lease lasts without renewal, and how often the holder renews it.
+pub const LEASE: Duration = Duration::from_secs(3);
+const RENEW_EVERY: Duration = Duration::from_millis(1000);
 
 pub struct Relay {
     pub pool: PgPool,
@@ -27,6 +30,8 @@ pub struct Relay {
     pub cancel: CancellationToken,
     pub outbox_retention_hours: i64,
     pub audit_retention_days: i64,
+    /// Who holds the lease: unique per process (host, pid, start time).
+    pub holder: String,
 }
 
 impl Relay {
@@ -47,38 +52,51 @@ impl Relay {
         }
     }
 
-    /// Hold the relay lock on one connection and publish until cancelled or an error.
+    /// Take the lease (waiting while another holder keeps it alive) and publish until cancelled,
+    /// an error, or the lease is lost.
     async fn lead(&self) -> anyhow::Result<()> {
         let mut conn = self.pool.acquire().await?;
-        let schema_key = crc32(&self.schema);
-        loop {
-            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-                .bind(RELAY_LOCK)
-                .bind(schema_key)
-                .fetch_one(&mut *conn)
-                .await?;
-            if got {
-                break;
-            }
+        while !self.lease(&mut conn).await? {
             tokio::select! {
                 _ = self.cancel.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(LEASE / 6) => {}
             }
         }
-        tracing::info!("outbox relay is active");
+        tracing::info!(holder = %self.holder, "outbox relay is active");
         let result = self.publish_until_cancelled(&mut conn).await;
-        let _ = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-            .bind(RELAY_LOCK)
-            .bind(schema_key)
+        // Hand over at once rather than after the lease runs out.
+        let _ = sqlx::query("UPDATE relay_lease SET expires_at = now() WHERE name = 'outbox' AND holder = $1")
+            .bind(&self.holder)
             .execute(&mut *conn)
             .await;
         result
     }
 
+    /// Take or renew the lease; false while someone else holds a live one.
+    async fn lease(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<bool> {
+        let got: Option<String> = sqlx::query_scalar(
+            "INSERT INTO relay_lease (name, holder, expires_at)
+             VALUES ('outbox', $1, clock_timestamp() + make_interval(secs => $2))
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+             WHERE relay_lease.holder = excluded.holder OR relay_lease.expires_at < clock_timestamp()
+             RETURNING holder",
+        )
+        .bind(&self.holder)
+        .bind(LEASE.as_secs_f64())
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(got.is_some())
+    }
+
     async fn publish_until_cancelled(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
         let mut last_backlog = std::time::Instant::now() - Duration::from_secs(10);
         let mut last_retention = std::time::Instant::now() - Duration::from_secs(3600);
+        let mut renewed = std::time::Instant::now();
         loop {
+            if renewed.elapsed() >= RENEW_EVERY {
+                anyhow::ensure!(self.lease(conn).await?, "lost the relay lease to another processor");
+                renewed = std::time::Instant::now();
+            }
             let published = self.publish_round(conn).await?;
             if last_retention.elapsed() > Duration::from_secs(600) {
                 self.retention(conn).await?;
@@ -204,20 +222,4 @@ impl Relay {
         self.metrics.published.fetch_add(ids.len() as u64, Ordering::Relaxed);
         Ok(ids.len())
     }
-}
-
-/// A stable 32-bit key from the schema name (CRC-32, IEEE).
-fn crc32(s: &str) -> i32 {
-    let mut crc = 0xffff_ffffu32;
-    for b in s.bytes() {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc as i32
 }
