@@ -489,3 +489,34 @@ fn snapshot_mid_scenario_continues_identically() {
     assert_eq!(got, expected);
     assert_eq!(second, whole);
 }
+
+/// Values no validated policy can hold (the API and the processor refuse them) must still not
+/// wrap stream time: a heartbeat interval of i64::MAX ms once ejected a healthy endpoint right
+/// after its successful heartbeat, and a huge isolation put `retry_at` before the ejection.
+#[test]
+fn absurd_policy_values_saturate_instead_of_wrapping_stream_time() {
+    let policy = Policy {
+        heartbeat_interval_ms: i64::MAX,
+        isolation_base_ms: 17_444_980_000_000_000,
+        isolation_max_ms: 17_444_980_000_000_000,
+        slow_start_ms: i64::MAX,
+        recover_hold_ms: i64::MAX,
+        ..Policy::default()
+    };
+    let mut r = Run::new();
+    r.engine = Engine::new(policy);
+    let mut hb = probe("p", "a", 0, ProbeKind::Heartbeat, OutcomeClass::Success);
+    hb.interval_ms = None;
+    r.at(0, Signal::Probe(hb));
+    r.tick_until(10 * SEC);
+    assert_eq!(r.path_of("a"), vec![], "a healthy heartbeat is not an ejection");
+    for i in 0..5 {
+        r.at(11 * SEC + i * 100 * MS, call("p", "b", i as u64, OutcomeClass::ConnectError, None));
+    }
+    let ejected = r.changes_of("b").into_iter().find(|h| h.to_state == HealthState::Unhealthy).cloned();
+    let ejected = ejected.expect("five connect errors eject");
+    let retry_at = ejected.retry_at.expect("an isolation has a retry time");
+    assert!(retry_at > ejected.stream_time, "retry_at {retry_at} after {}", ejected.stream_time);
+    r.tick_until(60 * SEC);
+    assert_eq!(r.state_of("p", "b"), HealthState::Unhealthy, "still isolated");
+}

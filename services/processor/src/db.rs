@@ -86,15 +86,26 @@ pub async fn connect(url: &str, schema: &str) -> Result<PgPool, DbError> {
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(opts)
         .await?;
-    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+    // Two processors starting at once race inside CREATE SCHEMA IF NOT EXISTS (a unique
+    // violation on pg_namespace); the loser finds the schema there, which is all it wanted.
+    if let Err(e) = sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
         .execute(&pool)
-        .await?;
+        .await
+    {
+        let raced = matches!(&e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("23505" | "42P06")));
+        if !raced {
+            return Err(e.into());
+        }
+    }
     MIGRATOR.run(&pool).await?;
     Ok(pool)
 }
 
+/// A stream time as a Postgres timestamp, clamped to years 1970..=9999 (the engine saturates
+/// instead of wrapping, and a saturated time must not become a row Postgres refuses).
 pub fn timestamp(us: Micros) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(us).unwrap_or_default()
+    const MAX_US: Micros = 253_402_300_799_999_999; // 9999-12-31T23:59:59.999999Z
+    DateTime::from_timestamp_micros(us.clamp(0, MAX_US)).unwrap_or_default()
 }
 
 /// Where a partition resumes: its engine and the offset to read from.

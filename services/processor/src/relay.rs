@@ -63,7 +63,12 @@ impl Relay {
             }
         }
         tracing::info!(holder = %self.holder, "outbox relay is active");
-        let result = self.publish_until_cancelled(&mut conn).await;
+        // The lease is renewed beside the publishing, so a slow round (a busy broker) does not
+        // let it lapse; a frozen process stops both, and the lease runs out.
+        let result = tokio::select! {
+            r = self.publish_until_cancelled(&mut conn) => r,
+            r = self.keep_lease() => r,
+        };
         // Hand over at once rather than after the lease runs out.
         let _ = sqlx::query("UPDATE relay_lease SET expires_at = now() WHERE name = 'outbox' AND holder = $1")
             .bind(&self.holder)
@@ -88,15 +93,30 @@ impl Relay {
         Ok(got.is_some())
     }
 
+    /// Renew the lease every [`RENEW_EVERY`] on a connection of its own; an error once it is
+    /// lost (or cannot be renewed before it runs out).
+    async fn keep_lease(&self) -> anyhow::Result<()> {
+        let mut renewed = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(RENEW_EVERY).await;
+            let attempt = async {
+                let mut conn = self.pool.acquire().await?;
+                self.lease(&mut conn).await
+            };
+            match tokio::time::timeout(LEASE / 2, attempt).await {
+                Ok(Ok(true)) => renewed = std::time::Instant::now(),
+                Ok(Ok(false)) => anyhow::bail!("lost the relay lease to another processor"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the relay lease"),
+                Err(_) => tracing::warn!("renewing the relay lease timed out"),
+            }
+            anyhow::ensure!(renewed.elapsed() < LEASE, "the relay lease ran out before it could be renewed");
+        }
+    }
+
     async fn publish_until_cancelled(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
         let mut last_backlog = std::time::Instant::now() - Duration::from_secs(10);
         let mut last_retention = std::time::Instant::now() - Duration::from_secs(3600);
-        let mut renewed = std::time::Instant::now();
         loop {
-            if renewed.elapsed() >= RENEW_EVERY {
-                anyhow::ensure!(self.lease(conn).await?, "lost the relay lease to another processor");
-                renewed = std::time::Instant::now();
-            }
             let published = self.publish_round(conn).await?;
             if last_retention.elapsed() > Duration::from_secs(600) {
                 self.retention(conn).await?;

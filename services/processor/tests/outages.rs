@@ -53,6 +53,13 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     .await;
     let ready = http_get(port, "/readyz").await.unwrap_or_default();
     assert_eq!(ready, "database unreachable");
+    // The lag comes from the write path: everything produced since the outage began is behind
+    // (before, it read librdkafka's statistics and stayed near zero).
+    let behind = (inputs.len() - half) as f64;
+    wait_until("the lag metric to show the records the outage holds back", LONG, || async {
+        metric(port, "vitals_processor_consumer_lag").await.unwrap_or(0.0) >= behind
+    })
+    .await;
     drop(restore); // pg-up
 
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;

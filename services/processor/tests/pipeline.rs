@@ -134,6 +134,77 @@ async fn end_to_end_scenario_lands_in_postgres_and_on_the_changes_topic() {
     db.drop_schema().await;
 }
 
+/// Pool `kc1/a` + endpoint `x` and pool `kc1` + endpoint `a/x` once shared a transition id, an
+/// outbox key and a Kafka key, so the second one's events were silently dropped. And the
+/// compacted state topic held only endpoints that had a transition, so a router bootstrapping
+/// from it did not learn a pool's healthy members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the_state_topic() {
+    let name = unique("keys");
+    let topics = create_topics(&name, 2).await;
+    let mut inputs = Vec::new();
+    let mut t = T0_MS;
+    for (pool, ep) in [("kc1/a", "x"), ("kc1", "a/x")] {
+        for i in 0..5 {
+            t += 100;
+            inputs.push(signal_input(&call(pool, ep, i, OutcomeClass::ConnectError, None, t), t, 2));
+        }
+    }
+    inputs.push(signal_input(&call("kc1", "ok", 0, OutcomeClass::Success, Some(300), t), t, 2));
+    produce(&topics.signals, &inputs).await;
+    let db = Db::connect(&name).await;
+    let _p = Proc::start(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+
+    let ejected: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT pool, endpoint, transition_id FROM transitions ORDER BY pool, endpoint")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        ejected,
+        vec![
+            ("kc1".into(), "a/x".into(), "kc1/a%2Fx/1".into()),
+            ("kc1/a".into(), "x".into(), "kc1%2Fa/x/1".into()),
+        ]
+    );
+    let changes = read_n(&topics.changes, 2, LONG).await;
+    let mut keys: Vec<String> = changes
+        .iter()
+        .map(|m| String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, vec!["kc1%2Fa/x", "kc1/a%2Fx"], "both endpoints' events reach routers");
+    for m in &changes {
+        let h = decode::<HealthChanged>(rdkafka::Message::payload(m).unwrap()).unwrap();
+        let key = String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap();
+        assert_eq!(keys::parse_endpoint_key(&key), Some((h.pool.clone(), h.endpoint.clone())));
+    }
+
+    // Three endpoints first seen (healthy, seq 0) and two transitions.
+    let states = read_n(&topics.state, 5, LONG).await;
+    let mut latest: BTreeMap<String, EndpointState> = BTreeMap::new();
+    for m in &states {
+        let key = String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap();
+        let st = decode::<EndpointState>(rdkafka::Message::payload(m).unwrap()).unwrap();
+        let e = latest.entry(key).or_insert_with(|| st.clone());
+        if st.seq >= e.seq {
+            *e = st;
+        }
+    }
+    let summary: Vec<(&str, HealthState, i64)> =
+        latest.iter().map(|(k, s)| (k.as_str(), s.state, s.seq)).collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("kc1%2Fa/x", HealthState::Unhealthy, 1),
+            ("kc1/a%2Fx", HealthState::Unhealthy, 1),
+            ("kc1/ok", HealthState::Healthy, 0),
+        ]
+    );
+    db.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_several_points_loses_and_doubles_nothing() {
     let name = unique("crash");
@@ -167,7 +238,7 @@ async fn poison_records_go_to_the_dead_letter_topic_and_change_nothing_else() {
     let name = unique("poison");
     let topics = create_topics(&name, 2).await;
     let clean_topics = create_topics(&format!("{name}c"), 2).await;
-    let valid = workload(6, 3_000, 2, 5);
+    let valid = workload(6, 5_000, 2, 5);
     let good = valid[10].bytes.clone();
     let mut unknown = good.clone();
     unknown[2..10].copy_from_slice(&0x0123_4567_89ab_cdef_u64.to_le_bytes());
@@ -179,7 +250,34 @@ async fn poison_records_go_to_the_dead_letter_topic_and_change_nothing_else() {
     if let Signal::Call(c) = &mut empty_pool {
         c.pool = String::new();
     }
+    // A CallOutcome of the older schema whose attributes map announces 400,000,000 entries: it
+    // aborted the processor on every restart.
+    let hex = "c301b121b3fe4544bfc810706f69736f6e2d3114706f69736f6e706f6f6c046531046777e8d991c3cfdcb00600029003d00f00008090bcfd02026b0276";
+    let forged_map: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    // A policy whose isolation overflowed the timestamps Postgres stores: it stalled every pool.
+    let overflowing_policy = Signal::Policy(PolicyChange {
+        change_id: "policy-wrap".into(),
+        pool: "pool-1".into(),
+        actor: "careless-admin".into(),
+        issued_at: T0_MS * 1000,
+        policy: Policy {
+            version: 21,
+            isolation_base_ms: 17_444_980_000_000_000,
+            isolation_max_ms: 17_444_980_000_000_000,
+            ..Policy::default()
+        },
+    });
+    let mut huge_attributes = call("pool-1", "ep-0", 999_997, OutcomeClass::Success, None, T0_MS);
+    if let Signal::Call(c) = &mut huge_attributes {
+        c.attributes = (0..100).map(|i| (format!("k{i}"), "v".repeat(500))).collect();
+    }
     let poison: Vec<(Vec<u8>, &str)> = vec![
+        (forged_map, "invalid_body"),
+        (encode_signal(&overflowing_policy).unwrap(), "invalid_value"),
+        (encode_signal(&huge_attributes).unwrap(), "invalid_value"),
         (b"definitely not avro".to_vec(), "bad_magic"),
         (unknown, "unknown_fingerprint"),
         (good[..good.len() - 3].to_vec(), "invalid_body"),

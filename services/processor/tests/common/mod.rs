@@ -328,7 +328,12 @@ pub struct Proc {
 
 impl Proc {
     pub fn start(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> Proc {
-        let log = std::env::temp_dir().join(format!("{group}-{}.log", std::process::id()));
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let log = std::env::temp_dir().join(format!(
+            "{group}-{}-{}.log",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

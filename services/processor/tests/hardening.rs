@@ -1,0 +1,209 @@
+//! Promises that independent testers broke, each reproduced as it was found: a shutdown during a
+//! database stall that lost transitions, and a frozen processor that stalled the whole group and
+//! then silently stopped processing the partitions it was given back.
+
+mod common;
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+use vitals_contracts::*;
+
+const LONG: Duration = Duration::from_secs(180);
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// The first batch fails with a transient error (a trigger raises `admin_shutdown`, SQLSTATE
+/// 57P01) while later batches would succeed; the processor is stopped during that stall. The
+/// abandoned batch must not be skipped by the batches after it: after a restart the audit log
+/// equals a clean run. (Before: the shutdown wrote the next batch with offsets and a snapshot
+/// past the abandoned one, and its transitions were gone for good.) While the writer is stuck,
+/// `/readyz` says so and the lag metric shows the real lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_during_a_database_stall_loses_no_transition() {
+    let name = unique("stall");
+    let topics = create_topics(&name, 1).await;
+    // Ejections in the first 100 records (five connect errors), then a long clean tail.
+    let mut inputs = Vec::new();
+    let mut t = T0_MS;
+    for i in 0..1_000u64 {
+        t += 10;
+        let outcome = if i < 40 && i % 8 < 5 {
+            OutcomeClass::ConnectError
+        } else {
+            OutcomeClass::Success
+        };
+        let ep = format!("ep-{}", (i / 8) % 5);
+        inputs.push(signal_input(&call("stall", &ep, i, outcome, Some(300), t), t, 1));
+    }
+    produce(&topics.signals, &inputs).await;
+
+    // Create the schema as the processor would, then make the first batch (offsets up to 100)
+    // fail until the trigger is dropped.
+    let pool = vitals_processor::db::connect(&database_url(), &name).await.expect("migrated");
+    for stmt in [
+        "CREATE TABLE stall_until (next_offset bigint NOT NULL)",
+        "INSERT INTO stall_until VALUES (100)",
+        "CREATE FUNCTION stall_first_batch() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.next_offset <= (SELECT next_offset FROM stall_until) THEN
+             RAISE EXCEPTION 'injected outage' USING ERRCODE = '57P01';
+           END IF;
+           RETURN NEW;
+         END $$",
+        "CREATE TRIGGER stall BEFORE UPDATE ON consumer_offsets FOR EACH ROW EXECUTE FUNCTION stall_first_batch()",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.expect(stmt);
+    }
+    let db = Db::connect(&name).await;
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut p = Proc::start(
+        &topics,
+        &name,
+        &name,
+        &[
+            "--batch-max-records",
+            "100",
+            "--batch-max-ms",
+            "5000",
+            "--shutdown-grace-secs",
+            "2",
+            "--stall-after-secs",
+            "1",
+            "--http-addr",
+            &http,
+        ],
+    );
+    wait_until("the first batch to fail and be retried", LONG, || async {
+        metric(port, "vitals_processor_db_retries_total").await.unwrap_or(0.0) >= 3.0
+    })
+    .await;
+    wait_until("readiness to report the stalled partition", LONG, || async {
+        http_get(port, "/readyz")
+            .await
+            .is_some_and(|r| r.contains("made no progress"))
+    })
+    .await;
+    let lag = metric(port, "vitals_processor_partition_lag{partition=\"0\"}").await;
+    assert_eq!(lag, Some(inputs.len() as f64), "nothing is committed: the lag is everything");
+
+    assert!(p.terminate().success(), "a clean exit after giving up the stuck batch");
+    assert_eq!(db.consumed(&name).await, 0, "nothing after the abandoned batch was committed");
+    sqlx::query("DROP TRIGGER stall ON consumer_offsets").execute(&pool).await.unwrap();
+
+    let _p = Proc::start(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, inputs.len() as i64, true).await;
+    assert!(got.0 >= 5, "the inputs eject endpoints: {}", got.0);
+    assert_eq!(got, want);
+    assert_eq!(db.sequence_gaps().await, vec![]);
+    db.drop_schema().await;
+}
+
+/// A processor frozen (SIGSTOP) past its session timeout, then resumed, under a steady stream
+/// of signals. While it is frozen the other processor takes over its partitions (the frozen
+/// one's open transaction cannot hold the claim for longer than the idle-in-transaction
+/// timeout) and the outbox relay (its lease expires), so events keep leaving. After it resumes,
+/// its zombie batch is fenced, the group gives it partitions back, and it processes them
+/// (before: it dropped every record of the partitions it was given back as "not ours", for
+/// good, while claiming to be ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_processor_neither_stalls_the_group_nor_loses_partitions_after_it_resumes() {
+    let name = unique("freeze");
+    let topics = create_topics(&name, 4).await;
+    let inputs = workload(24, 80_000, 4, 41);
+    let upfront = inputs.len() / 4;
+    produce(&topics.signals, &inputs[..upfront]).await;
+    let db = Db::connect(&name).await;
+    let args = [
+        "--batch-max-records",
+        "200",
+        "--snapshot-every",
+        "5000",
+        "--kafka-option",
+        "session.timeout.ms=6000",
+    ];
+    let ports = [free_port(), free_port()];
+    let start = |port: u16| {
+        let http = format!("127.0.0.1:{port}");
+        let mut all = args.to_vec();
+        all.extend(["--http-addr", &http]);
+        Proc::start(&topics, &name, &name, &all)
+    };
+    let mut a = start(ports[0]);
+    let mut b = start(ports[1]);
+    let assigned = |port: u16| async move {
+        metric(port, "vitals_processor_assigned_partitions").await.unwrap_or(-1.0)
+    };
+    for port in ports {
+        wait_until("both processors to hold partitions", LONG, || async { assigned(port).await > 0.0 }).await;
+    }
+    // The rest arrives as a steady stream (about 4,000 signals a second) while one processor is
+    // frozen and resumed, so that batches are in flight at every moment.
+    let rest = inputs[upfront..].to_vec();
+    let signals_topic = topics.signals.clone();
+    let feeder = tokio::spawn(async move {
+        for chunk in rest.chunks(400) {
+            produce(&signals_topic, chunk).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let holder: String = sqlx::query_scalar("SELECT holder FROM relay_lease")
+        .fetch_one(&db.pool)
+        .await
+        .expect("a relay holds the lease");
+    let (frozen, other, other_port) = if holder.contains(&format!("-{}-", a.child.id())) {
+        (a.child.id(), b.child.id(), ports[1])
+    } else {
+        (b.child.id(), a.child.id(), ports[0])
+    };
+    signal(frozen, "-STOP");
+
+    // The other processor takes every partition and the relay, and events keep leaving.
+    wait_until("the running processor to own every partition", LONG, || async {
+        assigned(other_port).await == 4.0
+    })
+    .await;
+    wait_until("the relay lease to move to the running processor", LONG, || async {
+        sqlx::query_scalar::<_, String>("SELECT holder FROM relay_lease")
+            .fetch_one(&db.pool)
+            .await
+            .is_ok_and(|h| h.contains(&format!("-{other}-")))
+    })
+    .await;
+    wait_until("events committed while one processor is frozen to be published", LONG, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND created_at < now() - interval '2 seconds'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .is_ok_and(|n| n == 0)
+    })
+    .await;
+
+    signal(frozen, "-CONT");
+    wait_until("the group to give the resumed processor its share again", LONG, || async {
+        assigned(other_port).await == 2.0
+    })
+    .await;
+    feeder.await.expect("every signal produced");
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    for port in ports {
+        assert_eq!(http_get(port, "/readyz").await.as_deref(), Some("ready"));
+    }
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, inputs.len() as i64, true).await;
+    assert_eq!(got, want);
+    assert_eq!(db.sequence_gaps().await, vec![]);
+    db.drop_schema().await;
+}
