@@ -83,7 +83,9 @@ impl<'a> Walk<'a> {
 
     fn int(&mut self) -> Result<(), String> {
         let v = self.long()?;
-        i32::try_from(v).map(|_| ()).map_err(|_| format!("{v} does not fit an int"))
+        i32::try_from(v)
+            .map(|_| ())
+            .map_err(|_| format!("{v} does not fit an int"))
     }
 
     fn length(&mut self, what: &str) -> Result<usize, String> {
@@ -99,7 +101,10 @@ impl<'a> Walk<'a> {
             n = n.checked_neg().ok_or("bad block count")?;
             let size = self.long()?;
             if usize::try_from(size).map_or(true, |s| s > self.rest.len()) {
-                return Err(format!("{what} block of {size} bytes but only {} remain", self.rest.len()));
+                return Err(format!(
+                    "{what} block of {size} bytes but only {} remain",
+                    self.rest.len()
+                ));
             }
         }
         let n = usize::try_from(n).map_err(|_| "bad block count".to_string())?;

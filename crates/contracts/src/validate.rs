@@ -178,7 +178,6 @@ fn fraction(field: &'static str, v: f64, lo: f64, hi: f64) -> Result<(), Validat
     Ok(())
 }
 
-
 /// Longest time span a policy may set: one day (isolation caps, resets). Every other duration is
 /// bounded by an hour. Bounds keep every time computation of the engine far from overflow and
 /// every timestamp it writes within what Postgres stores.
@@ -252,17 +251,35 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
         p.isolation_base_ms,
         MAX_POLICY_SPAN_MS,
     )?;
-    span("policy.isolation_reset_ms", p.isolation_reset_ms, 1, 7 * MAX_POLICY_SPAN_MS)?;
+    span(
+        "policy.isolation_reset_ms",
+        p.isolation_reset_ms,
+        1,
+        7 * MAX_POLICY_SPAN_MS,
+    )?;
     span("policy.slow_start_ms", p.slow_start_ms, 0, HOUR_MS)?;
     fraction("policy.slow_start_weight", p.slow_start_weight, 0.0, 1.0)?;
     fraction("policy.max_ejection_pct", p.max_ejection_pct, 0.0, 100.0)?;
     fraction("policy.panic_threshold_pct", p.panic_threshold_pct, 0.0, 100.0)?;
     fraction("policy.latency_outlier_factor", p.latency_outlier_factor, 1.0, 1000.0)?;
-    count("policy.latency_outlier_min_peers", p.latency_outlier_min_peers, MAX_POLICY_COUNT)?;
-    fraction("policy.latency_outlier_min_ms", p.latency_outlier_min_ms, 0.0, HOUR_MS as f64)?;
+    count(
+        "policy.latency_outlier_min_peers",
+        p.latency_outlier_min_peers,
+        MAX_POLICY_COUNT,
+    )?;
+    fraction(
+        "policy.latency_outlier_min_ms",
+        p.latency_outlier_min_ms,
+        0.0,
+        HOUR_MS as f64,
+    )?;
     span("policy.heartbeat_interval_ms", p.heartbeat_interval_ms, 1, HOUR_MS)?;
     count("policy.heartbeat_suspect_intervals", p.heartbeat_suspect_intervals, 100)?;
-    count("policy.heartbeat_unhealthy_intervals", p.heartbeat_unhealthy_intervals, 1000)?;
+    count(
+        "policy.heartbeat_unhealthy_intervals",
+        p.heartbeat_unhealthy_intervals,
+        1000,
+    )?;
     if p.heartbeat_unhealthy_intervals <= p.heartbeat_suspect_intervals {
         return Err(bad(
             "policy.heartbeat_unhealthy_intervals",
@@ -361,7 +378,10 @@ mod tests {
                 }),
             ),
             ("policy.isolation_max_ms", Box::new(|p| p.isolation_max_ms = i64::MAX)),
-            ("policy.heartbeat_interval_ms", Box::new(|p| p.heartbeat_interval_ms = i64::MAX)),
+            (
+                "policy.heartbeat_interval_ms",
+                Box::new(|p| p.heartbeat_interval_ms = i64::MAX),
+            ),
             ("policy.slow_start_ms", Box::new(|p| p.slow_start_ms = i64::MAX)),
             ("policy.recover_hold_ms", Box::new(|p| p.recover_hold_ms = i64::MAX)),
             (
@@ -373,9 +393,15 @@ mod tests {
             ),
             ("policy.ttft_max_ms", Box::new(|p| p.ttft_max_ms = 1e308)),
             ("policy.slow_call_ms", Box::new(|p| p.slow_call_ms = i64::MAX)),
-            ("policy.isolation_reset_ms", Box::new(|p| p.isolation_reset_ms = i64::MAX)),
+            (
+                "policy.isolation_reset_ms",
+                Box::new(|p| p.isolation_reset_ms = i64::MAX),
+            ),
             ("policy.min_volume", Box::new(|p| p.min_volume = i32::MAX)),
-            ("policy.heartbeat_unhealthy_intervals", Box::new(|p| p.heartbeat_unhealthy_intervals = i32::MAX)),
+            (
+                "policy.heartbeat_unhealthy_intervals",
+                Box::new(|p| p.heartbeat_unhealthy_intervals = i32::MAX),
+            ),
         ];
         for (field, mutate) in cases {
             let mut p = Policy::default();

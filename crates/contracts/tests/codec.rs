@@ -341,7 +341,10 @@ fn a_health_change_announcing_500_million_thresholds_is_an_error_not_an_abort() 
     h.evidence.thresholds = vec!["MARK".into()];
     let bytes = encode(&h).unwrap();
     let marker = [0x02u8, 0x08, b'M', b'A', b'R', b'K', 0x00];
-    let at = bytes.windows(marker.len()).position(|w| w == marker).expect("thresholds block");
+    let at = bytes
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("thresholds block");
     let mut forged = bytes[..at].to_vec();
     forged.extend(varint(500_000_000));
     forged.extend_from_slice(&bytes[at + 1..]);
@@ -385,5 +388,9 @@ proptest! {
 fn the_fuzz_target_covers_every_schema_version() {
     let known = codec::known_schemas();
     assert_eq!(known.len(), 9, "{known:?}");
-    assert_eq!(known.iter().filter(|k| !k.2).count(), 1, "one older version (CallOutcome v1)");
+    assert_eq!(
+        known.iter().filter(|k| !k.2).count(),
+        1,
+        "one older version (CallOutcome v1)"
+    );
 }

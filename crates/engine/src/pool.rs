@@ -125,7 +125,9 @@ impl PoolState {
             HealthState::Recovering => self.recovery_complete(name),
             _ => {
                 if let (Some(silence), false) = (t.heartbeat_silence(now), t.heartbeat_silent) {
-                    if silence >= us(t.heartbeat_interval(&policy)).saturating_mul(policy.heartbeat_suspect_intervals.into()) {
+                    if silence
+                        >= us(t.heartbeat_interval(&policy)).saturating_mul(policy.heartbeat_suspect_intervals.into())
+                    {
                         t.heartbeat_silent = true;
                     }
                 }
@@ -396,7 +398,9 @@ impl PoolState {
                 })
             }
             HealthState::Degraded
-                if suspect.is_empty() && t.above_since.is_some_and(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms)) =>
+                if suspect.is_empty()
+                    && t.above_since
+                        .is_some_and(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms)) =>
             {
                 Some(Change {
                     to: HealthState::Healthy,
@@ -557,7 +561,11 @@ impl PoolState {
             self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
         }
         let reason = match retry_at {
-            Some(r) => format!("{}; isolated for {} s", change.reason, r.saturating_sub(now) / 1_000_000),
+            Some(r) => format!(
+                "{}; isolated for {} s",
+                change.reason,
+                r.saturating_sub(now) / 1_000_000
+            ),
             None => change.reason,
         };
         out.push(Decision::Endpoint(Box::new(HealthChanged {

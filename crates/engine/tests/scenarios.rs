@@ -511,12 +511,23 @@ fn absurd_policy_values_saturate_instead_of_wrapping_stream_time() {
     r.tick_until(10 * SEC);
     assert_eq!(r.path_of("a"), vec![], "a healthy heartbeat is not an ejection");
     for i in 0..5 {
-        r.at(11 * SEC + i * 100 * MS, call("p", "b", i as u64, OutcomeClass::ConnectError, None));
+        r.at(
+            11 * SEC + i * 100 * MS,
+            call("p", "b", i as u64, OutcomeClass::ConnectError, None),
+        );
     }
-    let ejected = r.changes_of("b").into_iter().find(|h| h.to_state == HealthState::Unhealthy).cloned();
+    let ejected = r
+        .changes_of("b")
+        .into_iter()
+        .find(|h| h.to_state == HealthState::Unhealthy)
+        .cloned();
     let ejected = ejected.expect("five connect errors eject");
     let retry_at = ejected.retry_at.expect("an isolation has a retry time");
-    assert!(retry_at > ejected.stream_time, "retry_at {retry_at} after {}", ejected.stream_time);
+    assert!(
+        retry_at > ejected.stream_time,
+        "retry_at {retry_at} after {}",
+        ejected.stream_time
+    );
     r.tick_until(60 * SEC);
     assert_eq!(r.state_of("p", "b"), HealthState::Unhealthy, "still isolated");
 }

@@ -50,7 +50,11 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
 /// like an ingested name with one: no name in vitals contains them.
 pub fn no_control(field: &str, value: &str) -> Result<(), ApiError> {
     if value.chars().any(char::is_control) {
-        let field = if field.chars().any(char::is_control) { "query" } else { field };
+        let field = if field.chars().any(char::is_control) {
+            "query"
+        } else {
+            field
+        };
         return Err(ApiError::invalid(field, "contains control characters"));
     }
     Ok(())

@@ -7,8 +7,8 @@ pub mod error;
 pub mod extract;
 pub mod health;
 pub mod history;
-pub mod limit;
 pub mod ingest;
+pub mod limit;
 pub mod metrics;
 pub mod openapi;
 pub mod ops;
@@ -121,14 +121,12 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
     if tokens.is_empty() {
         tracing::warn!("no tokens configured: every write route will answer 401");
     }
-    let db = connect_read_only(&cfg)
-        .await
-        .with_context(|| {
-            format!(
-                "connecting to {}",
-                vitals_processor::config::redact_url(&cfg.database_url)
-            )
-        })?;
+    let db = connect_read_only(&cfg).await.with_context(|| {
+        format!(
+            "connecting to {}",
+            vitals_processor::config::redact_url(&cfg.database_url)
+        )
+    })?;
     let mut pc = ClientConfig::new();
     pc.set("bootstrap.servers", &cfg.brokers)
         .set("enable.idempotence", "true")
@@ -181,23 +179,25 @@ pub async fn connect_read_only(cfg: &Config) -> anyhow::Result<PgPool> {
         .map(|m| m.version)
         .max()
         .unwrap_or(0);
-    let have: Option<i64> = sqlx::query_scalar(
-        "SELECT max(version) FROM _sqlx_migrations WHERE success",
-    )
-    .fetch_one(&db)
-    .await
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "schema {:?} is not migrated or not readable by this role ({e}); the processor creates and \
+    let have: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(&db)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "schema {:?} is not migrated or not readable by this role ({e}); the processor creates and \
              migrates it (start vitals-processor first), and the API's role needs USAGE on the schema and \
              SELECT on its tables",
-            cfg.db_schema
-        )
-    })?;
+                cfg.db_schema
+            )
+        })?;
     match have {
         Some(v) if v >= want => {
             if v > want {
-                tracing::warn!(schema_version = v, built_for = want, "the schema is newer than this API");
+                tracing::warn!(
+                    schema_version = v,
+                    built_for = want,
+                    "the schema is newer than this API"
+                );
             }
             Ok(db)
         }

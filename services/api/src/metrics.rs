@@ -112,7 +112,9 @@ impl Metrics {
 
 /// The method as a label: one of the standard methods, or `other`.
 pub fn method_label(method: &str) -> &'static str {
-    const KNOWN: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"];
+    const KNOWN: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+    ];
     KNOWN.iter().find(|m| **m == method).copied().unwrap_or("other")
 }
 

@@ -302,7 +302,12 @@ pub async fn stream(
     let (client, anonymous) = match principal {
         Some(p) => (format!("token:{}", p.name), false),
         None => (
-            format!("ip:{}", peer.map_or("unknown".to_string(), |axum::Extension(ConnectInfo(a))| a.ip().to_string())),
+            format!(
+                "ip:{}",
+                peer.map_or("unknown".to_string(), |axum::Extension(ConnectInfo(a))| a
+                    .ip()
+                    .to_string())
+            ),
             true,
         ),
     };

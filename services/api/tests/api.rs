@@ -188,9 +188,11 @@ async fn current_health_lists_pools_and_endpoints_with_latest_evidence() {
         .unwrap();
     }
     insert_transition(&api.db, "a", "y", 3, "unhealthy", "ejected", T0).await;
-    let (s, body) = api.get("/v1/pools").await;
+    let (s, page) = api.get("/v1/pools").await;
     assert_eq!(s, 200);
+    let body = &page["pools"];
     assert_eq!(body.as_array().unwrap().len(), 2);
+    assert!(page["next_after"].is_null(), "one page holds both");
     assert_eq!(
         (
             body[0]["pool"].as_str(),

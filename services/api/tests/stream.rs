@@ -2,72 +2,7 @@
 
 mod common;
 use common::*;
-use futures::StreamExt;
-use std::time::Duration;
 use vitals_contracts::*;
-
-struct Sse {
-    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
-    buf: String,
-}
-
-#[derive(Debug, Clone)]
-struct Ev {
-    id: String,
-    event: String,
-    data: String,
-}
-
-impl Sse {
-    async fn connect(api: &Api, last_id: Option<&str>) -> Sse {
-        let mut req = api.http.get(api.url("/v1/stream?pool=live"));
-        if let Some(id) = last_id {
-            req = req.header("Last-Event-ID", id);
-        }
-        let r = req.send().await.unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        assert!(r.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream"));
-        Sse {
-            body: Box::pin(r.bytes_stream()),
-            buf: String::new(),
-        }
-    }
-
-    async fn next(&mut self) -> Ev {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut ev = Ev {
-                    id: String::new(),
-                    event: String::new(),
-                    data: String::new(),
-                };
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        ev.id = v.trim().into();
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        ev.event = v.trim().into();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        ev.data.push_str(v.trim());
-                    }
-                }
-                if ev.event.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                return ev;
-            }
-            let chunk = tokio::time::timeout(Duration::from_secs(30), self.body.next())
-                .await
-                .expect("an event within 30 s")
-                .expect("the stream stays open")
-                .unwrap();
-            self.buf.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    }
-}
 
 fn change(endpoint: &str, seq: i64) -> HealthChanged {
     HealthChanged {

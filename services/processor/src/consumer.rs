@@ -333,13 +333,16 @@ impl Processor {
         ps.engine.apply(at, &signal, &mut self.decisions);
         if let Some((pool, endpoint)) = first_seen {
             let policy_version = ps.engine.pools.get(&pool).map_or(0, |p| p.policy.version);
-            self.batch.discover(&self.topics, Discovered {
-                pool,
-                endpoint,
-                stream_time: at,
-                policy_version,
-                partition,
-            });
+            self.batch.discover(
+                &self.topics,
+                Discovered {
+                    pool,
+                    endpoint,
+                    stream_time: at,
+                    policy_version,
+                    partition,
+                },
+            );
         }
         for d in self.decisions.drain(..) {
             self.batch.add_decision(&self.topics, d, partition, offset);

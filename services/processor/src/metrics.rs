@@ -1,7 +1,7 @@
 //! Prometheus metrics, kept in atomics and rendered as text. The names live here, in one place.
 
-use std::fmt::Write;
 use crate::progress::PartitionFigures;
+use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 pub const SIGNALS: &str = "vitals_processor_signals_total";

@@ -109,7 +109,10 @@ impl Relay {
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the relay lease"),
                 Err(_) => tracing::warn!("renewing the relay lease timed out"),
             }
-            anyhow::ensure!(renewed.elapsed() < LEASE, "the relay lease ran out before it could be renewed");
+            anyhow::ensure!(
+                renewed.elapsed() < LEASE,
+                "the relay lease ran out before it could be renewed"
+            );
         }
     }
 

@@ -46,7 +46,9 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
 
     // Create the schema as the processor would, then make the first batch (offsets up to 100)
     // fail until the trigger is dropped.
-    let pool = vitals_processor::db::connect(&database_url(), &name).await.expect("migrated");
+    let pool = vitals_processor::db::connect(&database_url(), &name)
+        .await
+        .expect("migrated");
     for stmt in [
         "CREATE TABLE stall_until (next_offset bigint NOT NULL)",
         "INSERT INTO stall_until VALUES (100)",
@@ -92,11 +94,22 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
     })
     .await;
     let lag = metric(port, "vitals_processor_partition_lag{partition=\"0\"}").await;
-    assert_eq!(lag, Some(inputs.len() as f64), "nothing is committed: the lag is everything");
+    assert_eq!(
+        lag,
+        Some(inputs.len() as f64),
+        "nothing is committed: the lag is everything"
+    );
 
     assert!(p.terminate().success(), "a clean exit after giving up the stuck batch");
-    assert_eq!(db.consumed(&name).await, 0, "nothing after the abandoned batch was committed");
-    sqlx::query("DROP TRIGGER stall ON consumer_offsets").execute(&pool).await.unwrap();
+    assert_eq!(
+        db.consumed(&name).await,
+        0,
+        "nothing after the abandoned batch was committed"
+    );
+    sqlx::query("DROP TRIGGER stall ON consumer_offsets")
+        .execute(&pool)
+        .await
+        .unwrap();
 
     let _p = Proc::start(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
@@ -141,10 +154,15 @@ async fn a_frozen_processor_neither_stalls_the_group_nor_loses_partitions_after_
     let mut a = start(ports[0]);
     let mut b = start(ports[1]);
     let assigned = |port: u16| async move {
-        metric(port, "vitals_processor_assigned_partitions").await.unwrap_or(-1.0)
+        metric(port, "vitals_processor_assigned_partitions")
+            .await
+            .unwrap_or(-1.0)
     };
     for port in ports {
-        wait_until("both processors to hold partitions", LONG, || async { assigned(port).await > 0.0 }).await;
+        wait_until("both processors to hold partitions", LONG, || async {
+            assigned(port).await > 0.0
+        })
+        .await;
     }
     // The rest arrives as a steady stream (about 4,000 signals a second) while one processor is
     // frozen and resumed, so that batches are in flight at every moment.
@@ -179,20 +197,26 @@ async fn a_frozen_processor_neither_stalls_the_group_nor_loses_partitions_after_
             .is_ok_and(|h| h.contains(&format!("-{other}-")))
     })
     .await;
-    wait_until("events committed while one processor is frozen to be published", LONG, || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND created_at < now() - interval '2 seconds'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .is_ok_and(|n| n == 0)
-    })
+    wait_until(
+        "events committed while one processor is frozen to be published",
+        LONG,
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL AND created_at < now() - interval '2 seconds'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .is_ok_and(|n| n == 0)
+        },
+    )
     .await;
 
     signal(frozen, "-CONT");
-    wait_until("the group to give the resumed processor its share again", LONG, || async {
-        assigned(other_port).await == 2.0
-    })
+    wait_until(
+        "the group to give the resumed processor its share again",
+        LONG,
+        || async { assigned(other_port).await == 2.0 },
+    )
     .await;
     feeder.await.expect("every signal produced");
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;

@@ -56,9 +56,11 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     // The lag comes from the write path: everything produced since the outage began is behind
     // (before, it read librdkafka's statistics and stayed near zero).
     let behind = (inputs.len() - half) as f64;
-    wait_until("the lag metric to show the records the outage holds back", LONG, || async {
-        metric(port, "vitals_processor_consumer_lag").await.unwrap_or(0.0) >= behind
-    })
+    wait_until(
+        "the lag metric to show the records the outage holds back",
+        LONG,
+        || async { metric(port, "vitals_processor_consumer_lag").await.unwrap_or(0.0) >= behind },
+    )
     .await;
     drop(restore); // pg-up
 

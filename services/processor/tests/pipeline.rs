@@ -147,10 +147,18 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
     for (pool, ep) in [("kc1/a", "x"), ("kc1", "a/x")] {
         for i in 0..5 {
             t += 100;
-            inputs.push(signal_input(&call(pool, ep, i, OutcomeClass::ConnectError, None, t), t, 2));
+            inputs.push(signal_input(
+                &call(pool, ep, i, OutcomeClass::ConnectError, None, t),
+                t,
+                2,
+            ));
         }
     }
-    inputs.push(signal_input(&call("kc1", "ok", 0, OutcomeClass::Success, Some(300), t), t, 2));
+    inputs.push(signal_input(
+        &call("kc1", "ok", 0, OutcomeClass::Success, Some(300), t),
+        t,
+        2,
+    ));
     produce(&topics.signals, &inputs).await;
     let db = Db::connect(&name).await;
     let _p = Proc::start(&topics, &name, &name, &[]);
@@ -174,11 +182,18 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
         .map(|m| String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap())
         .collect();
     keys.sort();
-    assert_eq!(keys, vec!["kc1%2Fa/x", "kc1/a%2Fx"], "both endpoints' events reach routers");
+    assert_eq!(
+        keys,
+        vec!["kc1%2Fa/x", "kc1/a%2Fx"],
+        "both endpoints' events reach routers"
+    );
     for m in &changes {
         let h = decode::<HealthChanged>(rdkafka::Message::payload(m).unwrap()).unwrap();
         let key = String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap();
-        assert_eq!(keys::parse_endpoint_key(&key), Some((h.pool.clone(), h.endpoint.clone())));
+        assert_eq!(
+            keys::parse_endpoint_key(&key),
+            Some((h.pool.clone(), h.endpoint.clone()))
+        );
     }
 
     // Three endpoints first seen (healthy, seq 0) and two transitions.
@@ -192,8 +207,7 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
             *e = st;
         }
     }
-    let summary: Vec<(&str, HealthState, i64)> =
-        latest.iter().map(|(k, s)| (k.as_str(), s.state, s.seq)).collect();
+    let summary: Vec<(&str, HealthState, i64)> = latest.iter().map(|(k, s)| (k.as_str(), s.state, s.seq)).collect();
     assert_eq!(
         summary,
         vec![

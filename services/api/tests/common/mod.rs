@@ -2,7 +2,7 @@
 //! the real broker and the real database, each test with its own topics and schema.
 #![allow(dead_code)]
 
-use clap::Parser;
+pub use clap::Parser;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -10,7 +10,7 @@ use rdkafka::ClientConfig;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::future::Future;
-use std::str::FromStr;
+pub use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,12 @@ pub const READER: &str = "reader-secret-000000001";
 
 pub fn brokers() -> String {
     std::env::var("VITALS_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// The read-only role the API runs as (created by scripts/stack.sh).
+pub fn reader_url() -> String {
+    std::env::var("VITALS_TEST_READER_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://vitals_reader:vitals_reader@127.0.0.1:5432/vitals".into())
 }
 
 pub fn database_url() -> String {
@@ -104,7 +110,12 @@ impl Api {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        args.extend(["--brokers".into(), brokers(), "--database-url".into(), database_url()]);
+        // The processor owns the schema (it creates and migrates it); the API reads it with the
+        // read-only role.
+        vitals_processor::db::connect(&database_url(), &name)
+            .await
+            .expect("schema migrated by the owner role");
+        args.extend(["--brokers".into(), brokers(), "--database-url".into(), reader_url()]);
         args.extend(extra.iter().map(|s| s.to_string()));
         let cfg = vitals_api::config::Config::parse_from(args);
         let cancel = CancellationToken::new();
@@ -254,4 +265,91 @@ pub async fn insert_transition(
     .execute(db)
     .await
     .unwrap();
+}
+
+/// A Server-Sent Events client over the API's live stream.
+pub struct Sse {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buf: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Ev {
+    pub id: String,
+    pub event: String,
+    pub data: String,
+}
+
+impl Sse {
+    /// The live stream of pool `live`, resumed after `last_id` if given.
+    pub async fn connect(api: &Api, last_id: Option<&str>) -> Sse {
+        Sse::open(api, "/v1/stream?pool=live", last_id, None)
+            .await
+            .unwrap_or_else(|(s, b)| panic!("stream refused: {s} {b}"))
+    }
+
+    /// A stream at `path`, or the status and error body that refused it.
+    pub async fn open(
+        api: &Api,
+        path: &str,
+        last_id: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<Sse, (u16, serde_json::Value)> {
+        let mut req = api.http.get(api.url(path));
+        if let Some(id) = last_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        if status != 200 {
+            return Err((status, r.json().await.unwrap_or(serde_json::Value::Null)));
+        }
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        Ok(Sse {
+            body: Box::pin(r.bytes_stream()),
+            buf: String::new(),
+        })
+    }
+
+    /// The next event (keep-alive comments skipped); None when the server ends the stream.
+    pub async fn next_or_end(&mut self) -> Option<Ev> {
+        use futures::StreamExt;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut ev = Ev {
+                    id: String::new(),
+                    event: String::new(),
+                    data: String::new(),
+                };
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        ev.id = v.trim().into();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        ev.event = v.trim().into();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        ev.data.push_str(v.trim());
+                    }
+                }
+                if ev.event.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some(ev);
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.body.next())
+                .await
+                .expect("an event or the end within 30 s")?;
+            self.buf.push_str(&String::from_utf8_lossy(&chunk.ok()?));
+        }
+    }
+
+    pub async fn next(&mut self) -> Ev {
+        self.next_or_end().await.expect("the stream stays open")
+    }
 }
