@@ -59,8 +59,10 @@ fn sql_retryable(e: &sqlx::Error) -> bool {
 /// serialization failures and deadlocks (40), insufficient resources (53), lock not available
 /// (55P03) and other object-state errors (55), operator intervention such as a cancelled
 /// statement, an admin shutdown or an idle-session timeout (57), system errors (58).
+/// Also 25P03, idle-in-transaction timeout: the server ended a session that a frozen process
+/// left open (the SESSION_LIMITS below), and the batch is simply retried on a new one.
 pub fn sqlstate_retryable(code: &str) -> bool {
-    matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57" | "58"))
+    code == "25P03" || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57" | "58"))
 }
 
 /// Session settings that bound every wait on the database: a frozen or partitioned processor
@@ -432,6 +434,8 @@ mod tests {
         assert!(sqlstate_retryable("55P03"), "lock not available");
         assert!(sqlstate_retryable("57P01"), "admin shutdown");
         assert!(sqlstate_retryable("08006"), "connection failure");
+        assert!(sqlstate_retryable("25P03"), "idle-in-transaction timeout of a frozen process");
+        assert!(!sqlstate_retryable("25P02"), "in failed transaction");
         assert!(DbError::Sql(sqlx::Error::PoolTimedOut).is_retryable());
         assert!(!DbError::Fenced(vec![1]).is_retryable());
     }
