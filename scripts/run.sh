@@ -28,7 +28,9 @@ for _ in $(seq 1 100); do
   kill -0 "$proc_pid" 2>/dev/null || { echo "[run] the processor exited" >&2; exit 1; }
   sleep 0.2
 done
-target/release/vitals-api "${api_args[@]}" &
+# The API reads with the read-only role (README, "Database roles").
+reader_url=${VITALS_API_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
+target/release/vitals-api --database-url "$reader_url" "${api_args[@]}" &
 api_pid=$!
 trap 'kill -TERM $proc_pid $api_pid 2>/dev/null; wait' INT TERM EXIT
 echo "[run] processor: http://127.0.0.1:9464/metrics   api: http://127.0.0.1:8080/v1/openapi.json" >&2

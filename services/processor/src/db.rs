@@ -434,7 +434,10 @@ mod tests {
         assert!(sqlstate_retryable("55P03"), "lock not available");
         assert!(sqlstate_retryable("57P01"), "admin shutdown");
         assert!(sqlstate_retryable("08006"), "connection failure");
-        assert!(sqlstate_retryable("25P03"), "idle-in-transaction timeout of a frozen process");
+        assert!(
+            sqlstate_retryable("25P03"),
+            "idle-in-transaction timeout of a frozen process"
+        );
         assert!(!sqlstate_retryable("25P02"), "in failed transaction");
         assert!(DbError::Sql(sqlx::Error::PoolTimedOut).is_retryable());
         assert!(!DbError::Fenced(vec![1]).is_retryable());

@@ -164,19 +164,30 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
     let _p = Proc::start(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
 
-    let ejected: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT pool, endpoint, transition_id FROM transitions ORDER BY pool, endpoint")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let ejected: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT pool, endpoint, transition_id FROM transitions WHERE to_state = 'unhealthy' ORDER BY pool, endpoint",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(
         ejected,
         vec![
-            ("kc1".into(), "a/x".into(), "kc1/a%2Fx/1".into()),
-            ("kc1/a".into(), "x".into(), "kc1%2Fa/x/1".into()),
+            ("kc1".into(), "a/x".into(), "kc1/a%2Fx/2".into()),
+            ("kc1/a".into(), "x".into(), "kc1%2Fa/x/2".into()),
         ]
     );
-    let changes = read_n(&topics.changes, 2, LONG).await;
+    // Each: suspect, then unhealthy; and whatever pool events the pools raised.
+    let on_changes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE topic = $1")
+        .bind(&topics.changes)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let changes: Vec<_> = read_n(&topics.changes, on_changes as usize, LONG)
+        .await
+        .into_iter()
+        .filter(|m| header(m, "vitals-type").as_deref() == Some("HealthChanged"))
+        .collect();
     let mut keys: Vec<String> = changes
         .iter()
         .map(|m| String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap())
@@ -184,7 +195,7 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
     keys.sort();
     assert_eq!(
         keys,
-        vec!["kc1%2Fa/x", "kc1/a%2Fx"],
+        vec!["kc1%2Fa/x", "kc1%2Fa/x", "kc1/a%2Fx", "kc1/a%2Fx"],
         "both endpoints' events reach routers"
     );
     for m in &changes {
@@ -196,8 +207,8 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
         );
     }
 
-    // Three endpoints first seen (healthy, seq 0) and two transitions.
-    let states = read_n(&topics.state, 5, LONG).await;
+    // Three endpoints first seen (healthy, seq 0) and four transitions.
+    let states = read_n(&topics.state, 7, LONG).await;
     let mut latest: BTreeMap<String, EndpointState> = BTreeMap::new();
     for m in &states {
         let key = String::from_utf8(rdkafka::Message::key(m).unwrap().to_vec()).unwrap();
@@ -211,8 +222,8 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
     assert_eq!(
         summary,
         vec![
-            ("kc1%2Fa/x", HealthState::Unhealthy, 1),
-            ("kc1/a%2Fx", HealthState::Unhealthy, 1),
+            ("kc1%2Fa/x", HealthState::Unhealthy, 2),
+            ("kc1/a%2Fx", HealthState::Unhealthy, 2),
             ("kc1/ok", HealthState::Healthy, 0),
         ]
     );
