@@ -122,3 +122,20 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exhausted_database_pool_is_busy_not_unavailable() {
+        let resp = ApiError::from(sqlx::Error::PoolTimedOut).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        assert!(matches!(ApiError::from(sqlx::Error::PoolTimedOut), ApiError::Busy(_)));
+        assert!(matches!(
+            ApiError::from(sqlx::Error::PoolClosed),
+            ApiError::Unavailable(_)
+        ));
+    }
+}

@@ -115,3 +115,43 @@ async fn kafka_restart_mid_run_pauses_and_loses_nothing() {
     assert_eq!(published as usize, transitions);
     db.drop_schema().await;
 }
+
+/// A clone in a folder the postgres user cannot traverse (a home directory of mode 700) once
+/// made `scripts/stack.sh up` fail with "initdb failed". The stack now places the cluster where
+/// that user can reach it. This starts a second, throwaway cluster on its own port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stack_starts_postgres_for_a_clone_in_a_private_home_directory() {
+    let _serial = SERIAL.lock().await;
+    let home = std::env::temp_dir().join(unique("home"));
+    let scripts = home.join("clone/scripts");
+    std::fs::create_dir_all(&scripts).unwrap();
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
+    std::fs::copy(&here, scripts.join("stack.sh")).unwrap();
+    let mode = std::process::Command::new("chmod")
+        .arg("700")
+        .arg(&home)
+        .status()
+        .unwrap();
+    assert!(mode.success());
+    let port = free_port().to_string();
+    let run = |cmd: &str| {
+        std::process::Command::new("bash")
+            .arg(scripts.join("stack.sh"))
+            .arg(cmd)
+            .env("VITALS_PG_PORT", &port)
+            .output()
+            .expect("stack script runs")
+    };
+    let up = run("pg-up");
+    let said = String::from_utf8_lossy(&up.stderr).into_owned();
+    let location = std::fs::read_to_string(home.join("clone/.local/pg-location")).unwrap_or_default();
+    let down = run("pg-down");
+    if !location.trim().is_empty() {
+        let _ = std::fs::remove_dir_all(location.trim());
+    }
+    let _ = std::fs::remove_dir_all(&home);
+    assert!(up.status.success(), "pg-up failed: {said}");
+    assert!(said.contains("placing the cluster in"), "{said}");
+    assert!(location.starts_with("/var/lib/postgresql/vitals-"), "{location}");
+    assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
+}
