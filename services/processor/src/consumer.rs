@@ -167,7 +167,7 @@ pub struct Processor {
     pending: HashMap<i32, i64>,
     decisions: Vec<vitals_engine::Decision>,
     /// The previous batch, being written while this one fills.
-    in_flight: Option<tokio::task::JoinHandle<Result<Written, DbError>>>,
+    in_flight: InFlight,
     /// A batch was abandoned at shutdown: the engines are ahead of Postgres, so no later batch
     /// may commit (its offsets and snapshots would skip the abandoned records for good).
     abandoned: bool,
@@ -231,6 +231,12 @@ impl Processor {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => break,
+                // A finished write is handled at once, not at the next flush: a permanent error
+                // must stop the processor even when no more input arrives.
+                done = join_in_flight(&mut self.in_flight), if self.in_flight.is_some() => {
+                    self.in_flight = None;
+                    self.written(done)?;
+                }
                 _ = sleep_until(deadline), if deadline.is_some() => self.flush(false).await?,
                 msg = self.consumer.recv() => {
                     let msg = msg.map(|m| m.detach());
@@ -416,16 +422,16 @@ impl Processor {
         let Some(handle) = self.in_flight.take() else {
             return Ok(());
         };
-        let done = handle.await.map_err(|e| DbError::Task(e.to_string()))??;
+        self.written(handle.await)
+    }
+
+    /// What a finished write means for the loop.
+    fn written(&mut self, done: Result<Result<Written, DbError>, tokio::task::JoinError>) -> Result<(), DbError> {
+        let done = done.map_err(|e| DbError::Task(e.to_string()))??;
         self.abandoned |= done.abandoned;
-        // Only the state of the fenced epoch goes: a rebalance may already have given the
-        // partition back to this processor under a new epoch, and that state is live.
-        for (p, epoch) in &done.fenced {
-            if self.partitions.get(p).is_some_and(|ps| ps.epoch == *epoch) {
-                self.partitions.remove(p);
-                self.pending.remove(p);
-                self.batch.drop_partition(*p);
-            }
+        for p in drop_fenced(&mut self.partitions, &done.fenced) {
+            self.pending.remove(&p);
+            self.batch.drop_partition(p);
         }
         if done.written {
             // Stored locally, never committed: Postgres holds the offsets. The local store feeds
@@ -544,6 +550,21 @@ impl Writer {
     }
 }
 
+/// Forget the partitions a finished write found fenced, and return them. Only the state of the
+/// fenced epoch goes: a rebalance may already have given the partition back to this processor
+/// under a new epoch, and that state is live (removing it by number stopped the partition for
+/// good: every later record was dropped as "not ours").
+fn drop_fenced(partitions: &mut HashMap<i32, PartitionState>, fenced: &[(i32, i64)]) -> Vec<i32> {
+    let mut dropped = Vec::new();
+    for (p, epoch) in fenced {
+        if partitions.get(p).is_some_and(|ps| ps.epoch == *epoch) {
+            partitions.remove(p);
+            dropped.push(*p);
+        }
+    }
+    dropped
+}
+
 /// The endpoint a signal is about, if any.
 fn endpoint_of(s: &Signal) -> Option<(&str, &str)> {
     match s {
@@ -554,9 +575,44 @@ fn endpoint_of(s: &Signal) -> Option<(&str, &str)> {
     }
 }
 
+type InFlight = Option<tokio::task::JoinHandle<Result<Written, DbError>>>;
+
+/// The result of the write in flight (pending forever when there is none).
+async fn join_in_flight(h: &mut InFlight) -> Result<Result<Written, DbError>, tokio::task::JoinError> {
+    match h {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(epoch: i64) -> PartitionState {
+        PartitionState {
+            engine: Engine::new(Policy::default()),
+            epoch,
+            next_offset: Some(10),
+            since_snapshot: 0,
+        }
+    }
+
+    #[test]
+    fn a_fenced_batch_drops_only_the_epoch_it_was_written_under() {
+        // Partition 0 was given back under epoch 3 before the zombie batch of epoch 2 reported
+        // it fenced; partition 1 is still the fenced epoch.
+        let mut parts: HashMap<i32, PartitionState> = [(0, state(3)), (1, state(2))].into_iter().collect();
+        let dropped = drop_fenced(&mut parts, &[(0, 2), (1, 2), (7, 2)]);
+        assert_eq!(dropped, vec![1]);
+        assert_eq!(parts.keys().copied().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(parts[&0].epoch, 3, "the live state of the new assignment stays");
     }
 }

@@ -121,6 +121,39 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
     db.drop_schema().await;
 }
 
+/// A data error from Postgres (SQLSTATE class 22: "timestamp out of range" was the one found)
+/// fails the same way on every retry. It once held a batch in a retry loop forever, with every
+/// pool of that processor stalled and `/readyz` still saying ready; now the processor stops
+/// with an error that says so (and a supervisor or an operator sees it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_database_error_stops_the_processor_instead_of_retrying_forever() {
+    let name = unique("permanent");
+    let topics = create_topics(&name, 1).await;
+    let inputs = workload(2, 300, 1, 3);
+    produce(&topics.signals, &inputs).await;
+    let pool = vitals_processor::db::connect(&database_url(), &name)
+        .await
+        .expect("migrated");
+    for stmt in [
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'timestamp out of range' USING ERRCODE = '22008'; END $$",
+        "CREATE TRIGGER refuse BEFORE UPDATE ON consumer_offsets FOR EACH ROW EXECUTE FUNCTION refuse()",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.expect(stmt);
+    }
+    let mut p = Proc::start(&topics, &name, &name, &[]);
+    let mut status = None;
+    wait_until("the processor to stop on the permanent error", LONG, || {
+        status = status.or_else(|| p.child.try_wait().ok().flatten());
+        std::future::ready(status.is_some())
+    })
+    .await;
+    assert!(!status.unwrap().success(), "it exits with an error");
+    let db = Db::connect(&name).await;
+    assert_eq!(db.consumed(&name).await, 0);
+    db.drop_schema().await;
+}
+
 /// A processor frozen (SIGSTOP) past its session timeout, then resumed, under a steady stream
 /// of signals. While it is frozen the other processor takes over its partitions (the frozen
 /// one's open transaction cannot hold the claim for longer than the idle-in-transaction
