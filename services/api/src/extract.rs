@@ -60,6 +60,18 @@ pub fn no_control(field: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// An integer `limit` query parameter within 1..=max, or `default` when absent.
+pub fn limit_param(q: &std::collections::HashMap<String, String>, default: i64, max: i64) -> Result<i64, ApiError> {
+    match q.get("limit") {
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|l| (1..=max).contains(l))
+            .ok_or_else(|| ApiError::invalid("limit", format!("must be an integer from 1 to {max}"))),
+        None => Ok(default),
+    }
+}
+
 /// A JSON request body, with 413 for one over the limit and 400 naming the problem otherwise.
 pub fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
     let body = body.map_err(|r| {

@@ -122,14 +122,7 @@ pub async fn pools(
     ApiQuery(q): ApiQuery<std::collections::HashMap<String, String>>,
 ) -> Result<Json<PoolPage>, ApiError> {
     app.authorize_read(&headers)?;
-    let limit = match q.get("limit") {
-        Some(v) => v
-            .parse::<i64>()
-            .ok()
-            .filter(|l| (1..=MAX_POOLS).contains(l))
-            .ok_or_else(|| ApiError::invalid("limit", format!("must be an integer from 1 to {MAX_POOLS}")))?,
-        None => DEFAULT_POOLS,
-    };
+    let limit = crate::extract::limit_param(&q, DEFAULT_POOLS, MAX_POOLS)?;
     let after = q.get("after").cloned().unwrap_or_default();
     let rows = sqlx::query(&format!(
         "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool IN

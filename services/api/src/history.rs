@@ -170,14 +170,7 @@ pub async fn history(
         None => None,
     };
     let reason = name_param(&q, "reason")?;
-    let limit = match q.get("limit") {
-        Some(v) => v
-            .parse::<i64>()
-            .ok()
-            .filter(|l| (1..=MAX_LIMIT).contains(l))
-            .ok_or_else(|| ApiError::invalid("limit", format!("must be an integer from 1 to {MAX_LIMIT}")))?,
-        None => DEFAULT_LIMIT,
-    };
+    let limit = crate::extract::limit_param(&q, DEFAULT_LIMIT, MAX_LIMIT)?;
     let cursor = q.get("cursor").map(|c| Cursor::decode(c)).transpose()?;
     let after = cursor
         .as_ref()

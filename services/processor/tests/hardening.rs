@@ -64,9 +64,7 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
         sqlx::query(stmt).execute(&pool).await.expect(stmt);
     }
     let db = Db::connect(&name).await;
-    let port = free_port();
-    let http = format!("127.0.0.1:{port}");
-    let mut p = Proc::start(
+    let (mut p, port) = Proc::start_serving(
         &topics,
         &name,
         &name,
@@ -79,8 +77,6 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
             "2",
             "--stall-after-secs",
             "1",
-            "--http-addr",
-            &http,
         ],
     );
     wait_until("the first batch to fail and be retried", LONG, || async {
@@ -177,15 +173,9 @@ async fn a_frozen_processor_neither_stalls_the_group_nor_loses_partitions_after_
         "--kafka-option",
         "session.timeout.ms=6000",
     ];
-    let ports = [free_port(), free_port()];
-    let start = |port: u16| {
-        let http = format!("127.0.0.1:{port}");
-        let mut all = args.to_vec();
-        all.extend(["--http-addr", &http]);
-        Proc::start(&topics, &name, &name, &all)
-    };
-    let mut a = start(ports[0]);
-    let mut b = start(ports[1]);
+    let (mut a, port_a) = Proc::start_serving(&topics, &name, &name, &args);
+    let (mut b, port_b) = Proc::start_serving(&topics, &name, &name, &args);
+    let ports = [port_a, port_b];
     let assigned = |port: u16| async move {
         metric(port, "vitals_processor_assigned_partitions")
             .await

@@ -29,14 +29,7 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     let half = inputs.len() / 2;
     produce(&topics.signals, &inputs[..half]).await;
     let db = Db::connect(&name).await;
-    let port = free_port();
-    let http = format!("127.0.0.1:{port}");
-    let mut p = Proc::start(
-        &topics,
-        &name,
-        &name,
-        &["--batch-max-records", "100", "--http-addr", &http],
-    );
+    let (mut p, port) = Proc::start_serving(&topics, &name, &name, &["--batch-max-records", "100"]);
     db.wait_consumed(&name, half as i64 / 2, LONG).await;
     assert_eq!(
         http_get(port, "/readyz").await.as_deref(),

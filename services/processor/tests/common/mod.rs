@@ -360,6 +360,15 @@ impl Proc {
         Proc { child }
     }
 
+    /// Start with the health and metrics endpoint on a free port; the port.
+    pub fn start_serving(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> (Proc, u16) {
+        let port = free_port();
+        let http = format!("127.0.0.1:{port}");
+        let mut args = extra.to_vec();
+        args.extend(["--http-addr", &http]);
+        (Proc::start(topics, group, schema, &args), port)
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
