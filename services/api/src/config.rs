@@ -68,8 +68,9 @@ pub struct Config {
     #[arg(long, env = "VITALS_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
     pub header_read_timeout_ms: u64,
     /// Requests one route serves at once (the live stream has its own limits); beyond it, and
-    /// after waiting up to a second, 503 `busy` with Retry-After.
-    #[arg(long, env = "VITALS_MAX_CONCURRENT_PER_ROUTE", default_value_t = 16)]
+    /// after waiting up to a second, 503 `busy` with Retry-After. The default is half the
+    /// default database pool, so one busy route leaves connections for the others.
+    #[arg(long, env = "VITALS_MAX_CONCURRENT_PER_ROUTE", default_value_t = 4)]
     pub max_concurrent_per_route: usize,
     /// Postgres connections of the API (it only reads).
     #[arg(long, env = "VITALS_DB_MAX_CONNECTIONS", default_value_t = 8)]

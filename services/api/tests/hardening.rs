@@ -185,6 +185,47 @@ async fn the_pool_listing_is_paginated() {
     api.drop_schema().await;
 }
 
+/// 100 concurrent fleet listings once exhausted the database pool: half of them were told "the
+/// database is unavailable" and other routes took seconds. Now each route has its own share,
+/// and a request that cannot get one in time is told the server is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_on_one_route_gets_busy_answers_and_leaves_the_others_served() {
+    let api = Api::start("flood", &[]).await;
+    sqlx::query(
+        "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version)
+         SELECT 'pool-' || p, 'ep-' || e, 0, 'healthy', 1, 0, 100, 0, now(), 'first seen', 0
+         FROM generate_series(1, 1000) p, generate_series(1, 10) e",
+    )
+    .execute(&api.db)
+    .await
+    .unwrap();
+    let flood: Vec<_> = (0..100)
+        .map(|_| {
+            let (http, url) = (api.http.clone(), api.url("/v1/pools?limit=1000"));
+            tokio::spawn(async move {
+                let r = http.get(url).send().await.unwrap();
+                let status = r.status().as_u16();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                (status, body["error"]["code"].as_str().map(str::to_owned))
+            })
+        })
+        .collect();
+    // Another route is served meanwhile.
+    let (s, _) = api.get("/v1/transitions?limit=1").await;
+    assert_eq!(s, 200);
+    let mut answers = std::collections::BTreeMap::new();
+    for f in flood {
+        *answers.entry(f.await.unwrap()).or_insert(0) += 1;
+    }
+    for (status, code) in answers.keys() {
+        assert!(
+            *status == 200 || (*status == 503 && code.as_deref() == Some("busy")),
+            "{answers:?}"
+        );
+    }
+    api.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_streams_are_capped_per_client_keep_slots_for_tokens_and_end_after_their_lifetime() {
     let api = Api::start(
