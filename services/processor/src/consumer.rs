@@ -4,8 +4,7 @@
 //! seek to the snapshot offset) → *consuming* → (revoke) → *unassigned*. Records of the
 //! in-flight batch of a revoked partition are abandoned: they are not in Postgres, so the next
 //! owner reads them again. A batch is written when it is full or its first record has waited
-//! `batch_max_ms`; offsets live in Postgres; the local offset store (for lag statistics) is
-//! updated only after the Postgres commit, and nothing is committed to Kafka.
+//! `batch_max_ms`; offsets live in Postgres and nothing is committed to Kafka.
 
 use crate::batch::{BatchWrite, Discovered, PartitionWrite, Snapshot, Topics};
 use crate::config::Config;
@@ -416,8 +415,7 @@ impl Processor {
         Ok(())
     }
 
-    /// Wait for the batch in flight, drop the partitions it found fenced, and tell Kafka the
-    /// offsets that are now durable (for lag tools only).
+    /// Wait for the batch in flight and take in what it found.
     async fn finish_write(&mut self) -> Result<(), DbError> {
         let Some(handle) = self.in_flight.take() else {
             return Ok(());
@@ -433,20 +431,6 @@ impl Processor {
             self.pending.remove(&p);
             self.batch.drop_partition(p);
         }
-        if done.written {
-            // Stored locally, never committed: Postgres holds the offsets. The local store feeds
-            // librdkafka's lag statistics. (Committing them to Kafka as well queued commits that
-            // held a rebalance in wait-unassign-to-complete after a broker restart.)
-            let mut tpl = TopicPartitionList::new();
-            for pw in &done.partitions {
-                if self.partitions.contains_key(&pw.0) {
-                    let _ = tpl.add_partition_offset(&self.topics.signals, pw.0, Offset::Offset(pw.1));
-                }
-            }
-            if let Err(e) = self.consumer.store_offsets(&tpl) {
-                tracing::debug!(error = %e, "storing offsets for the lag statistics failed");
-            }
-        }
         Ok(())
     }
 }
@@ -456,10 +440,6 @@ struct Written {
     /// (partition, epoch) that another processor had claimed: dropped from the batch, and to be
     /// dropped here if the loop still holds that epoch.
     fenced: Vec<(i32, i64)>,
-    /// (partition, next offset) now durable.
-    partitions: Vec<(i32, i64)>,
-    /// False when nothing was committed (all fenced, or abandoned).
-    written: bool,
     /// The batch was given up at shutdown: it will be replayed, and nothing after it may commit.
     abandoned: bool,
 }
@@ -492,8 +472,6 @@ impl Writer {
                     if batch.is_empty() {
                         return Ok(Written {
                             fenced,
-                            partitions: vec![],
-                            written: false,
                             abandoned: false,
                         });
                     }
@@ -507,8 +485,6 @@ impl Writer {
                             tracing::error!("giving up on the last batch at shutdown; it will be replayed");
                             return Ok(Written {
                                 fenced,
-                                partitions: vec![],
-                                written: false,
                                 abandoned: true,
                             });
                         }
@@ -543,8 +519,6 @@ impl Writer {
         self.progress.committed(&partitions);
         Ok(Written {
             fenced,
-            partitions,
-            written: true,
             abandoned: false,
         })
     }

@@ -36,8 +36,8 @@ pub fn producer_config(cfg: &Config) -> ClientConfig {
     )
 }
 
-/// The consumer of the signals topic. Offsets live in Postgres; Kafka's committed offsets are
-/// only written after the database commit, for lag tools.
+/// The consumer of the signals topic. Offsets live in Postgres and nothing is committed to
+/// Kafka; lag is measured from the write path (`progress`), so no statistics are requested.
 pub fn consumer_config(cfg: &Config) -> ClientConfig {
     let mut c = build(
         cfg,
@@ -52,7 +52,6 @@ pub fn consumer_config(cfg: &Config) -> ClientConfig {
             ("heartbeat.interval.ms", "1000"),
             ("max.poll.interval.ms", "300000"),
             ("fetch.wait.max.ms", "20"),
-            ("statistics.interval.ms", "5000"),
         ],
     );
     c.set("group.id", &cfg.group);
