@@ -2,7 +2,7 @@
 //! snapshots of the partitions it touched.
 
 use std::collections::{BTreeMap, HashMap};
-use vitals_contracts::{encode, keys, EndpointState, HealthChanged, PoolHealthChanged};
+use vitals_contracts::{encode, keys, EndpointState, HealthChanged, PoolHealthChanged, Record};
 use vitals_engine::Decision;
 
 /// One event to publish, with a key that makes a replayed insert a no-op.
@@ -73,44 +73,21 @@ impl BatchWrite {
     pub fn add_decision(&mut self, topics: &Topics, d: Decision, partition: i32, offset: i64) {
         match d {
             Decision::Endpoint(h) => {
-                let key = Some(keys::endpoint_key(&h.pool, &h.endpoint).into_bytes());
-                let type_header = |t: &str| BTreeMap::from([("vitals-type".to_string(), t.to_string())]);
-                match encode(h.as_ref()) {
-                    Ok(payload) => self.outbox.push(OutboxRow {
-                        dedup_key: format!("hc/{}", h.transition_id),
-                        topic: topics.changes.clone(),
-                        key: key.clone(),
-                        payload,
-                        headers: type_header("HealthChanged"),
-                        partition,
-                    }),
-                    Err(e) => tracing::error!(error = %e, transition = %h.transition_id, "cannot encode HealthChanged"),
-                }
-                match encode(&EndpointState::from_change(&h)) {
-                    Ok(payload) => self.outbox.push(OutboxRow {
-                        dedup_key: format!("es/{}", h.transition_id),
-                        topic: topics.state.clone(),
-                        key,
-                        payload,
-                        headers: type_header("EndpointState"),
-                        partition,
-                    }),
-                    Err(e) => tracing::error!(error = %e, transition = %h.transition_id, "cannot encode EndpointState"),
-                }
+                let key = keys::endpoint_key(&h.pool, &h.endpoint).into_bytes();
+                let (hc, es) = (format!("hc/{}", h.transition_id), format!("es/{}", h.transition_id));
+                self.publish(h.as_ref(), &topics.changes, Some(key.clone()), hc, partition);
+                self.publish(&EndpointState::from_change(&h), &topics.state, Some(key), es, partition);
                 self.transitions.push((*h, partition, offset));
             }
             Decision::Pool(p) => {
-                match encode(&p) {
-                    Ok(payload) => self.outbox.push(OutboxRow {
-                        dedup_key: format!("pe/{}/{}", keys::escape(&p.pool), p.seq),
-                        topic: topics.changes.clone(),
-                        key: Some(p.pool.clone().into_bytes()),
-                        payload,
-                        headers: BTreeMap::from([("vitals-type".to_string(), "PoolHealthChanged".to_string())]),
-                        partition,
-                    }),
-                    Err(e) => tracing::error!(error = %e, pool = %p.pool, "cannot encode PoolHealthChanged"),
-                }
+                let dedup_key = format!("pe/{}/{}", keys::escape(&p.pool), p.seq);
+                self.publish(
+                    &p,
+                    &topics.changes,
+                    Some(p.pool.clone().into_bytes()),
+                    dedup_key,
+                    partition,
+                );
                 self.pool_events.push((p, partition, offset));
             }
         }
@@ -121,18 +98,24 @@ impl BatchWrite {
     pub fn discover(&mut self, topics: &Topics, d: Discovered) {
         let state = EndpointState::first_seen(&d.pool, &d.endpoint, d.stream_time, d.policy_version);
         let key = keys::endpoint_key(&d.pool, &d.endpoint);
-        match encode(&state) {
-            Ok(payload) => self.outbox.push(OutboxRow {
-                dedup_key: format!("es0/{key}"),
-                topic: topics.state.clone(),
-                key: Some(key.into_bytes()),
-                payload,
-                headers: BTreeMap::from([("vitals-type".to_string(), "EndpointState".to_string())]),
-                partition: d.partition,
-            }),
-            Err(e) => tracing::error!(error = %e, endpoint = %key, "cannot encode EndpointState"),
-        }
+        let dedup_key = format!("es0/{key}");
+        self.publish(&state, &topics.state, Some(key.into_bytes()), dedup_key, d.partition);
         self.discovered.push(d);
+    }
+
+    /// An event for the outbox, encoded, with its type in the `vitals-type` header.
+    fn publish<T: Record>(&mut self, value: &T, topic: &str, key: Option<Vec<u8>>, dedup_key: String, partition: i32) {
+        match encode(value) {
+            Ok(payload) => self.outbox.push(OutboxRow {
+                dedup_key,
+                topic: topic.to_owned(),
+                key,
+                payload,
+                headers: BTreeMap::from([("vitals-type".to_string(), format!("{:?}", T::KIND))]),
+                partition,
+            }),
+            Err(e) => tracing::error!(error = %e, event = %dedup_key, "cannot encode an outbox event"),
+        }
     }
 
     /// A record that cannot be decoded or validated: to the dead-letter topic with its origin and

@@ -38,7 +38,6 @@ pub struct ProcessorContext {
     handle: tokio::runtime::Handle,
     cancel: CancellationToken,
     events: Mutex<Vec<Rebalanced>>,
-    metrics: Arc<Metrics>,
     /// True while the consumer holds an assignment whose partitions are all restored (an
     /// empty assignment counts: that processor is ready, with nothing to do).
     ready: Arc<AtomicBool>,
@@ -75,7 +74,6 @@ impl ConsumerContext for ProcessorContext {
                 if let Err(e) = consumer.assign(tpl) {
                     tracing::error!(error = %e, "assign failed");
                 }
-                self.metrics.assigned.store(restored.len() as i64, Ordering::Relaxed);
                 self.events
                     .lock()
                     .expect("not poisoned")
@@ -90,7 +88,6 @@ impl ConsumerContext for ProcessorContext {
                     .lock()
                     .expect("not poisoned")
                     .push(Rebalanced::Revoked(partitions));
-                self.metrics.assigned.store(0, Ordering::Relaxed);
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "unassign failed");
                 }
@@ -190,7 +187,6 @@ impl Processor {
             handle: tokio::runtime::Handle::current(),
             cancel: cancel.clone(),
             events: Mutex::new(Vec::new()),
-            metrics: metrics.clone(),
             ready,
             progress: progress.clone(),
         };

@@ -54,7 +54,6 @@ pub struct Metrics {
     pub permanent_errors: AtomicU64,
     pub outbox_backlog: AtomicI64,
     pub published: AtomicU64,
-    pub assigned: AtomicI64,
 }
 
 impl Metrics {
@@ -125,7 +124,7 @@ impl Metrics {
         gauge(
             ASSIGNED,
             "Signals partitions assigned and restored.",
-            self.assigned.load(Ordering::Relaxed),
+            parts.len() as i64,
         );
         let _ = writeln!(
             s,

@@ -19,6 +19,29 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill {sig} {pid}");
 }
 
+/// Create and migrate `schema` as the processor would, and make every offset update of a batch
+/// for which `condition` holds fail with SQLSTATE `code`: a database fault a test can aim.
+async fn fail_offset_updates(schema: &str, condition: &str, code: &str, message: &str) -> sqlx::PgPool {
+    let pool = vitals_processor::db::connect(&database_url(), schema)
+        .await
+        .expect("migrated");
+    let function = format!(
+        "CREATE FUNCTION fail_offset_updates() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF {condition} THEN RAISE EXCEPTION '{message}' USING ERRCODE = '{code}'; END IF;
+           RETURN NEW;
+         END $$"
+    );
+    for stmt in [
+        function.as_str(),
+        "CREATE TRIGGER fail_offset_updates BEFORE UPDATE ON consumer_offsets
+         FOR EACH ROW EXECUTE FUNCTION fail_offset_updates()",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.expect(stmt);
+    }
+    pool
+}
+
 /// The first batch fails with a transient error (a trigger raises `admin_shutdown`, SQLSTATE
 /// 57P01) while later batches would succeed; the processor is stopped during that stall. The
 /// abandoned batch must not be skipped by the batches after it: after a restart the audit log
@@ -44,25 +67,8 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
     }
     produce(&topics.signals, &inputs).await;
 
-    // Create the schema as the processor would, then make the first batch (offsets up to 100)
-    // fail until the trigger is dropped.
-    let pool = vitals_processor::db::connect(&database_url(), &name)
-        .await
-        .expect("migrated");
-    for stmt in [
-        "CREATE TABLE stall_until (next_offset bigint NOT NULL)",
-        "INSERT INTO stall_until VALUES (100)",
-        "CREATE FUNCTION stall_first_batch() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-           IF NEW.next_offset <= (SELECT next_offset FROM stall_until) THEN
-             RAISE EXCEPTION 'injected outage' USING ERRCODE = '57P01';
-           END IF;
-           RETURN NEW;
-         END $$",
-        "CREATE TRIGGER stall BEFORE UPDATE ON consumer_offsets FOR EACH ROW EXECUTE FUNCTION stall_first_batch()",
-    ] {
-        sqlx::query(stmt).execute(&pool).await.expect(stmt);
-    }
+    // The first batch (offsets up to 100) fails until the trigger is dropped.
+    let pool = fail_offset_updates(&name, "NEW.next_offset <= 100", "57P01", "injected outage").await;
     let db = Db::connect(&name).await;
     let (mut p, port) = Proc::start_serving(
         &topics,
@@ -102,7 +108,7 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
         0,
         "nothing after the abandoned batch was committed"
     );
-    sqlx::query("DROP TRIGGER stall ON consumer_offsets")
+    sqlx::query("DROP TRIGGER fail_offset_updates ON consumer_offsets")
         .execute(&pool)
         .await
         .unwrap();
@@ -127,16 +133,7 @@ async fn a_permanent_database_error_stops_the_processor_instead_of_retrying_fore
     let topics = create_topics(&name, 1).await;
     let inputs = workload(2, 300, 1, 3);
     produce(&topics.signals, &inputs).await;
-    let pool = vitals_processor::db::connect(&database_url(), &name)
-        .await
-        .expect("migrated");
-    for stmt in [
-        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN RAISE EXCEPTION 'timestamp out of range' USING ERRCODE = '22008'; END $$",
-        "CREATE TRIGGER refuse BEFORE UPDATE ON consumer_offsets FOR EACH ROW EXECUTE FUNCTION refuse()",
-    ] {
-        sqlx::query(stmt).execute(&pool).await.expect(stmt);
-    }
+    fail_offset_updates(&name, "true", "22008", "timestamp out of range").await;
     let mut p = Proc::start(&topics, &name, &name, &[]);
     let mut status = None;
     wait_until("the processor to stop on the permanent error", LONG, || {
