@@ -14,8 +14,11 @@ mod bounds;
 pub mod codec;
 mod fast;
 pub mod keys;
+mod symbols;
 pub mod types;
 pub mod validate;
+#[cfg(feature = "view")]
+pub mod view;
 
 pub use codec::{decode, decode_signal, encode, encode_signal, CodecError, Record, SchemaKind};
 pub use types::*;

@@ -1,38 +1,28 @@
 //! Rust types of the Avro records in `schemas/`. Field names and enum symbols match the schemas.
 
+use crate::symbols::symbols;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Stream time and record timestamps: microseconds since the Unix epoch.
 pub type Micros = i64;
 
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum OutcomeClass {
-    Success,
-    Timeout,
-    ConnectError,
-    ConnectionDropped,
-    RateLimited,
-    ServerError,
-    ClientError,
-    InvalidResponse,
-    Cancelled,
+symbols! {
+    /// How a call or a probe ended.
+    OutcomeClass / Outcome {
+        Success = "success",
+        Timeout = "timeout",
+        ConnectError = "connect_error",
+        ConnectionDropped = "connection_dropped",
+        RateLimited = "rate_limited",
+        ServerError = "server_error",
+        ClientError = "client_error",
+        InvalidResponse = "invalid_response",
+        Cancelled = "cancelled",
+    }
 }
 
 impl OutcomeClass {
-    pub const ALL: [OutcomeClass; 9] = [
-        OutcomeClass::Success,
-        OutcomeClass::Timeout,
-        OutcomeClass::ConnectError,
-        OutcomeClass::ConnectionDropped,
-        OutcomeClass::RateLimited,
-        OutcomeClass::ServerError,
-        OutcomeClass::ClientError,
-        OutcomeClass::InvalidResponse,
-        OutcomeClass::Cancelled,
-    ];
 
     /// Timeouts, connect errors, dropped connections, 429, 5xx and invalid responses are failures.
     pub fn is_failure(self) -> bool {
@@ -56,20 +46,6 @@ impl OutcomeClass {
     pub fn index(self) -> usize {
         self as usize
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeClass::Success => "success",
-            OutcomeClass::Timeout => "timeout",
-            OutcomeClass::ConnectError => "connect_error",
-            OutcomeClass::ConnectionDropped => "connection_dropped",
-            OutcomeClass::RateLimited => "rate_limited",
-            OutcomeClass::ServerError => "server_error",
-            OutcomeClass::ClientError => "client_error",
-            OutcomeClass::InvalidResponse => "invalid_response",
-            OutcomeClass::Cancelled => "cancelled",
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,26 +66,23 @@ pub struct CallOutcome {
     pub model: Option<String>,
 }
 
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ProbeKind {
-    Http,
-    Tcp,
-    SyntheticCompletion,
-    Heartbeat,
+symbols! {
+    ProbeKind / ProbeKindName {
+        Http = "http",
+        Tcp = "tcp",
+        SyntheticCompletion = "synthetic_completion",
+        Heartbeat = "heartbeat",
+    }
 }
 
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum DependencyStatus {
-    Up,
-    Degraded,
-    Down,
+symbols! {
+    DependencyStatus / DependencyStatusName {
+        Up = "up",
+        Degraded = "degraded",
+        Down = "down",
+    }
 }
 
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DependencyReport {
     pub name: String,
@@ -142,15 +115,15 @@ pub struct Tick {
     pub emitted_at: Micros,
 }
 
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum OverrideAction {
-    ForceHealthy,
-    ForceUnhealthy,
-    MaintenanceOn,
-    MaintenanceOff,
-    Clear,
+symbols! {
+    /// What an operator asks of an endpoint.
+    OverrideAction / Action {
+        ForceHealthy = "force_healthy",
+        ForceUnhealthy = "force_unhealthy",
+        MaintenanceOn = "maintenance_on",
+        MaintenanceOff = "maintenance_off",
+        Clear = "clear",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -270,6 +243,16 @@ impl Signal {
         }
     }
 
+    /// The endpoint a signal is about; policy changes and ticks are about no single endpoint.
+    pub fn endpoint(&self) -> Option<&str> {
+        match self {
+            Signal::Call(c) => Some(&c.endpoint),
+            Signal::Probe(p) => Some(&p.endpoint),
+            Signal::Override(o) => Some(&o.endpoint),
+            Signal::Policy(_) | Signal::Tick(_) => None,
+        }
+    }
+
     /// A stable id of the signal, for evidence ("which signals triggered this").
     pub fn id(&self) -> &str {
         match self {
@@ -292,41 +275,91 @@ impl Signal {
     }
 }
 
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum HealthState {
-    Healthy,
-    Suspect,
-    Degraded,
-    Unhealthy,
-    Recovering,
-    Maintenance,
+symbols! {
+    /// The health of an endpoint.
+    HealthState / StateName {
+        Healthy = "healthy",
+        Suspect = "suspect",
+        Degraded = "degraded",
+        Unhealthy = "unhealthy",
+        Recovering = "recovering",
+        Maintenance = "maintenance",
+    }
 }
 
-impl HealthState {
+/// Why a transition happened. On the wire (`HealthChanged.reason_code`) and in the audit log it
+/// is the readable name, a string, so that a consumer built before a new code was added still
+/// reads the record; everything that lists or filters codes uses this enum.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    /// Failure rate, consecutive failures, a hard break, a failed critical dependency or
+    /// heartbeat silence took the endpoint out.
+    Ejected,
+    /// The score fell below the degrade threshold.
+    Degraded,
+    /// Early failures: watched, still in rotation.
+    Suspect,
+    /// A suspect endpoint's failures stopped.
+    Cleared,
+    /// Back to healthy after recovering or degraded.
+    Recovered,
+    /// The trial call after an isolation failed: isolated again, longer.
+    TrialFailed,
+    /// The trial call after an isolation succeeded: recovering with slow start.
+    TrialSucceeded,
+    /// A recovering endpoint failed again.
+    FailedWhileRecovering,
+    /// Ejecting would exceed the pool's max-ejection share: kept in rotation, flagged.
+    EjectionRefused,
+    ForcedHealthy,
+    ForcedUnhealthy,
+    MaintenanceOn,
+    OverrideCleared,
+}
+
+impl ReasonCode {
+    pub const ALL: [ReasonCode; 13] = [
+        ReasonCode::Ejected,
+        ReasonCode::Degraded,
+        ReasonCode::Suspect,
+        ReasonCode::Cleared,
+        ReasonCode::Recovered,
+        ReasonCode::TrialFailed,
+        ReasonCode::TrialSucceeded,
+        ReasonCode::FailedWhileRecovering,
+        ReasonCode::EjectionRefused,
+        ReasonCode::ForcedHealthy,
+        ReasonCode::ForcedUnhealthy,
+        ReasonCode::MaintenanceOn,
+        ReasonCode::OverrideCleared,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
-            HealthState::Healthy => "healthy",
-            HealthState::Suspect => "suspect",
-            HealthState::Degraded => "degraded",
-            HealthState::Unhealthy => "unhealthy",
-            HealthState::Recovering => "recovering",
-            HealthState::Maintenance => "maintenance",
+            ReasonCode::Ejected => "ejected",
+            ReasonCode::Degraded => "degraded",
+            ReasonCode::Suspect => "suspect",
+            ReasonCode::Cleared => "cleared",
+            ReasonCode::Recovered => "recovered",
+            ReasonCode::TrialFailed => "trial_failed",
+            ReasonCode::TrialSucceeded => "trial_succeeded",
+            ReasonCode::FailedWhileRecovering => "failed_while_recovering",
+            ReasonCode::EjectionRefused => "ejection_refused",
+            ReasonCode::ForcedHealthy => "forced_healthy",
+            ReasonCode::ForcedUnhealthy => "forced_unhealthy",
+            ReasonCode::MaintenanceOn => "maintenance_on",
+            ReasonCode::OverrideCleared => "override_cleared",
         }
     }
 
-    pub fn parse(s: &str) -> Option<HealthState> {
-        [
-            HealthState::Healthy,
-            HealthState::Suspect,
-            HealthState::Degraded,
-            HealthState::Unhealthy,
-            HealthState::Recovering,
-            HealthState::Maintenance,
-        ]
-        .into_iter()
-        .find(|h| h.as_str().eq_ignore_ascii_case(s))
+    pub fn parse(s: &str) -> Option<ReasonCode> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    pub fn names() -> Vec<&'static str> {
+        Self::ALL.iter().map(|c| c.as_str()).collect()
     }
 }
 
@@ -354,6 +387,20 @@ pub struct Evidence {
     pub consecutive_hard_failures: i32,
     pub isolations: i32,
     pub thresholds: Vec<String>,
+}
+
+impl Evidence {
+    /// Calls in the window that count against the endpoint (every class that
+    /// [`OutcomeClass::is_failure`] names).
+    pub fn failures(&self) -> i64 {
+        self.timeout + self.connect_error + self.connection_dropped + self.rate_limited + self.server_error
+            + self.invalid_response
+    }
+
+    /// Calls that decide the failure rate: successes and failures (4xx and cancelled are neutral).
+    pub fn decisive_calls(&self) -> i64 {
+        self.success + self.failures()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::Serializer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use vitals_contracts::{HealthChanged, Micros, Policy, PoolHealthChanged, Signal};
+use vitals_contracts::{EndpointState, HealthChanged, Micros, Policy, PoolHealthChanged, Signal};
 
 /// What the engine decided. Each is recorded in the audit log and published.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,14 +35,25 @@ pub enum SnapshotError {
     Invalid(#[from] serde_json::Error),
 }
 
+/// The engine of one partition as stored: its stream time and one snapshot per pool, in pool
+/// order. [`Engine::from_snapshot`] continues exactly where [`Engine::partition_snapshot`] left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionSnapshot {
+    pub stream_time: Micros,
+    /// (pool, state bytes), sorted by pool.
+    pub pools: Vec<(String, Vec<u8>)>,
+}
+
+/// The state of every pool of one partition. Its fields are private: only signals change it
+/// (`apply`), and readers get shared references.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Engine {
     /// Stream time of the partition: the largest record timestamp seen.
-    pub now: Micros,
+    now: Micros,
     /// The policy a pool gets until a policy change for it arrives.
-    pub default_policy: Policy,
+    default_policy: Policy,
     #[serde(serialize_with = "sorted")]
-    pub pools: HashMap<String, PoolState>,
+    pools: HashMap<String, PoolState>,
 }
 
 impl Engine {
@@ -54,8 +65,41 @@ impl Engine {
         }
     }
 
-    /// Apply one signal at stream time `at`; decisions are appended to `out`.
-    pub fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {
+    /// Stream time: the largest record timestamp applied.
+    pub fn now(&self) -> Micros {
+        self.now
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&PoolState> {
+        self.pools.get(name)
+    }
+
+    /// Every pool, in name order.
+    pub fn pools(&self) -> impl Iterator<Item = &PoolState> {
+        let mut v: Vec<&PoolState> = self.pools.values().collect();
+        v.sort_unstable_by(|a, b| a.pool.cmp(&b.pool));
+        v.into_iter()
+    }
+
+    /// Apply one signal at stream time `at`; decisions are appended to `out`. When the signal
+    /// names an endpoint the engine had not seen, its first state is returned (healthy, at full
+    /// weight, before any transition): the state projection and the compacted state topic
+    /// learn every member of a pool from it.
+    pub fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) -> Option<EndpointState> {
+        let first_seen = match (signal.pool(), signal.endpoint()) {
+            (Some(pool), Some(ep)) => self.pools.get(pool).is_none_or(|p| !p.endpoints.contains_key(ep)),
+            _ => false,
+        };
+        self.apply_signal(at, signal, out);
+        if !first_seen {
+            return None;
+        }
+        let (pool, ep) = (signal.pool()?, signal.endpoint()?);
+        let p = self.pools.get(pool).filter(|p| p.endpoints.contains_key(ep))?;
+        Some(EndpointState::first_seen(pool, ep, self.now, p.policy.version))
+    }
+
+    fn apply_signal(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {
         self.now = self.now.max(at);
         let now = self.now;
         match signal.pool() {
@@ -100,18 +144,35 @@ impl Engine {
         Ok(serde_json::from_slice(bytes)?)
     }
 
-    /// One pool's state as bytes; the processor stores a snapshot per pool.
-    pub fn pool_snapshot(&self, pool: &str) -> Option<Vec<u8>> {
-        self.pools
-            .get(pool)
-            .map(|p| serde_json::to_vec(p).expect("pool state is always serializable"))
+    /// Stream time and one snapshot per pool (JSON each), as the processor stores them: a pool
+    /// row changes only when that pool does.
+    pub fn partition_snapshot(&self) -> PartitionSnapshot {
+        PartitionSnapshot {
+            stream_time: self.now,
+            pools: self
+                .pools()
+                .map(|p| {
+                    let bytes = serde_json::to_vec(p).expect("pool state is always serializable");
+                    (p.pool.clone(), bytes)
+                })
+                .collect(),
+        }
     }
 
-    pub fn restore_pool(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {
-        let p: PoolState = serde_json::from_slice(bytes)?;
-        self.now = self.now.max(p.now);
-        self.pools.insert(p.pool.clone(), p);
-        Ok(())
+    /// The engine a [`PartitionSnapshot`] describes; pools it does not hold get `default_policy`.
+    pub fn from_snapshot<'a>(
+        default_policy: Policy,
+        stream_time: Micros,
+        pools: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<Engine, SnapshotError> {
+        let mut engine = Engine::new(default_policy);
+        for bytes in pools {
+            let p: PoolState = serde_json::from_slice(bytes)?;
+            engine.now = engine.now.max(p.now);
+            engine.pools.insert(p.pool.clone(), p);
+        }
+        engine.now = engine.now.max(stream_time);
+        Ok(engine)
     }
 }
 

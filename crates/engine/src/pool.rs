@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 use vitals_contracts::{
     DependencyStatus, HealthChanged, HealthState, Micros, OperatorOverride, OutcomeClass, OverrideAction, Policy,
-    PolicyChange, PoolHealthChanged, ProbeKind, Signal,
+    PolicyChange, PoolHealthChanged, ProbeKind, ReasonCode, Signal,
 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,7 +59,7 @@ struct Outcome<'a> {
 /// A transition the rules chose, before it is applied.
 struct Change {
     to: HealthState,
-    code: &'static str,
+    code: ReasonCode,
     reason: String,
     thresholds: Vec<String>,
     triggers: Vec<String>,
@@ -257,7 +257,7 @@ impl PoolState {
             HealthState::Unhealthy if t.trial_open => Some(if failed {
                 Change {
                     to: HealthState::Unhealthy,
-                    code: "trial_failed",
+                    code: ReasonCode::TrialFailed,
                     reason: format!("trial after isolation failed ({})", class.as_str()),
                     thresholds: vec!["trial_failed".into()],
                     triggers: vec![id.to_owned()],
@@ -265,7 +265,7 @@ impl PoolState {
             } else {
                 Change {
                     to: HealthState::Recovering,
-                    code: "trial_succeeded",
+                    code: ReasonCode::TrialSucceeded,
                     reason: format!(
                         "trial after isolation succeeded; slow start over {} s",
                         policy.slow_start_ms / 1000
@@ -279,7 +279,7 @@ impl PoolState {
                 if self.may_eject() {
                     return Some(Change {
                         to: HealthState::Unhealthy,
-                        code: "failed_while_recovering",
+                        code: ReasonCode::FailedWhileRecovering,
                         reason: format!("{} while recovering; isolated again", class.as_str()),
                         thresholds,
                         triggers: vec![id.to_owned()],
@@ -298,7 +298,7 @@ impl PoolState {
         let m = self.policy.consecutive_successes as u32;
         (t.consecutive_successes >= m && t.ramp_until.is_none_or(|r| r <= self.now)).then(|| Change {
             to: HealthState::Healthy,
-            code: "recovered",
+            code: ReasonCode::Recovered,
             reason: format!(
                 "{} consecutive successes and slow start complete",
                 t.consecutive_successes
@@ -333,7 +333,7 @@ impl PoolState {
                 let triggers = t.failure_ids.clone();
                 return Some(Change {
                     to: HealthState::Unhealthy,
-                    code: "ejected",
+                    code: ReasonCode::Ejected,
                     reason,
                     thresholds,
                     triggers,
@@ -367,7 +367,7 @@ impl PoolState {
             let triggers = t.failure_ids.clone();
             return Some(Change {
                 to: HealthState::Degraded,
-                code: "degraded",
+                code: ReasonCode::Degraded,
                 reason,
                 thresholds,
                 triggers,
@@ -380,7 +380,7 @@ impl PoolState {
                 let triggers = t.failure_ids.clone();
                 Some(Change {
                     to: HealthState::Suspect,
-                    code: "suspect",
+                    code: ReasonCode::Suspect,
                     reason,
                     thresholds: suspect,
                     triggers,
@@ -391,7 +391,7 @@ impl PoolState {
             {
                 Some(Change {
                     to: HealthState::Healthy,
-                    code: "cleared",
+                    code: ReasonCode::Cleared,
                     reason: format!("{} consecutive successes", t.consecutive_successes),
                     thresholds: vec![format!("consecutive_successes>={}", policy.consecutive_successes)],
                     triggers: vec![],
@@ -404,7 +404,7 @@ impl PoolState {
             {
                 Some(Change {
                     to: HealthState::Healthy,
-                    code: "recovered",
+                    code: ReasonCode::Recovered,
                     reason: format!(
                         "score {:.0} held above {} for {} s",
                         t.score,
@@ -436,7 +436,7 @@ impl PoolState {
         let triggers = self.endpoints[name].failure_ids.clone();
         Change {
             to: HealthState::Degraded,
-            code: "ejection_refused",
+            code: ReasonCode::EjectionRefused,
             reason,
             thresholds,
             triggers,
@@ -578,7 +578,7 @@ impl PoolState {
             weight,
             ramp_ms,
             retry_at,
-            reason_code: change.code.to_owned(),
+            reason_code: change.code.as_str().to_owned(),
             reason,
             evidence,
             policy_version: policy.version,
@@ -649,12 +649,12 @@ impl PoolState {
         let t = self.tracker(&o.endpoint);
         let previous = t.forced;
         let (to, forced, code) = match o.action {
-            OverrideAction::ForceHealthy => (HealthState::Healthy, Some(o.action), "forced_healthy"),
-            OverrideAction::ForceUnhealthy => (HealthState::Unhealthy, Some(o.action), "forced_unhealthy"),
-            OverrideAction::MaintenanceOn => (HealthState::Maintenance, Some(o.action), "maintenance_on"),
+            OverrideAction::ForceHealthy => (HealthState::Healthy, Some(o.action), ReasonCode::ForcedHealthy),
+            OverrideAction::ForceUnhealthy => (HealthState::Unhealthy, Some(o.action), ReasonCode::ForcedUnhealthy),
+            OverrideAction::MaintenanceOn => (HealthState::Maintenance, Some(o.action), ReasonCode::MaintenanceOn),
             OverrideAction::MaintenanceOff | OverrideAction::Clear => match previous {
-                None | Some(OverrideAction::ForceHealthy) => (t.state, None, "override_cleared"),
-                Some(_) => (HealthState::Recovering, None, "override_cleared"),
+                None | Some(OverrideAction::ForceHealthy) => (t.state, None, ReasonCode::OverrideCleared),
+                Some(_) => (HealthState::Recovering, None, ReasonCode::OverrideCleared),
             },
         };
         t.forced = forced;

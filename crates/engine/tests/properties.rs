@@ -136,7 +136,7 @@ proptest! {
         let mut engine = Engine::new(Policy::default());
         for (t, s) in signals(&steps) {
             let before: HashMap<String, u32> =
-                engine.pools.iter().map(|(n, p)| (n.clone(), p.count(HealthState::Unhealthy))).collect();
+                engine.pools().map(|p| (p.pool.clone(), p.count(HealthState::Unhealthy))).collect();
             let out = engine.step(t, &s);
             // Walk the step's transitions in order, keeping each pool's count of ejected endpoints.
             let mut running = before;
@@ -146,7 +146,7 @@ proptest! {
                 let out_of = h.from_state == HealthState::Unhealthy && h.to_state != HealthState::Unhealthy;
                 *n = *n + into as u32 - out_of as u32;
                 if into && !h.reason_code.starts_with("forced") {
-                    let pool = &engine.pools[&h.pool];
+                    let pool = engine.pool(&h.pool).unwrap();
                     prop_assert!(*n <= pool.max_ejected(), "{} ejected of {} after {:?}", n, pool.total(), h);
                 }
             }
@@ -179,11 +179,10 @@ proptest! {
         let mut first = Engine::new(Policy::default());
         let mut got = run(&mut first, &input[..k]);
         // Per pool, as the processor stores it.
-        let mut restored = Engine::new(Policy::default());
-        for p in first.pools.keys() {
-            restored.restore_pool(&first.pool_snapshot(p).unwrap()).unwrap();
-        }
-        restored.now = first.now;
+        let snap = first.partition_snapshot();
+        let mut restored =
+            Engine::from_snapshot(Policy::default(), snap.stream_time, snap.pools.iter().map(|(_, b)| b.as_slice()))
+                .unwrap();
         got.extend(run(&mut restored, &input[k..]));
         prop_assert_eq!(got, expected);
         prop_assert_eq!(restored.snapshot(), whole.snapshot());

@@ -67,7 +67,7 @@ fn degraded_recovers_only_after_score_held_above_85_for_30s() {
     while t < 90 * SEC && healthy_at.is_none() {
         id += 1;
         let d = r.at(t, call("llm", "a", id, OutcomeClass::Success, Some(250)));
-        let score = r.engine.pools["llm"].endpoints["a"].score;
+        let score = r.engine.pool("llm").unwrap().endpoints["a"].score;
         if score > 85.0 && crossed_at.is_none() {
             crossed_at = Some(t);
         }
@@ -231,7 +231,7 @@ fn shared_dependency_outage_ejects_at_most_max_ejection_and_raises_one_pool_deci
             );
         }
     }
-    let pool = &r.engine.pools["shared"];
+    let pool = r.engine.pool("shared").unwrap();
     assert_eq!(pool.count(HealthState::Unhealthy), 3, "50% of 6");
     assert_eq!(pool.count(HealthState::Degraded), 3, "the rest keep serving, degraded");
     let refused: Vec<_> = transitions(&r.decisions)
@@ -326,7 +326,7 @@ fn client_error_storm_changes_nothing() {
         r.at(i * 10 * MS, call("p", "a", i as u64, outcome, None));
     }
     assert!(r.decisions.is_empty(), "{:#?}", r.decisions.first());
-    let t = &r.engine.pools["p"].endpoints["a"];
+    let t = &r.engine.pool("p").unwrap().endpoints["a"];
     assert_eq!(
         (t.state, t.score, t.consecutive_failures),
         (HealthState::Healthy, 100.0, 0)

@@ -59,12 +59,12 @@ fn main() {
     let wall = wall0.elapsed().as_secs_f64();
     drop(out);
     let state_bytes = alloc::live_bytes() - before;
-    let endpoints: usize = engine.pools.values().map(|p| p.endpoints.len()).sum();
+    let endpoints: usize = engine.pools().map(|p| p.endpoints.len()).sum();
     let snapshot = engine.snapshot().len();
     println!(
         "engine-bench: {} signals, {} pools, {} endpoints",
         input.len(),
-        engine.pools.len(),
+        engine.pools().count(),
         endpoints
     );
     println!("  cpu time            {cpu:.3} s (wall {wall:.3} s)");

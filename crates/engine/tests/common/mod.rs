@@ -109,7 +109,7 @@ impl Run {
     }
 
     pub fn state_of(&self, pool: &str, ep: &str) -> HealthState {
-        self.engine.pools[pool].endpoints[ep].state
+        self.engine.pool(pool).unwrap().endpoints[ep].state
     }
 
     pub fn changes_of(&self, ep: &str) -> Vec<&HealthChanged> {
