@@ -2,6 +2,7 @@
 
 use crate::auth::{Role, Token};
 use clap::Parser;
+use vitals_runtime::args::{KafkaArgs, PostgresArgs, TopicArgs};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -10,23 +11,12 @@ use std::time::Duration;
 pub struct Config {
     #[arg(long, env = "VITALS_API_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
-    #[arg(
-        long,
-        env = "VITALS_DATABASE_URL",
-        default_value = "postgres://vitals:vitals@127.0.0.1:5432/vitals"
-    )]
-    pub database_url: String,
-    #[arg(long, env = "VITALS_DB_SCHEMA", default_value = "vitals")]
-    pub db_schema: String,
-    #[arg(long, env = "VITALS_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
-    /// Extra librdkafka settings, `key=value` (security), for the producer and the stream consumers.
-    #[arg(long = "kafka-option", env = "VITALS_KAFKA_OPTIONS", value_delimiter = ',')]
-    pub kafka_options: Vec<String>,
-    #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = vitals_contracts::topics::SIGNALS)]
-    pub signals_topic: String,
-    #[arg(long, env = "VITALS_CHANGES_TOPIC", default_value = vitals_contracts::topics::HEALTH_CHANGES)]
-    pub changes_topic: String,
+    #[command(flatten)]
+    pub db: PostgresArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    #[command(flatten)]
+    pub topics: TopicArgs,
     /// API tokens, `name:role:secret` with role reader, writer (ingest) or admin (operator
     /// actions and policies); repeatable or comma-separated.
     #[arg(long = "token", env = "VITALS_API_TOKENS", value_delimiter = ',')]
@@ -81,14 +71,9 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("http_addr", &self.http_addr)
-            .field(
-                "database_url",
-                &vitals_processor::config::redact_url(&self.database_url),
-            )
-            .field("db_schema", &self.db_schema)
-            .field("brokers", &self.brokers)
-            .field("signals_topic", &self.signals_topic)
-            .field("changes_topic", &self.changes_topic)
+            .field("db", &self.db)
+            .field("kafka", &self.kafka)
+            .field("topics", &self.topics)
             .field("tokens", &format!("{} configured", self.tokens.len()))
             .field("read_requires_token", &self.read_requires_token)
             .field("max_body_bytes", &self.max_body_bytes)
@@ -144,7 +129,9 @@ impl Config {
             "--max-concurrent-per-route must be at least 1"
         );
         anyhow::ensure!(self.db_max_connections >= 1, "--db-max-connections must be at least 1");
-        vitals_processor::config::check_shared(&self.db_schema, &self.kafka_options).map_err(anyhow::Error::msg)?;
+        self.db.check().map_err(anyhow::Error::msg)?;
+        self.kafka.check().map_err(anyhow::Error::msg)?;
+        self.topics.check().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 
@@ -157,9 +144,5 @@ impl Config {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
-    }
-
-    pub fn kafka_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        vitals_processor::config::kafka_pairs(&self.kafka_options)
     }
 }

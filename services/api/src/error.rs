@@ -73,6 +73,15 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+impl From<vitals_store::StoreError> for ApiError {
+    fn from(e: vitals_store::StoreError) -> ApiError {
+        match e {
+            vitals_store::StoreError::Sql(e) => e.into(),
+            e => ApiError::Internal(e.into()),
+        }
+    }
+}
+
 /// The error body of every failed request.
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {

@@ -2,37 +2,19 @@
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiPath, ApiQuery};
-use crate::history::{state_column, StateName, TransitionItem};
+use vitals_contracts::{view, EndpointState, HealthState};
+use vitals_store::read;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::Row;
 use utoipa::ToSchema;
-
-#[derive(Serialize, ToSchema)]
-pub struct EndpointHealth {
-    pub endpoint: String,
-    pub state: StateName,
-    /// Routing weight 0..1; during slow start it rises to 1 over `ramp_ms` from `since`.
-    pub weight: f64,
-    pub ramp_ms: i64,
-    pub score: f64,
-    pub failure_rate: f64,
-    pub since: DateTime<Utc>,
-    /// The reason of the last transition ("first seen" before any).
-    pub reason: String,
-    /// Sequence number of the last transition (0: none yet).
-    pub seq: i64,
-    pub policy_version: i32,
-}
 
 #[derive(Serialize, ToSchema)]
 pub struct PoolHealth {
     pub pool: String,
-    pub endpoints: Vec<EndpointHealth>,
+    pub endpoints: Vec<view::EndpointHealth>,
     pub healthy: usize,
     pub total: usize,
 }
@@ -41,53 +23,35 @@ pub struct PoolHealth {
 pub struct EndpointDetail {
     pub pool: String,
     #[serde(flatten)]
-    pub current: EndpointHealth,
+    pub current: view::EndpointHealth,
     /// The last transition with its full evidence, if there was one.
-    pub last_transition: Option<TransitionItem>,
+    pub last_transition: Option<view::Transition>,
 }
 
-fn endpoint_health(r: &sqlx::postgres::PgRow) -> Result<EndpointHealth, ApiError> {
-    Ok(EndpointHealth {
-        endpoint: r.try_get("endpoint")?,
-        state: state_column(r, "state")?,
-        weight: r.try_get("weight")?,
-        ramp_ms: r.try_get("ramp_ms")?,
-        score: r.try_get("score")?,
-        failure_rate: r.try_get("failure_rate")?,
-        since: r.try_get("since")?,
-        reason: r.try_get("reason")?,
-        seq: r.try_get("seq")?,
-        policy_version: r.try_get("policy_version")?,
-    })
-}
-
-const STATE_COLUMNS: &str =
-    "pool, endpoint, state, weight, ramp_ms, score, failure_rate, since, reason, seq, policy_version";
-
-fn group(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PoolHealth>, ApiError> {
+/// Endpoint states in (pool, endpoint) order, grouped by pool.
+fn group(rows: Vec<EndpointState>) -> Vec<PoolHealth> {
     let mut pools: Vec<PoolHealth> = Vec::new();
     for r in rows {
-        let pool: String = r.try_get("pool")?;
-        let e = endpoint_health(r)?;
+        let healthy = usize::from(r.state == HealthState::Healthy);
+        let pool = r.pool.clone();
+        let e = view::EndpointHealth::from(r);
         match pools.last_mut() {
-            Some(p) if p.pool == pool => p.endpoints.push(e),
+            Some(p) if p.pool == pool => {
+                p.endpoints.push(e);
+                p.healthy += healthy;
+            }
             _ => pools.push(PoolHealth {
                 pool,
                 endpoints: vec![e],
-                healthy: 0,
+                healthy,
                 total: 0,
             }),
         }
     }
     for p in &mut pools {
         p.total = p.endpoints.len();
-        p.healthy = p
-            .endpoints
-            .iter()
-            .filter(|e| matches!(e.state, StateName::Healthy))
-            .count();
     }
-    Ok(pools)
+    pools
 }
 
 /// A page of pools, in name order.
@@ -124,16 +88,7 @@ pub async fn pools(
     app.authorize_read(&headers)?;
     let limit = crate::extract::limit_param(&q, DEFAULT_POOLS, MAX_POOLS)?;
     let after = q.get("after").cloned().unwrap_or_default();
-    let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool IN
-           (SELECT DISTINCT pool FROM endpoint_state WHERE pool > $1 ORDER BY pool LIMIT $2)
-         ORDER BY pool, endpoint"
-    ))
-    .bind(&after)
-    .bind(limit + 1)
-    .fetch_all(&app.db)
-    .await?;
-    let mut pools = group(&rows)?;
+    let mut pools = group(read::pools_after(&app.db, &after, limit + 1).await?);
     let next_after = if pools.len() as i64 > limit {
         pools.truncate(limit as usize);
         pools.last().map(|p| p.pool.clone())
@@ -156,13 +111,7 @@ pub async fn pool(
     ApiPath(pool): ApiPath<String>,
 ) -> Result<Json<PoolHealth>, ApiError> {
     app.authorize_read(&headers)?;
-    let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 ORDER BY endpoint"
-    ))
-    .bind(&pool)
-    .fetch_all(&app.db)
-    .await?;
-    group(&rows)?
+    group(read::pool(&app.db, &pool).await?)
         .pop()
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("pool {pool:?}")))
@@ -181,25 +130,12 @@ pub async fn endpoint(
     ApiPath((pool, endpoint)): ApiPath<(String, String)>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     app.authorize_read(&headers)?;
-    let row = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 AND endpoint = $2"
-    ))
-    .bind(&pool)
-    .bind(&endpoint)
-    .fetch_optional(&app.db)
-    .await?
-    .ok_or_else(|| ApiError::NotFound(format!("endpoint {endpoint:?} of pool {pool:?}")))?;
-    let current = endpoint_health(&row)?;
-    let last = sqlx::query(
-        "SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, retry_at, reason_code,
-         reason, policy_version, trigger_ids, evidence, stream_time FROM transitions
-         WHERE pool = $1 AND endpoint = $2 ORDER BY seq DESC LIMIT 1",
-    )
-    .bind(&pool)
-    .bind(&endpoint)
-    .fetch_optional(&app.db)
-    .await?;
-    let last_transition = last.as_ref().map(crate::history::transition_item).transpose()?;
+    let current = read::endpoint(&app.db, &pool, &endpoint)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("endpoint {endpoint:?} of pool {pool:?}")))?;
+    let last = read::last_transition(&app.db, &pool, &endpoint).await?;
+    let last_transition = last.map(crate::history::transition).transpose()?;
+    let current = view::EndpointHealth::from(current);
     Ok(Json(EndpointDetail {
         pool,
         current,

@@ -9,10 +9,10 @@ use axum::Json;
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Postgres, QueryBuilder, Row};
 use std::collections::HashMap;
 use utoipa::{IntoParams, ToSchema};
-use vitals_contracts::{Evidence, HealthState};
+use vitals_contracts::{self as c, view};
+use vitals_store::read::{self, Position, TransitionFilter};
 
 pub const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 500;
@@ -31,51 +31,18 @@ pub struct HistoryParams {
     /// Transitions before this time (RFC 3339).
     to: Option<DateTime<Utc>>,
     /// Only transitions into this state.
-    state: Option<StateName>,
-    /// Only this reason code (e.g. `ejected`, `degraded`, `recovered`, `forced_unhealthy`).
-    reason: Option<String>,
+    state: Option<view::StateName>,
+    /// Only this reason code.
+    reason: Option<view::ReasonCode>,
     /// Page size, 1 to 500 (default 50).
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
-/// A health state, as the API writes it.
-#[derive(Serialize, Deserialize, ToSchema, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-pub enum StateName {
-    Healthy,
-    Suspect,
-    Degraded,
-    Unhealthy,
-    Recovering,
-    Maintenance,
-}
-
-/// One transition with its evidence.
-#[derive(Serialize, ToSchema)]
-pub struct TransitionItem {
-    pub pool: String,
-    pub endpoint: String,
-    pub seq: i64,
-    pub transition_id: String,
-    pub from_state: StateName,
-    pub to_state: StateName,
-    pub weight: f64,
-    pub ramp_ms: i64,
-    pub retry_at: Option<DateTime<Utc>>,
-    pub reason_code: String,
-    /// One line a person can read.
-    pub reason: String,
-    pub policy_version: i32,
-    pub trigger_ids: Vec<String>,
-    pub evidence: Evidence,
-    pub stream_time: DateTime<Utc>,
-}
-
 #[derive(Serialize, ToSchema)]
 pub struct HistoryPage {
-    pub items: Vec<TransitionItem>,
+    pub items: Vec<view::Transition>,
     /// Pass as `cursor` for the next (older) page; absent on the last page.
     pub next_cursor: Option<String>,
 }
@@ -104,17 +71,6 @@ impl Cursor {
         crate::extract::no_control("cursor", &c.e)?;
         Ok(c)
     }
-}
-
-pub(crate) fn state_name(s: &str) -> Option<StateName> {
-    Some(match HealthState::parse(s)? {
-        HealthState::Healthy => StateName::Healthy,
-        HealthState::Suspect => StateName::Suspect,
-        HealthState::Degraded => StateName::Degraded,
-        HealthState::Unhealthy => StateName::Unhealthy,
-        HealthState::Recovering => StateName::Recovering,
-        HealthState::Maintenance => StateName::Maintenance,
-    })
 }
 
 fn time_param(q: &HashMap<String, String>, name: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
@@ -162,82 +118,46 @@ pub async fn history(
     let from = time_param(&q, "from")?;
     let to = time_param(&q, "to")?;
     let state = match q.get("state") {
-        Some(s) => Some(
-            state_name(s)
-                .map(|_| s.to_ascii_lowercase())
-                .ok_or_else(|| ApiError::invalid("state", format!("{s:?} is not a health state")))?,
-        ),
+        Some(s) => Some(c::HealthState::parse(s).ok_or_else(|| {
+            ApiError::invalid(
+                "state",
+                format!("{s:?} is not a health state ({})", c::HealthState::names().join(", ")),
+            )
+        })?),
         None => None,
     };
-    let reason = name_param(&q, "reason")?;
+    let reason = match name_param(&q, "reason")? {
+        Some(r) => Some(c::ReasonCode::parse(r).ok_or_else(|| {
+            ApiError::invalid(
+                "reason",
+                format!("{r:?} is not a reason code ({})", c::ReasonCode::names().join(", ")),
+            )
+        })?),
+        None => None,
+    };
     let limit = crate::extract::limit_param(&q, DEFAULT_LIMIT, MAX_LIMIT)?;
     let cursor = q.get("cursor").map(|c| Cursor::decode(c)).transpose()?;
-    let after = cursor
-        .as_ref()
-        .map(|c| DateTime::from_timestamp_micros(c.t).unwrap_or_default());
-
-    let mut sql = QueryBuilder::<Postgres>::new(
-        "SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, retry_at, reason_code,
-         reason, policy_version, trigger_ids, evidence, stream_time FROM transitions WHERE true",
-    );
-    if let Some(p) = pool {
-        sql.push(" AND pool = ").push_bind(p);
-    }
-    if let Some(e) = endpoint {
-        sql.push(" AND endpoint = ").push_bind(e);
-    }
-    if let Some(f) = from {
-        sql.push(" AND stream_time >= ").push_bind(f);
-    }
-    if let Some(t) = to {
-        sql.push(" AND stream_time < ").push_bind(t);
-    }
-    if let Some(s) = &state {
-        sql.push(" AND to_state = ").push_bind(s.as_str());
-    }
-    if let Some(r) = reason {
-        sql.push(" AND reason_code = ").push_bind(r);
-    }
-    // The keyset condition follows the index of each kind of query, so it is a range scan.
-    if let (Some(c), Some(t)) = (&cursor, after) {
-        match (pool, endpoint) {
-            (Some(_), Some(_)) => {
-                sql.push(" AND (stream_time, seq) < (")
-                    .push_bind(t)
-                    .push(", ")
-                    .push_bind(c.s)
-                    .push(")");
-            }
-            (Some(_), None) => {
-                sql.push(" AND (stream_time, endpoint, seq) < (")
-                    .push_bind(t)
-                    .push(", ")
-                    .push_bind(c.e.clone())
-                    .push(", ")
-                    .push_bind(c.s)
-                    .push(")");
-            }
-            _ => {
-                sql.push(" AND (stream_time, pool, endpoint, seq) < (")
-                    .push_bind(t)
-                    .push(", ")
-                    .push_bind(c.p.clone())
-                    .push(", ")
-                    .push_bind(c.e.clone())
-                    .push(", ")
-                    .push_bind(c.s)
-                    .push(")");
-            }
-        }
-    }
-    sql.push(" ORDER BY stream_time DESC, pool DESC, endpoint DESC, seq DESC LIMIT ")
-        .push_bind(limit + 1);
-    let rows = sql.build().fetch_all(&app.db).await?;
+    let filter = TransitionFilter {
+        pool: pool.map(str::to_owned),
+        endpoint: endpoint.map(str::to_owned),
+        from,
+        to,
+        state,
+        reason,
+        before: cursor.map(|c| Position {
+            stream_time: DateTime::from_timestamp_micros(c.t).unwrap_or_default(),
+            pool: c.p,
+            endpoint: c.e,
+            seq: c.s,
+        }),
+    };
+    let rows = read::transitions(&app.db, &filter, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
     let mut items = Vec::with_capacity(rows.len());
-    for r in rows.iter().take(limit as usize) {
-        items.push(transition_item(r)?);
+    for h in rows.into_iter().take(limit as usize) {
+        items.push(transition(h)?);
     }
-    let next_cursor = (rows.len() as i64 > limit).then(|| {
+    let next_cursor = more.then(|| {
         let last = items.last().expect("a full page has a last item");
         Cursor {
             t: last.stream_time.timestamp_micros(),
@@ -250,32 +170,10 @@ pub async fn history(
     Ok(Json(HistoryPage { items, next_cursor }))
 }
 
-/// A state column of a row; an unknown value is a defect of the database, not of the request.
-pub(crate) fn state_column(r: &sqlx::postgres::PgRow, col: &str) -> Result<StateName, ApiError> {
-    let s: String = r.try_get(col)?;
-    state_name(&s).ok_or_else(|| ApiError::Internal(anyhow::anyhow!("unknown state {s:?} in column {col}")))
-}
-
-pub(crate) fn transition_item(r: &sqlx::postgres::PgRow) -> Result<TransitionItem, ApiError> {
-    let state = |col: &str| state_column(r, col);
-    let evidence: sqlx::types::Json<Evidence> = r.try_get("evidence")?;
-    Ok(TransitionItem {
-        pool: r.try_get("pool")?,
-        endpoint: r.try_get("endpoint")?,
-        seq: r.try_get("seq")?,
-        transition_id: r.try_get("transition_id")?,
-        from_state: state("from_state")?,
-        to_state: state("to_state")?,
-        weight: r.try_get("weight")?,
-        ramp_ms: r.try_get("ramp_ms")?,
-        retry_at: r.try_get("retry_at")?,
-        reason_code: r.try_get("reason_code")?,
-        reason: r.try_get("reason")?,
-        policy_version: r.try_get("policy_version")?,
-        trigger_ids: r.try_get("trigger_ids")?,
-        evidence: evidence.0,
-        stream_time: r.try_get("stream_time")?,
-    })
+/// A stored transition as the API shows it; a reason code this build does not know is a defect
+/// of the deployment (an older API on a newer processor), not of the request.
+pub(crate) fn transition(h: c::HealthChanged) -> Result<view::Transition, ApiError> {
+    view::Transition::try_from(h).map_err(|e| ApiError::Internal(e.into()))
 }
 
 #[cfg(test)]

@@ -11,121 +11,17 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use rdkafka::producer::FutureRecord;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use utoipa::ToSchema;
-use vitals_contracts as c;
-
-#[derive(Deserialize, ToSchema, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Success,
-    Timeout,
-    ConnectError,
-    ConnectionDropped,
-    RateLimited,
-    ServerError,
-    ClientError,
-    InvalidResponse,
-    Cancelled,
-}
-
-impl From<Outcome> for c::OutcomeClass {
-    fn from(o: Outcome) -> c::OutcomeClass {
-        match o {
-            Outcome::Success => c::OutcomeClass::Success,
-            Outcome::Timeout => c::OutcomeClass::Timeout,
-            Outcome::ConnectError => c::OutcomeClass::ConnectError,
-            Outcome::ConnectionDropped => c::OutcomeClass::ConnectionDropped,
-            Outcome::RateLimited => c::OutcomeClass::RateLimited,
-            Outcome::ServerError => c::OutcomeClass::ServerError,
-            Outcome::ClientError => c::OutcomeClass::ClientError,
-            Outcome::InvalidResponse => c::OutcomeClass::InvalidResponse,
-            Outcome::Cancelled => c::OutcomeClass::Cancelled,
-        }
-    }
-}
-
-#[derive(Deserialize, ToSchema, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-pub enum ProbeKind {
-    Http,
-    Tcp,
-    SyntheticCompletion,
-    Heartbeat,
-}
-
-#[derive(Deserialize, ToSchema, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-pub enum DependencyStatus {
-    Up,
-    Degraded,
-    Down,
-}
-
-#[derive(Deserialize, ToSchema)]
-pub struct Dependency {
-    pub name: String,
-    pub critical: bool,
-    pub status: DependencyStatus,
-}
-
-/// One call through a gateway.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CallItem {
-    /// Unique id of the event; generated when absent.
-    pub event_id: Option<String>,
-    pub pool: String,
-    pub endpoint: String,
-    pub gateway: String,
-    /// When the call happened (RFC 3339); now when absent.
-    pub occurred_at: Option<DateTime<Utc>>,
-    pub outcome: Outcome,
-    pub http_status: Option<i32>,
-    pub latency_us: i64,
-    pub ttft_us: Option<i64>,
-    pub tpot_us: Option<i64>,
-    #[serde(default)]
-    pub attributes: BTreeMap<String, String>,
-    pub model: Option<String>,
-}
-
-/// One active probe.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProbeItem {
-    pub probe_id: Option<String>,
-    pub pool: String,
-    pub endpoint: String,
-    pub prober: String,
-    pub occurred_at: Option<DateTime<Utc>>,
-    pub kind: ProbeKind,
-    pub outcome: Outcome,
-    pub latency_us: i64,
-    pub ttft_us: Option<i64>,
-    pub http_status: Option<i32>,
-    pub interval_ms: Option<i64>,
-    #[serde(default)]
-    pub dependencies: Vec<Dependency>,
-    #[serde(default)]
-    pub detail: String,
-}
-
-#[derive(Deserialize, ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum IngestItem {
-    Call(CallItem),
-    Probe(ProbeItem),
-}
+use vitals_contracts::{self as c, view};
 
 /// The request body. Items are checked one by one: a bad item is reported, the rest go on.
 #[derive(Deserialize, ToSchema)]
 #[allow(dead_code)] // documents the body; it is parsed item by item
 pub struct IngestRequest {
-    pub items: Vec<IngestItem>,
+    pub items: Vec<view::SignalItem>,
 }
 
 #[derive(Serialize, ToSchema, PartialEq, Debug, Clone, Copy)]
@@ -166,58 +62,6 @@ pub struct IngestResponse {
 
 fn now_us() -> i64 {
     Utc::now().timestamp_micros()
-}
-
-fn to_signal(item: IngestItem, index: usize, request_id: i64) -> c::Signal {
-    let gen = |prefix: &str| format!("{prefix}-{request_id}-{index}");
-    match item {
-        IngestItem::Call(i) => c::Signal::Call(c::CallOutcome {
-            event_id: i.event_id.unwrap_or_else(|| gen("api")),
-            pool: i.pool,
-            endpoint: i.endpoint,
-            gateway: i.gateway,
-            occurred_at: i.occurred_at.map_or_else(now_us, |t| t.timestamp_micros()),
-            outcome: i.outcome.into(),
-            http_status: i.http_status,
-            latency_us: i.latency_us,
-            ttft_us: i.ttft_us,
-            tpot_us: i.tpot_us,
-            attributes: i.attributes,
-            model: i.model,
-        }),
-        IngestItem::Probe(p) => c::Signal::Probe(c::ProbeResult {
-            probe_id: p.probe_id.unwrap_or_else(|| gen("api-probe")),
-            pool: p.pool,
-            endpoint: p.endpoint,
-            prober: p.prober,
-            occurred_at: p.occurred_at.map_or_else(now_us, |t| t.timestamp_micros()),
-            kind: match p.kind {
-                ProbeKind::Http => c::ProbeKind::Http,
-                ProbeKind::Tcp => c::ProbeKind::Tcp,
-                ProbeKind::SyntheticCompletion => c::ProbeKind::SyntheticCompletion,
-                ProbeKind::Heartbeat => c::ProbeKind::Heartbeat,
-            },
-            outcome: p.outcome.into(),
-            latency_us: p.latency_us,
-            ttft_us: p.ttft_us,
-            http_status: p.http_status,
-            interval_ms: p.interval_ms,
-            dependencies: p
-                .dependencies
-                .into_iter()
-                .map(|d| c::DependencyReport {
-                    name: d.name,
-                    critical: d.critical,
-                    status: match d.status {
-                        DependencyStatus::Up => c::DependencyStatus::Up,
-                        DependencyStatus::Degraded => c::DependencyStatus::Degraded,
-                        DependencyStatus::Down => c::DependencyStatus::Down,
-                    },
-                })
-                .collect(),
-            detail: p.detail,
-        }),
-    }
 }
 
 fn rejected(index: usize, field: Option<String>, error: String) -> ItemResult {
@@ -270,14 +114,14 @@ pub async fn ingest(
     let mut results: Vec<ItemResult> = Vec::with_capacity(items.len());
     let mut pending = Vec::new();
     for (index, raw) in items.iter().enumerate() {
-        let item: IngestItem = match serde_json::from_value(raw.clone()) {
+        let item: view::SignalItem = match serde_json::from_value(raw.clone()) {
             Ok(i) => i,
             Err(e) => {
                 results.push(rejected(index, None, e.to_string()));
                 continue;
             }
         };
-        let signal = to_signal(item, index, request_id);
+        let signal = item.into_signal(|prefix| format!("{prefix}-{request_id}-{index}"), now_us());
         if let Err(e) = c::validate_signal(&signal, Some(reference)) {
             results.push(rejected(index, Some(e.field.to_owned()), e.message));
             continue;
@@ -299,7 +143,7 @@ pub async fn ingest(
         };
         let pool = signal.pool().unwrap_or_default().to_owned();
         let id = signal.id().to_owned();
-        let record = FutureRecord::to(&app.cfg.signals_topic).key(&pool).payload(&bytes);
+        let record = FutureRecord::to(&app.cfg.topics.signals_topic).key(&pool).payload(&bytes);
         match app.producer.send_result(record) {
             Ok(delivery) => {
                 pending.push((results.len(), delivery));

@@ -24,7 +24,6 @@ use axum::{Json, Router};
 use config::Config;
 use error::ApiError;
 use rdkafka::producer::{FutureProducer, Producer};
-use rdkafka::ClientConfig;
 use sqlx::PgPool;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -112,8 +111,7 @@ impl App {
     }
 }
 
-/// Connect to Postgres read-only (the processor owns and migrates the schema; the API only
-/// checks that the schema is at the version it was built for) and Kafka, and bind the listener.
+/// Connect to Postgres (read-only) and Kafka, and bind the listener.
 pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App> {
     cfg.validate()?;
     tracing::info!(config = ?cfg, "starting vitals-api");
@@ -121,23 +119,21 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
     if tokens.is_empty() {
         tracing::warn!("no tokens configured: every write route will answer 401");
     }
-    let db = connect_read_only(&cfg).await.with_context(|| {
-        format!(
-            "connecting to {}",
-            vitals_processor::config::redact_url(&cfg.database_url)
-        )
-    })?;
-    let mut pc = ClientConfig::new();
-    pc.set("bootstrap.servers", &cfg.brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "2")
-        .set("message.timeout.ms", cfg.produce_timeout_ms.to_string())
-        .set("queue.buffering.max.messages", cfg.producer_queue.to_string());
-    for (k, v) in cfg.kafka_pairs() {
-        pc.set(k, v);
-    }
-    let producer: FutureProducer = pc.create().context("creating the Kafka producer")?;
+    // Read-only: the processor owns and migrates the schema; the API only checks that it is at
+    // the version it was built for. Its role needs only SELECT on the schema's tables.
+    let db = vitals_store::connect_reader(&cfg.db.database_url, &cfg.db.db_schema, cfg.db_max_connections)
+        .await
+        .with_context(|| format!("connecting to {}", cfg.db.shown()))?;
+    let (timeout, queue) = (cfg.produce_timeout_ms.to_string(), cfg.producer_queue.to_string());
+    let producer: FutureProducer = vitals_runtime::kafka::producer(
+        &cfg.kafka,
+        &[
+            ("message.timeout.ms", timeout.as_str()),
+            ("queue.buffering.max.messages", queue.as_str()),
+        ],
+    )
+    .create()
+    .context("creating the Kafka producer")?;
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
         .await
         .with_context(|| format!("binding {}", cfg.http_addr))?;
@@ -155,56 +151,4 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         cancel,
     };
     Ok(App { listener, state })
-}
-
-/// A pool of read-only sessions (`default_transaction_read_only`, bounded statements) on the
-/// configured schema, after checking that the schema exists and is migrated to the version this
-/// build expects. The API's role needs only `SELECT` on the schema's tables (README, "Roles").
-pub async fn connect_read_only(cfg: &Config) -> anyhow::Result<PgPool> {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    use std::str::FromStr;
-    let opts = PgConnectOptions::from_str(&cfg.database_url)?.options([
-        ("search_path", cfg.db_schema.as_str()),
-        ("default_transaction_read_only", "on"),
-        ("statement_timeout", "10s"),
-        ("idle_in_transaction_session_timeout", "10s"),
-    ]);
-    let db = PgPoolOptions::new()
-        .max_connections(cfg.db_max_connections)
-        .acquire_timeout(std::time::Duration::from_secs(2))
-        .connect_with(opts)
-        .await?;
-    let want = vitals_processor::db::MIGRATOR
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
-    let have: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-        .fetch_one(&db)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "schema {:?} is not migrated or not readable by this role ({e}); the processor creates and \
-             migrates it (start vitals-processor first), and the API's role needs USAGE on the schema and \
-             SELECT on its tables",
-                cfg.db_schema
-            )
-        })?;
-    match have {
-        Some(v) if v >= want => {
-            if v > want {
-                tracing::warn!(
-                    schema_version = v,
-                    built_for = want,
-                    "the schema is newer than this API"
-                );
-            }
-            Ok(db)
-        }
-        v => anyhow::bail!(
-            "schema {:?} is at migration {:?}, this API needs {want}: upgrade the processor first",
-            cfg.db_schema,
-            v
-        ),
-    }
 }

@@ -10,103 +10,77 @@ use crate::AppState;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
-
-pub const REQUESTS: &str = "vitals_api_requests_total";
-pub const LATENCY: &str = "vitals_api_request_seconds";
-pub const INGESTED: &str = "vitals_api_ingested_total";
-pub const STREAM_UNDECODABLE: &str = "vitals_api_stream_undecodable_total";
+use vitals_runtime::metrics::{self as m, Counter, Family, Histogram, Labels, Registry};
 
 const BUCKETS: [f64; 9] = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0];
 
-#[derive(Default, Clone)]
-struct Series {
-    count: u64,
-    sum: f64,
-    buckets: [u64; BUCKETS.len()],
+fn latency_histogram() -> Histogram {
+    m::histogram(&BUCKETS)
 }
 
-#[derive(Default)]
 pub struct Metrics {
-    series: Mutex<BTreeMap<(String, String, u16), Series>>,
-    ingested: AtomicU64,
-    stream_undecodable: AtomicU64,
+    requests: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram, fn() -> Histogram>,
+    ingested: Counter,
+    stream_undecodable: Counter,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "vitals_api_requests",
+            "HTTP requests by route, method and status.",
+            requests.clone(),
+        );
+        let latency = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        registry.register("vitals_api_request_seconds", "HTTP request latency.", latency.clone());
+        let ingested = Counter::default();
+        registry.register(
+            "vitals_api_ingested",
+            "Ingested items confirmed by the broker.",
+            ingested.clone(),
+        );
+        let stream_undecodable = Counter::default();
+        registry.register(
+            "vitals_api_stream_undecodable",
+            "Records on the changes topic the live stream skipped as undecodable.",
+            stream_undecodable.clone(),
+        );
+        Metrics {
+            requests,
+            latency,
+            ingested,
+            stream_undecodable,
+            registry,
+        }
+    }
 }
 
 impl Metrics {
     pub fn observe(&self, route: &str, method: &str, status: u16, seconds: f64) {
-        let method = method_label(method);
-        let mut m = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (route.to_owned(), method.to_owned(), status);
-        let s = match m.get_mut(&key) {
-            Some(s) => s,
-            None => m.entry(key).or_default(),
-        };
-        s.count += 1;
-        s.sum += seconds;
-        for (b, le) in s.buckets.iter_mut().zip(BUCKETS) {
-            if seconds <= le {
-                *b += 1;
-            }
-        }
+        let labels = vec![
+            ("route", route.to_owned()),
+            ("method", method_label(method).to_owned()),
+            ("status", status.to_string()),
+        ];
+        self.requests.get_or_create(&labels).inc();
+        self.latency.get_or_create(&labels).observe(seconds);
     }
 
     pub fn stream_undecodable(&self) {
-        self.stream_undecodable.fetch_add(1, Ordering::Relaxed);
+        self.stream_undecodable.inc();
     }
 
     pub fn ingested(&self, n: u64) {
-        self.ingested.fetch_add(n, Ordering::Relaxed);
+        self.ingested.inc_by(n);
     }
 
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let m: Vec<((String, String, u16), Series)> = self
-            .series
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let _ = writeln!(
-            out,
-            "# HELP {REQUESTS} HTTP requests by route, method and status.\n# TYPE {REQUESTS} counter"
-        );
-        for ((route, method, status), s) in m.iter() {
-            let _ = writeln!(
-                out,
-                "{REQUESTS}{{route=\"{route}\",method=\"{method}\",status=\"{status}\"}} {}",
-                s.count
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {LATENCY} HTTP request latency.\n# TYPE {LATENCY} histogram"
-        );
-        for ((route, method, status), s) in m.iter() {
-            let labels = format!("route=\"{route}\",method=\"{method}\",status=\"{status}\"");
-            for (b, le) in s.buckets.iter().zip(BUCKETS) {
-                let _ = writeln!(out, "{LATENCY}_bucket{{{labels},le=\"{le}\"}} {b}");
-            }
-            let _ = writeln!(out, "{LATENCY}_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
-            let _ = writeln!(out, "{LATENCY}_sum{{{labels}}} {}", s.sum);
-            let _ = writeln!(out, "{LATENCY}_count{{{labels}}} {}", s.count);
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {INGESTED} Ingested items confirmed by the broker.\n# TYPE {INGESTED} counter\n{INGESTED} {}",
-            self.ingested.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP {STREAM_UNDECODABLE} Records on the changes topic the live stream skipped as undecodable.\n# TYPE {STREAM_UNDECODABLE} counter\n{STREAM_UNDECODABLE} {}",
-            self.stream_undecodable.load(Ordering::Relaxed)
-        );
-        out
+    pub fn response(&self) -> impl IntoResponse {
+        m::response(&self.registry)
     }
 }
 

@@ -19,7 +19,7 @@ use utoipa::{Modify, OpenApi};
         crate::probes::readyz,
         crate::probes::metrics,
     ),
-    components(schemas(crate::stream::PoolEvent)),
+    components(schemas(vitals_contracts::view::PoolEvent, vitals_contracts::view::ReasonCode)),
     modifiers(&Bearer),
     tags(
         (name = "history", description = "Which endpoint changed state, when, and why"),

@@ -14,22 +14,12 @@ use chrono::Utc;
 use rdkafka::producer::FutureRecord;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use vitals_contracts as c;
-
-#[derive(Deserialize, ToSchema, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
-    ForceHealthy,
-    ForceUnhealthy,
-    MaintenanceOn,
-    MaintenanceOff,
-    Clear,
-}
+use vitals_contracts::{self as c, view};
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OverrideRequest {
-    pub action: Action,
+    pub action: view::Action,
     /// Why; recorded in the audit log with the token's name.
     pub reason: String,
 }
@@ -45,7 +35,7 @@ pub struct Accepted {
 async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiError> {
     let bytes = c::encode_signal(signal).map_err(|e| ApiError::Internal(e.into()))?;
     let pool = signal.pool().unwrap_or_default();
-    let record = FutureRecord::to(&app.cfg.signals_topic).key(pool).payload(&bytes);
+    let record = FutureRecord::to(&app.cfg.topics.signals_topic).key(pool).payload(&bytes);
     let kafka_error = |e: rdkafka::error::KafkaError| {
         tracing::warn!(error = %e, "operator record not produced");
         ApiError::Unavailable(crate::ingest::kafka_failure(&e).1.to_owned())
@@ -88,13 +78,7 @@ pub async fn override_endpoint(
         override_id: format!("override-{now}-{}", who.name),
         pool,
         endpoint,
-        action: match req.action {
-            Action::ForceHealthy => c::OverrideAction::ForceHealthy,
-            Action::ForceUnhealthy => c::OverrideAction::ForceUnhealthy,
-            Action::MaintenanceOn => c::OverrideAction::MaintenanceOn,
-            Action::MaintenanceOff => c::OverrideAction::MaintenanceOff,
-            Action::Clear => c::OverrideAction::Clear,
-        },
+        action: req.action.into(),
         actor: who.name.clone(),
         reason: req.reason,
         issued_at: now,

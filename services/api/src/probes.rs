@@ -2,7 +2,7 @@
 
 use crate::AppState;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use rdkafka::producer::Producer;
 use std::time::Duration;
@@ -21,7 +21,7 @@ pub async fn readyz(State(app): State<AppState>) -> (StatusCode, &'static str) {
         return (StatusCode::SERVICE_UNAVAILABLE, "database unreachable");
     }
     let producer = app.producer.clone();
-    let topic = app.cfg.signals_topic.clone();
+    let topic = app.cfg.topics.signals_topic.clone();
     let kafka = tokio::task::spawn_blocking(move || {
         producer
             .client()
@@ -37,10 +37,7 @@ pub async fn readyz(State(app): State<AppState>) -> (StatusCode, &'static str) {
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "service",
-    responses((status = 200, description = "Prometheus metrics", body = String, content_type = "text/plain")))]
+    responses((status = 200, description = "Prometheus metrics (OpenMetrics text)", body = String, content_type = "application/openmetrics-text")))]
 pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
-    )
+    app.metrics.response()
 }

@@ -14,24 +14,21 @@
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
-use crate::history::{state_name, StateName, TransitionItem};
 use crate::AppState;
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use chrono::{DateTime, Utc};
 use futures::Stream;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use rdkafka::ClientConfig;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::time::Duration;
-use utoipa::{IntoParams, ToSchema};
-use vitals_contracts::{self as c, codec::SchemaKind};
+use utoipa::IntoParams;
+use vitals_contracts::{self as c, codec::SchemaKind, view};
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -41,22 +38,6 @@ pub struct StreamParams {
     pool: Option<String>,
     /// Only events of this endpoint.
     endpoint: Option<String>,
-}
-
-/// A pool-level decision (panic mode, correlated outage, policy change).
-#[derive(Serialize, ToSchema)]
-pub struct PoolEvent {
-    pub pool: String,
-    pub seq: i64,
-    pub endpoints: i32,
-    pub healthy: i32,
-    pub ejected: i32,
-    pub healthy_fraction: f64,
-    pub panic: bool,
-    pub correlated_outage: bool,
-    pub reason: String,
-    pub policy_version: i32,
-    pub stream_time: DateTime<Utc>,
 }
 
 /// Positions: partition → next offset.
@@ -79,34 +60,6 @@ fn parse_positions(s: &str) -> Result<Positions, ApiError> {
         out.insert(p, o);
     }
     Ok(out)
-}
-
-fn micros(t: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(t).unwrap_or_default()
-}
-
-fn state(s: c::HealthState) -> StateName {
-    state_name(s.as_str()).unwrap_or(StateName::Healthy)
-}
-
-pub(crate) fn change_item(h: c::HealthChanged) -> TransitionItem {
-    TransitionItem {
-        pool: h.pool,
-        endpoint: h.endpoint,
-        seq: h.seq,
-        transition_id: h.transition_id,
-        from_state: state(h.from_state),
-        to_state: state(h.to_state),
-        weight: h.weight,
-        ramp_ms: h.ramp_ms,
-        retry_at: h.retry_at.map(micros),
-        reason_code: h.reason_code,
-        reason: h.reason,
-        policy_version: h.policy_version,
-        trigger_ids: h.trigger_ids,
-        evidence: h.evidence,
-        stream_time: micros(h.stream_time),
-    }
 }
 
 struct Live {
@@ -230,7 +183,15 @@ impl Live {
                         continue; // a republished duplicate
                     }
                     self.last_seq.insert(key, h.seq);
-                    ("health_changed", serde_json::to_string(&change_item(h)))
+                    match view::Transition::try_from(h) {
+                        Ok(t) => ("health_changed", serde_json::to_string(&t)),
+                        Err(e) => {
+                            self.metrics.stream_undecodable();
+                            tracing::warn!(partition = m.partition(), offset = m.offset(), error = %e,
+                                "live stream: skipping a change this build cannot show");
+                            continue;
+                        }
+                    }
                 }
                 Ok(SchemaKind::PoolHealthChanged) => {
                     let p = match c::decode::<c::PoolHealthChanged>(payload) {
@@ -243,19 +204,7 @@ impl Live {
                     if !self.wanted(&p.pool, None) {
                         continue;
                     }
-                    let e = PoolEvent {
-                        pool: p.pool,
-                        seq: p.seq,
-                        endpoints: p.endpoints,
-                        healthy: p.healthy,
-                        ejected: p.ejected,
-                        healthy_fraction: p.healthy_fraction,
-                        panic: p.panic,
-                        correlated_outage: p.correlated_outage,
-                        reason: p.reason,
-                        policy_version: p.policy_version,
-                        stream_time: micros(p.stream_time),
-                    };
+                    let e = view::PoolEvent::from(p);
                     ("pool_changed", serde_json::to_string(&e))
                 }
                 _ => continue,
@@ -320,17 +269,16 @@ pub async fn stream(
         })
         .transpose()?;
     let slot = take_slot(&app, client, anonymous)?;
-    let mut cfg = ClientConfig::new();
-    cfg.set("bootstrap.servers", &app.cfg.brokers)
-        .set("group.id", "vitals-api-live")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "50");
-    for (k, v) in app.cfg.kafka_pairs() {
-        cfg.set(k, v);
-    }
-    let consumer: StreamConsumer = cfg.create().map_err(|e| ApiError::Internal(e.into()))?;
-    let topic = app.cfg.changes_topic.clone();
+    // Assigned by hand at the client's positions: the group id is only a label, nothing is
+    // committed.
+    let consumer: StreamConsumer = vitals_runtime::kafka::consumer(
+        &app.cfg.kafka,
+        "vitals-api-live",
+        &[("isolation.level", "read_committed"), ("fetch.wait.max.ms", "50")],
+    )
+    .create()
+    .map_err(|e| ApiError::Internal(e.into()))?;
+    let topic = app.cfg.topics.changes_topic.clone();
     // Resolve the starting offset of every partition now, so the `ready` event is exact.
     let (consumer, positions) = tokio::task::spawn_blocking(move || -> Result<(StreamConsumer, Positions), String> {
         let timeout = Duration::from_secs(5);

@@ -2,31 +2,22 @@
 //! Kafka SASL passwords) are never printed: `Debug` is written by hand.
 
 use clap::Parser;
+use vitals_runtime::args::{KafkaArgs, PostgresArgs, TopicArgs};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 #[derive(Parser, Clone)]
 #[command(name = "vitals-processor", version, about = "The vitals stream processor")]
 pub struct Config {
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "VITALS_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
-    /// Extra librdkafka settings, `key=value`, repeatable (e.g. security.protocol=SASL_SSL,
-    /// sasl.mechanism=SCRAM-SHA-512, sasl.username=..., ssl.ca.location=...). Applied to the
-    /// consumer and the producer.
-    #[arg(long = "kafka-option", env = "VITALS_KAFKA_OPTIONS", value_delimiter = ',')]
-    pub kafka_options: Vec<String>,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    #[command(flatten)]
+    pub topics: TopicArgs,
+    #[command(flatten)]
+    pub db: PostgresArgs,
     /// Consumer group of the processors.
     #[arg(long, env = "VITALS_GROUP", default_value = "vitals-processor")]
     pub group: String,
-    #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = vitals_contracts::topics::SIGNALS)]
-    pub signals_topic: String,
-    #[arg(long, env = "VITALS_CHANGES_TOPIC", default_value = vitals_contracts::topics::HEALTH_CHANGES)]
-    pub changes_topic: String,
-    #[arg(long, env = "VITALS_STATE_TOPIC", default_value = vitals_contracts::topics::HEALTH_STATE)]
-    pub state_topic: String,
-    #[arg(long, env = "VITALS_DLQ_TOPIC", default_value = vitals_contracts::topics::SIGNALS_DLQ)]
-    pub dlq_topic: String,
     /// Create the four topics if they are missing.
     #[arg(long, env = "VITALS_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
     pub create_topics: bool,
@@ -36,16 +27,6 @@ pub struct Config {
     /// Replication factor of the topics this processor creates.
     #[arg(long, env = "VITALS_REPLICATION_FACTOR", default_value_t = 1)]
     pub replication_factor: i32,
-    /// Postgres URL (postgres://user:password@host:port/db).
-    #[arg(
-        long,
-        env = "VITALS_DATABASE_URL",
-        default_value = "postgres://vitals:vitals@127.0.0.1:5432/vitals"
-    )]
-    pub database_url: String,
-    /// Postgres schema holding the vitals tables; created and migrated at start.
-    #[arg(long, env = "VITALS_DB_SCHEMA", default_value = "vitals")]
-    pub db_schema: String,
     /// A batch is written when it holds this many records...
     #[arg(long, env = "VITALS_BATCH_MAX_RECORDS", default_value_t = 5_000)]
     pub batch_max_records: usize,
@@ -86,43 +67,16 @@ pub struct Config {
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
-            .field("brokers", &self.brokers)
-            .field(
-                "kafka_options",
-                &self.kafka_options.iter().map(|o| redact_option(o)).collect::<Vec<_>>(),
-            )
+            .field("kafka", &self.kafka)
+            .field("topics", &self.topics)
+            .field("db", &self.db)
             .field("group", &self.group)
-            .field("signals_topic", &self.signals_topic)
-            .field("changes_topic", &self.changes_topic)
-            .field("state_topic", &self.state_topic)
-            .field("dlq_topic", &self.dlq_topic)
-            .field("database_url", &redact_url(&self.database_url))
-            .field("db_schema", &self.db_schema)
             .field("batch_max_records", &self.batch_max_records)
             .field("batch_max_ms", &self.batch_max_ms)
             .field("snapshot_every", &self.snapshot_every)
             .field("tick_interval_ms", &self.tick_interval_ms)
             .field("http_addr", &self.http_addr)
             .finish_non_exhaustive()
-    }
-}
-
-fn redact_option(o: &str) -> String {
-    match o.split_once('=') {
-        Some((k, _)) if k.contains("password") || k.contains("secret") || k.contains("key") => format!("{k}=***"),
-        _ => o.to_owned(),
-    }
-}
-
-/// The URL with its password replaced.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            format!("{}://{}:***@{}", &url[..s], user, &url[at + 1..])
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -149,27 +103,9 @@ impl Config {
         if self.partitions < 1 {
             return err("--partitions must be at least 1".into());
         }
-        let topics = [
-            &self.signals_topic,
-            &self.changes_topic,
-            &self.state_topic,
-            &self.dlq_topic,
-        ];
-        for (i, a) in topics.iter().enumerate() {
-            if a.is_empty() {
-                return err("topic names must not be empty".into());
-            }
-            if topics[i + 1..].contains(a) {
-                return err(format!("topic {a} is named twice; the four topics must differ"));
-            }
-        }
-        check_shared(&self.db_schema, &self.kafka_options).map_err(ConfigError)?;
-        if !self.database_url.starts_with("postgres://") && !self.database_url.starts_with("postgresql://") {
-            return err(format!(
-                "--database-url {} is not a postgres:// URL",
-                redact_url(&self.database_url)
-            ));
-        }
+        self.kafka.check().map_err(ConfigError)?;
+        self.topics.check().map_err(ConfigError)?;
+        self.db.check().map_err(ConfigError)?;
         Ok(())
     }
 
@@ -177,26 +113,6 @@ impl Config {
         Duration::from_millis(self.batch_max_ms)
     }
 
-    pub fn kafka_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        kafka_pairs(&self.kafka_options)
-    }
-}
-
-/// Checks of the settings the processor and the API share: the schema name (it is quoted
-/// into SQL) and the `key=value` form of pass-through Kafka options.
-pub fn check_shared(db_schema: &str, kafka_options: &[String]) -> Result<(), String> {
-    if db_schema.is_empty() || !db_schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("--db-schema {db_schema:?}: use letters, digits and _ only"));
-    }
-    match kafka_options.iter().find(|o| !o.contains('=')) {
-        Some(o) => Err(format!("--kafka-option {o:?} is not key=value")),
-        None => Ok(()),
-    }
-}
-
-/// The pass-through Kafka options as (key, value).
-pub fn kafka_pairs(options: &[String]) -> impl Iterator<Item = (&str, &str)> {
-    options.iter().filter_map(|o| o.split_once('='))
 }
 
 #[cfg(test)]

@@ -6,9 +6,7 @@
 //! owner reads them again. A batch is written when it is full or its first record has waited
 //! `batch_max_ms`; offsets live in Postgres and nothing is committed to Kafka.
 
-use crate::batch::{BatchWrite, Discovered, PartitionWrite, Snapshot, Topics};
 use crate::config::Config;
-use crate::db::{Db, DbError, Restored};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
@@ -22,8 +20,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use vitals_contracts::{decode_signal, validate_signal, Policy, Signal};
-use vitals_engine::Engine;
+use vitals_contracts::Policy;
+use vitals_pipeline::{BatchWrite, Partition, Topics};
+use vitals_store::audit::{AuditLog, Restored};
+use vitals_store::StoreError as DbError;
+
+/// Why the consumer loop stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error(transparent)]
+    Store(#[from] DbError),
+    #[error("the batch writer failed: {0}")]
+    Task(String),
+}
 
 /// What the rebalance callback hands to the loop.
 enum Rebalanced {
@@ -32,7 +41,7 @@ enum Rebalanced {
 }
 
 pub struct ProcessorContext {
-    db: Db,
+    db: AuditLog,
     topic: String,
     policy: Policy,
     handle: tokio::runtime::Handle,
@@ -140,28 +149,19 @@ impl ProcessorContext {
     }
 }
 
-struct PartitionState {
-    engine: Engine,
-    epoch: i64,
-    /// The next offset this partition's engine expects; earlier records are stale duplicates.
-    next_offset: Option<i64>,
-    since_snapshot: u64,
-}
-
 pub struct Processor {
     cfg: Config,
     consumer: StreamConsumer<ProcessorContext>,
-    db: Db,
+    db: AuditLog,
     topics: Topics,
     metrics: Arc<Metrics>,
     relay_wake: Arc<Notify>,
     cancel: CancellationToken,
-    partitions: HashMap<i32, PartitionState>,
+    partitions: HashMap<i32, Partition>,
     batch: BatchWrite,
     batch_started: Option<Instant>,
     /// Offsets consumed in the current batch, per partition: the next offset to read.
     pending: HashMap<i32, i64>,
-    decisions: Vec<vitals_engine::Decision>,
     /// The previous batch, being written while this one fills.
     in_flight: InFlight,
     /// A batch was abandoned at shutdown: the engines are ahead of Postgres, so no later batch
@@ -173,7 +173,7 @@ pub struct Processor {
 impl Processor {
     pub fn new(
         cfg: Config,
-        db: Db,
+        db: AuditLog,
         metrics: Arc<Metrics>,
         relay_wake: Arc<Notify>,
         cancel: CancellationToken,
@@ -182,7 +182,7 @@ impl Processor {
     ) -> Result<Processor, KafkaError> {
         let ctx = ProcessorContext {
             db: db.clone(),
-            topic: cfg.signals_topic.clone(),
+            topic: cfg.topics.signals_topic.clone(),
             policy: Policy::default(),
             handle: tokio::runtime::Handle::current(),
             cancel: cancel.clone(),
@@ -192,12 +192,12 @@ impl Processor {
         };
         let consumer: StreamConsumer<ProcessorContext> =
             crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
-        consumer.subscribe(&[&cfg.signals_topic])?;
+        consumer.subscribe(&[&cfg.topics.signals_topic])?;
         let topics = Topics {
-            signals: cfg.signals_topic.clone(),
-            changes: cfg.changes_topic.clone(),
-            state: cfg.state_topic.clone(),
-            dlq: cfg.dlq_topic.clone(),
+            signals: cfg.topics.signals_topic.clone(),
+            changes: cfg.topics.changes_topic.clone(),
+            state: cfg.topics.state_topic.clone(),
+            dlq: cfg.topics.dlq_topic.clone(),
         };
         Ok(Processor {
             cfg,
@@ -211,14 +211,13 @@ impl Processor {
             batch: BatchWrite::default(),
             batch_started: None,
             pending: HashMap::new(),
-            decisions: Vec::new(),
             in_flight: None,
             abandoned: false,
             progress,
         })
     }
 
-    pub async fn run(mut self) -> Result<(), DbError> {
+    pub async fn run(mut self) -> Result<(), LoopError> {
         loop {
             let deadline = self
                 .batch_started
@@ -271,119 +270,40 @@ impl Processor {
                 }
                 Rebalanced::Assigned(rs) => {
                     for (p, r) in rs {
-                        self.partitions.insert(
-                            p,
-                            PartitionState {
-                                engine: r.engine,
-                                epoch: r.epoch,
-                                next_offset: r.start_offset,
-                                since_snapshot: 0,
-                            },
-                        );
+                        self.partitions
+                            .insert(p, Partition::new(p, r.epoch, r.engine, r.start_offset));
                     }
                 }
             }
         }
     }
 
+    /// The record step of a partition this processor owns.
     fn process(&mut self, partition: i32, offset: i64, ts_ms: Option<i64>, key: Option<&[u8]>, payload: Option<&[u8]>) {
         let Some(ps) = self.partitions.get_mut(&partition) else {
             // Not ours (any more); the owner reads it. Counted: a processor that keeps fetching
             // records it drops has lost track of its assignment.
-            self.metrics.not_ours.fetch_add(1, Ordering::Relaxed);
+            self.metrics.not_ours.inc();
             return;
         };
-        if ps.next_offset.is_some_and(|n| offset < n) {
-            return; // already applied: a stale fetch from before a seek
-        }
-        ps.next_offset = Some(offset + 1);
-        ps.since_snapshot += 1;
-        self.batch.records += 1;
-        self.pending.insert(partition, offset + 1);
-        self.batch_started.get_or_insert_with(Instant::now);
-        let at = ts_ms.map_or(ps.engine.now, |ms| ms.saturating_mul(1000));
-        let payload = payload.unwrap_or_default();
-        let signal = match decode_signal(payload) {
-            Ok(s) => s,
-            Err(e) => {
-                self.batch
-                    .dead_letter(&self.topics, partition, offset, key, payload, e.code(), &e.to_string());
-                return;
-            }
-        };
-        if let Err(e) = validate_signal(&signal, Some(at)) {
-            self.batch.dead_letter(
-                &self.topics,
-                partition,
-                offset,
-                key,
-                payload,
-                "invalid_value",
-                &e.to_string(),
-            );
-            return;
-        }
-        let first_seen = endpoint_of(&signal)
-            .filter(|(pool, ep)| {
-                ps.engine
-                    .pools
-                    .get(*pool)
-                    .is_none_or(|p| !p.endpoints.contains_key(*ep))
-            })
-            .map(|(pool, ep)| (pool.to_owned(), ep.to_owned()));
-        ps.engine.apply(at, &signal, &mut self.decisions);
-        if let Some((pool, endpoint)) = first_seen {
-            let policy_version = ps.engine.pools.get(&pool).map_or(0, |p| p.policy.version);
-            self.batch.discover(
-                &self.topics,
-                Discovered {
-                    pool,
-                    endpoint,
-                    stream_time: at,
-                    policy_version,
-                    partition,
-                },
-            );
-        }
-        for d in self.decisions.drain(..) {
-            self.batch.add_decision(&self.topics, d, partition, offset);
+        if ps.step(offset, ts_ms, key, payload, &self.topics, &mut self.batch) {
+            self.pending.insert(partition, offset + 1);
+            self.batch_started.get_or_insert_with(Instant::now);
         }
     }
 
     /// Hand the batch to the writer. The write runs while the next batch fills; at most one is
     /// in flight, so batches commit in order and at most two are held in memory. A batch is
     /// one transaction, retried through database outages.
-    async fn flush(&mut self, snapshot_all: bool) -> Result<(), DbError> {
+    async fn flush(&mut self, snapshot_all: bool) -> Result<(), LoopError> {
         let started = self.batch_started.take();
         let mut batch = std::mem::take(&mut self.batch);
         let pending = std::mem::take(&mut self.pending);
         for (&p, ps) in self.partitions.iter_mut() {
-            let next = match (pending.get(&p), ps.next_offset) {
-                (Some(n), _) => *n,
-                (None, Some(n)) if snapshot_all => n,
-                _ => continue,
-            };
-            let snapshot = (snapshot_all || ps.since_snapshot >= self.cfg.snapshot_every).then(|| {
-                ps.since_snapshot = 0;
-                let mut pools: Vec<(String, Vec<u8>)> = ps
-                    .engine
-                    .pools
-                    .keys()
-                    .filter_map(|name| ps.engine.pool_snapshot(name).map(|s| (name.clone(), s)))
-                    .collect();
-                pools.sort_by(|a, b| a.0.cmp(&b.0));
-                Snapshot {
-                    offset: next,
-                    stream_time: ps.engine.now,
-                    pools,
-                }
-            });
-            batch.partitions.push(PartitionWrite {
-                partition: p,
-                epoch: ps.epoch,
-                next_offset: next,
-                snapshot,
-            });
+            let every = self.cfg.snapshot_every;
+            if let Some(w) = ps.write(pending.contains_key(&p), every, snapshot_all) {
+                batch.partitions.push(w);
+            }
         }
         self.finish_write().await?;
         if self.abandoned {
@@ -412,7 +332,7 @@ impl Processor {
     }
 
     /// Wait for the batch in flight and take in what it found.
-    async fn finish_write(&mut self) -> Result<(), DbError> {
+    async fn finish_write(&mut self) -> Result<(), LoopError> {
         let Some(handle) = self.in_flight.take() else {
             return Ok(());
         };
@@ -420,8 +340,8 @@ impl Processor {
     }
 
     /// What a finished write means for the loop.
-    fn written(&mut self, done: Result<Result<Written, DbError>, tokio::task::JoinError>) -> Result<(), DbError> {
-        let done = done.map_err(|e| DbError::Task(e.to_string()))??;
+    fn written(&mut self, done: Result<Result<Written, DbError>, tokio::task::JoinError>) -> Result<(), LoopError> {
+        let done = done.map_err(|e| LoopError::Task(e.to_string()))??;
         self.abandoned |= done.abandoned;
         for p in drop_fenced(&mut self.partitions, &done.fenced) {
             self.pending.remove(&p);
@@ -441,7 +361,7 @@ struct Written {
 }
 
 struct Writer {
-    db: Db,
+    db: AuditLog,
     metrics: Arc<Metrics>,
     relay_wake: Arc<Notify>,
     cancel: CancellationToken,
@@ -473,7 +393,7 @@ impl Writer {
                     }
                 }
                 Err(e) if e.is_retryable() => {
-                    self.metrics.db_retries.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.db_retries.inc();
                     tracing::warn!(error = %e, retry_in = ?backoff, "batch not written; retrying");
                     if self.cancel.is_cancelled() {
                         let deadline = *give_up_at.get_or_insert_with(|| Instant::now() + self.grace);
@@ -491,20 +411,18 @@ impl Writer {
                 Err(e) => {
                     // Retrying cannot fix a data error; stopping (not ready, exit non-zero) is
                     // better than a writer that retries one batch forever while claiming to work.
-                    self.metrics.permanent_errors.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.permanent_errors.inc();
                     tracing::error!(error = %e, "batch failed with a permanent database error; stopping");
                     return Err(e);
                 }
             }
         }
         let m = &self.metrics;
-        m.signals.fetch_add(batch.records, Ordering::Relaxed);
-        m.dead_lettered.fetch_add(batch.dead_lettered, Ordering::Relaxed);
-        m.transitions
-            .fetch_add(batch.transitions.len() as u64, Ordering::Relaxed);
-        m.pool_events
-            .fetch_add(batch.pool_events.len() as u64, Ordering::Relaxed);
-        m.batches.fetch_add(1, Ordering::Relaxed);
+        m.signals.inc_by(batch.records);
+        m.dead_lettered.inc_by(batch.dead_lettered);
+        m.transitions.inc_by(batch.transitions.len() as u64);
+        m.pool_events.inc_by(batch.pool_events.len() as u64);
+        m.batches.inc();
         if let Some(t) = started {
             m.batch_seconds.observe(t.elapsed().as_secs_f64());
         }
@@ -524,25 +442,15 @@ impl Writer {
 /// fenced epoch goes: a rebalance may already have given the partition back to this processor
 /// under a new epoch, and that state is live (removing it by number stopped the partition for
 /// good: every later record was dropped as "not ours").
-fn drop_fenced(partitions: &mut HashMap<i32, PartitionState>, fenced: &[(i32, i64)]) -> Vec<i32> {
+fn drop_fenced(partitions: &mut HashMap<i32, Partition>, fenced: &[(i32, i64)]) -> Vec<i32> {
     let mut dropped = Vec::new();
     for (p, epoch) in fenced {
-        if partitions.get(p).is_some_and(|ps| ps.epoch == *epoch) {
+        if partitions.get(p).is_some_and(|ps| ps.epoch() == *epoch) {
             partitions.remove(p);
             dropped.push(*p);
         }
     }
     dropped
-}
-
-/// The endpoint a signal is about, if any.
-fn endpoint_of(s: &Signal) -> Option<(&str, &str)> {
-    match s {
-        Signal::Call(c) => Some((&c.pool, &c.endpoint)),
-        Signal::Probe(p) => Some((&p.pool, &p.endpoint)),
-        Signal::Override(o) => Some((&o.pool, &o.endpoint)),
-        Signal::Tick(_) | Signal::Policy(_) => None,
-    }
 }
 
 type InFlight = Option<tokio::task::JoinHandle<Result<Written, DbError>>>;
@@ -566,23 +474,18 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 mod tests {
     use super::*;
 
-    fn state(epoch: i64) -> PartitionState {
-        PartitionState {
-            engine: Engine::new(Policy::default()),
-            epoch,
-            next_offset: Some(10),
-            since_snapshot: 0,
-        }
+    fn state(partition: i32, epoch: i64) -> Partition {
+        Partition::new(partition, epoch, vitals_engine::Engine::new(Policy::default()), Some(10))
     }
 
     #[test]
     fn a_fenced_batch_drops_only_the_epoch_it_was_written_under() {
         // Partition 0 was given back under epoch 3 before the zombie batch of epoch 2 reported
         // it fenced; partition 1 is still the fenced epoch.
-        let mut parts: HashMap<i32, PartitionState> = [(0, state(3)), (1, state(2))].into_iter().collect();
+        let mut parts: HashMap<i32, Partition> = [(0, state(0, 3)), (1, state(1, 2))].into_iter().collect();
         let dropped = drop_fenced(&mut parts, &[(0, 2), (1, 2), (7, 2)]);
         assert_eq!(dropped, vec![1]);
         assert_eq!(parts.keys().copied().collect::<Vec<_>>(), vec![0]);
-        assert_eq!(parts[&0].epoch, 3, "the live state of the new assignment stays");
+        assert_eq!(parts[&0].epoch(), 3, "the live state of the new assignment stays");
     }
 }

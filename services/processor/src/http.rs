@@ -44,7 +44,7 @@ async fn ready(State(h): State<Health>) -> (StatusCode, String) {
 
 async fn metrics(State(h): State<Health>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(axum::http::header::CONTENT_TYPE, vitals_runtime::metrics::CONTENT_TYPE_VALUE)],
         h.metrics.render(&h.progress.figures()),
     )
 }

@@ -6,44 +6,27 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use std::time::Duration;
-
-/// Brokers, then our defaults, then the user's pass-through options (security, tuning), which
-/// win over the defaults.
-fn build(cfg: &Config, defaults: &[(&str, &str)]) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.brokers);
-    for (k, v) in defaults.iter().copied().chain(cfg.kafka_pairs()) {
-        c.set(k, v);
-    }
-    c
-}
+use vitals_runtime::kafka;
 
 pub fn base_config(cfg: &Config) -> ClientConfig {
-    build(cfg, &[])
+    kafka::config(&cfg.kafka, &[])
 }
 
-/// An idempotent producer: retries never duplicate or reorder within a partition.
+/// The idempotent producer of the relay and the ticker.
 pub fn producer_config(cfg: &Config) -> ClientConfig {
-    build(
-        cfg,
-        &[
-            ("enable.idempotence", "true"),
-            ("acks", "all"),
-            ("linger.ms", "2"),
-            ("message.timeout.ms", "30000"),
-            ("compression.type", "zstd"),
-        ],
+    kafka::producer(
+        &cfg.kafka,
+        &[("message.timeout.ms", "30000"), ("compression.type", "zstd")],
     )
 }
 
 /// The consumer of the signals topic. Offsets live in Postgres and nothing is committed to
 /// Kafka; lag is measured from the write path (`progress`), so no statistics are requested.
 pub fn consumer_config(cfg: &Config) -> ClientConfig {
-    let mut c = build(
-        cfg,
+    kafka::consumer(
+        &cfg.kafka,
+        &cfg.group,
         &[
-            ("enable.auto.commit", "false"),
-            ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
             // Eager rebalancing: every assignment restores from Postgres, so a full revoke is
             // simple and safe; the cooperative protocol would only save work.
@@ -53,21 +36,19 @@ pub fn consumer_config(cfg: &Config) -> ClientConfig {
             ("max.poll.interval.ms", "300000"),
             ("fetch.wait.max.ms", "20"),
         ],
-    );
-    c.set("group.id", &cfg.group);
-    c
+    )
 }
 
 /// Create the signals, changes, state (compacted) and dead-letter topics if missing.
 pub async fn ensure_topics(cfg: &Config) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = base_config(cfg).create()?;
     let replication = || TopicReplication::Fixed(cfg.replication_factor);
-    let signals = NewTopic::new(&cfg.signals_topic, cfg.partitions, replication())
+    let signals = NewTopic::new(&cfg.topics.signals_topic, cfg.partitions, replication())
         // Stream time is the broker's append time: the log, not a gateway's clock, orders time.
         .set("message.timestamp.type", "LogAppendTime");
-    let changes = NewTopic::new(&cfg.changes_topic, cfg.partitions, replication());
-    let state = NewTopic::new(&cfg.state_topic, cfg.partitions, replication()).set("cleanup.policy", "compact");
-    let dlq = NewTopic::new(&cfg.dlq_topic, 1, replication()).set("retention.ms", "1209600000");
+    let changes = NewTopic::new(&cfg.topics.changes_topic, cfg.partitions, replication());
+    let state = NewTopic::new(&cfg.topics.state_topic, cfg.partitions, replication()).set("cleanup.policy", "compact");
+    let dlq = NewTopic::new(&cfg.topics.dlq_topic, 1, replication()).set("retention.ms", "1209600000");
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = admin.create_topics([&signals, &changes, &state, &dlq], &opts).await?;
     for r in results {

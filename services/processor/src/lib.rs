@@ -1,16 +1,13 @@
 //! The vitals stream processor as a library: `run(config)` until the cancellation token fires.
 //! The binary in `main.rs` adds signal handling and logging.
 
-pub mod batch;
 pub mod config;
 pub mod consumer;
-pub mod db;
 pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod progress;
 pub mod relay;
-pub mod shell;
 pub mod ticker;
 
 use anyhow::Context;
@@ -29,18 +26,18 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     if cfg.create_topics {
         kafka::ensure_topics(&cfg).await.context("creating topics")?;
     }
-    let pool = db::connect(&cfg.database_url, &cfg.db_schema)
+    let pool = vitals_store::connect_owner(&cfg.db.database_url, &cfg.db.db_schema, 8)
         .await
-        .with_context(|| format!("connecting to {}", config::redact_url(&cfg.database_url)))?;
-    let metrics = Arc::new(metrics::Metrics::default());
+        .with_context(|| format!("connecting to {}", cfg.db.shown()))?;
+    let metrics = Arc::new(metrics::Metrics::new());
     let wake = Arc::new(tokio::sync::Notify::new());
     let producer: FutureProducer = kafka::producer_config(&cfg)
         .create()
         .context("creating the Kafka producer")?;
-    let database = db::Db {
+    let database = vitals_store::audit::AuditLog {
         pool: pool.clone(),
         group: cfg.group.clone(),
-        topic: cfg.signals_topic.clone(),
+        topic: cfg.topics.signals_topic.clone(),
     };
     let ready = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(progress::Progress::new(Duration::from_secs(cfg.stall_after_secs)));
@@ -69,7 +66,6 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     {
         let relay = relay::Relay {
             pool: pool.clone(),
-            schema: cfg.db_schema.clone(),
             producer: producer.clone(),
             batch: cfg.relay_batch,
             metrics: metrics.clone(),
@@ -94,7 +90,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     if cfg.tick_interval_ms > 0 {
         let name = format!("processor-{}", std::process::id());
         let every = Duration::from_millis(cfg.tick_interval_ms);
-        let fut = ticker::run(producer.clone(), cfg.signals_topic.clone(), every, name, cancel.clone());
+        let fut = ticker::run(producer.clone(), cfg.topics.signals_topic.clone(), every, name, cancel.clone());
         tasks.spawn(async move {
             fut.await;
             Ok(())
@@ -104,7 +100,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         let client = kafka::base_config(&cfg)
             .create()
             .context("creating the watermark client")?;
-        let fut = progress::monitor(progress.clone(), client, cfg.signals_topic.clone(), cancel.clone());
+        let fut = progress::monitor(progress.clone(), client, cfg.topics.signals_topic.clone(), cancel.clone());
         tasks.spawn(async move {
             fut.await;
             Ok(())

@@ -8,9 +8,8 @@
 use crate::metrics::Metrics;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use sqlx::{PgPool, Row};
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use sqlx::PgPool;
+use vitals_store::outbox;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -22,7 +21,6 @@ const RENEW_EVERY: Duration = Duration::from_millis(1000);
 
 pub struct Relay {
     pub pool: PgPool,
-    pub schema: String,
     pub producer: FutureProducer,
     pub batch: i64,
     pub metrics: Arc<Metrics>,
@@ -70,27 +68,13 @@ impl Relay {
             r = self.keep_lease() => r,
         };
         // Hand over at once rather than after the lease runs out.
-        let _ = sqlx::query("UPDATE relay_lease SET expires_at = now() WHERE name = 'outbox' AND holder = $1")
-            .bind(&self.holder)
-            .execute(&mut *conn)
-            .await;
+        let _ = outbox::release_lease(&mut conn, &self.holder).await;
         result
     }
 
     /// Take or renew the lease; false while someone else holds a live one.
     async fn lease(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<bool> {
-        let got: Option<String> = sqlx::query_scalar(
-            "INSERT INTO relay_lease (name, holder, expires_at)
-             VALUES ('outbox', $1, clock_timestamp() + make_interval(secs => $2))
-             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
-             WHERE relay_lease.holder = excluded.holder OR relay_lease.expires_at < clock_timestamp()
-             RETURNING holder",
-        )
-        .bind(&self.holder)
-        .bind(LEASE.as_secs_f64())
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(got.is_some())
+        Ok(outbox::take_lease(conn, &self.holder, LEASE).await?)
     }
 
     /// Renew the lease every [`RENEW_EVERY`] on a connection of its own; an error once it is
@@ -126,10 +110,7 @@ impl Relay {
                 last_retention = std::time::Instant::now();
             }
             if last_backlog.elapsed() > Duration::from_secs(5) {
-                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-                    .fetch_one(&mut *conn)
-                    .await?;
-                self.metrics.outbox_backlog.store(n, Ordering::Relaxed);
+                self.metrics.outbox_backlog.set(outbox::backlog(conn).await?);
                 last_backlog = std::time::Instant::now();
             }
             if published > 0 {
@@ -149,38 +130,7 @@ impl Relay {
     /// Keep the database bounded: published outbox rows, and (if configured) old audit rows, are
     /// deleted in chunks so that no single statement holds locks for long.
     async fn retention(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        let mut deleted = 0;
-        loop {
-            let r = sqlx::query(
-                "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
-                 WHERE published_at < now() - make_interval(hours => $1::int) LIMIT 10000)",
-            )
-            .bind(self.outbox_retention_hours as i32)
-            .execute(&mut *conn)
-            .await?;
-            deleted += r.rows_affected();
-            if r.rows_affected() < 10_000 {
-                break;
-            }
-        }
-        if self.audit_retention_days > 0 {
-            for table in ["transitions", "pool_events"] {
-                loop {
-                    let q = format!(
-                        "DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table}
-                         WHERE stream_time < now() - make_interval(days => $1::int) LIMIT 10000)"
-                    );
-                    let r = sqlx::query(&q)
-                        .bind(self.audit_retention_days as i32)
-                        .execute(&mut *conn)
-                        .await?;
-                    deleted += r.rows_affected();
-                    if r.rows_affected() < 10_000 {
-                        break;
-                    }
-                }
-            }
-        }
+        let deleted = outbox::retention(conn, self.outbox_retention_hours, self.audit_retention_days).await?;
         if deleted > 0 {
             tracing::info!(deleted, "retention: old rows deleted");
         }
@@ -189,31 +139,22 @@ impl Relay {
 
     /// Publish one round of unpublished rows; the number published.
     async fn publish_round(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<usize> {
-        let rows = sqlx::query(
-            "SELECT id, topic, key, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
-        )
-        .bind(self.batch)
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows = outbox::unpublished(conn, self.batch).await?;
         if rows.is_empty() {
             return Ok(0);
         }
         let mut ids = Vec::with_capacity(rows.len());
         let mut deliveries = Vec::with_capacity(rows.len());
         for r in &rows {
-            let id: i64 = r.get(0);
-            let topic: String = r.get(1);
-            let key: Option<Vec<u8>> = r.get(2);
-            let payload: Vec<u8> = r.get(3);
-            let headers: sqlx::types::Json<BTreeMap<String, String>> = r.get(4);
-            let mut h = OwnedHeaders::new_with_capacity(headers.0.len());
-            for (k, v) in &headers.0 {
+            let (id, topic, key, payload, headers) = (r.id, &r.topic, &r.key, &r.payload, &r.headers);
+            let mut h = OwnedHeaders::new_with_capacity(headers.len());
+            for (k, v) in headers {
                 h = h.insert(Header {
                     key: k,
                     value: Some(v.as_bytes()),
                 });
             }
-            let mut record = FutureRecord::to(&topic).payload(&payload).headers(h);
+            let mut record = FutureRecord::to(topic).payload(payload).headers(h);
             if let Some(k) = &key {
                 record = record.key(k);
             }
@@ -238,11 +179,8 @@ impl Relay {
                 Err(_) => anyhow::bail!("publish cancelled"),
             }
         }
-        sqlx::query("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
-            .bind(&ids)
-            .execute(&mut *conn)
-            .await?;
-        self.metrics.published.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        outbox::mark_published(conn, &ids).await?;
+        self.metrics.published.inc_by(ids.len() as u64);
         Ok(ids.len())
     }
 }

@@ -33,19 +33,12 @@ pub struct PartitionWrite {
     pub snapshot: Option<Snapshot>,
 }
 
-/// An endpoint the engine saw for the first time: it enters the state projection as healthy.
-#[derive(Debug, Clone)]
-pub struct Discovered {
-    pub pool: String,
-    pub endpoint: String,
-    pub stream_time: i64,
-    pub policy_version: i32,
-    pub partition: i32,
-}
-
 #[derive(Debug, Default)]
 pub struct BatchWrite {
-    pub discovered: Vec<Discovered>,
+    /// Endpoints the engine saw for the first time, in their first state, with the input
+    /// partition; they enter the state projection.
+    pub discovered: Vec<EndpointState>,
+    discovered_partitions: Vec<i32>,
     pub transitions: Vec<(HealthChanged, i32, i64)>,
     pub pool_events: Vec<(PoolHealthChanged, i32, i64)>,
     pub outbox: Vec<OutboxRow>,
@@ -95,12 +88,12 @@ impl BatchWrite {
 
     /// An endpoint seen for the first time: into the state projection, and onto the compacted
     /// state topic so that a router bootstrapping from it learns every member of a pool.
-    pub fn discover(&mut self, topics: &Topics, d: Discovered) {
-        let state = EndpointState::first_seen(&d.pool, &d.endpoint, d.stream_time, d.policy_version);
-        let key = keys::endpoint_key(&d.pool, &d.endpoint);
+    pub fn discover(&mut self, topics: &Topics, state: EndpointState, partition: i32) {
+        let key = keys::endpoint_key(&state.pool, &state.endpoint);
         let dedup_key = format!("es0/{key}");
-        self.publish(&state, &topics.state, Some(key.into_bytes()), dedup_key, d.partition);
-        self.discovered.push(d);
+        self.publish(&state, &topics.state, Some(key.into_bytes()), dedup_key, partition);
+        self.discovered.push(state);
+        self.discovered_partitions.push(partition);
     }
 
     /// An event for the outbox, encoded, with its type in the `vitals-type` header.
@@ -168,7 +161,9 @@ impl BatchWrite {
         self.transitions.retain(|(_, p, _)| *p != partition);
         self.pool_events.retain(|(_, p, _)| *p != partition);
         self.outbox.retain(|o| o.partition != partition);
-        self.discovered.retain(|d| d.partition != partition);
+        let mut kept = self.discovered_partitions.iter().map(|p| *p != partition);
+        self.discovered.retain(|_| kept.next().unwrap_or(true));
+        self.discovered_partitions.retain(|p| *p != partition);
         self.partitions.retain(|p| p.partition != partition);
     }
 }

@@ -1,0 +1,179 @@
+//! The record step of vitals, with no Kafka client and no database inside: a [`Partition`]
+//! takes one record (offset, timestamp, key, payload), decodes and validates it, applies it to
+//! its engine, and adds what follows to a [`BatchWrite`]: transitions and pool events with
+//! their outbox events, endpoints seen for the first time, dead letters for what cannot be
+//! read. The processor feeds it from Kafka and writes the batch to Postgres; a backtest or a
+//! simulator feeds it from anywhere and gets the same rows.
+
+pub mod batch;
+
+pub use batch::{BatchWrite, OutboxRow, PartitionWrite, Snapshot, Topics};
+
+use vitals_contracts::{decode_signal, validate_signal, Micros};
+use vitals_engine::{Decision, Engine};
+
+/// One input partition: its engine and where it stands in the log.
+pub struct Partition {
+    partition: i32,
+    /// The ownership epoch under which this state was restored (fences older owners' writes).
+    epoch: i64,
+    engine: Engine,
+    /// The next offset the engine expects; earlier records are stale duplicates.
+    next_offset: Option<i64>,
+    since_snapshot: u64,
+    decisions: Vec<Decision>,
+}
+
+impl Partition {
+    /// `start_offset`: the first offset the engine has not applied (None: the beginning).
+    pub fn new(partition: i32, epoch: i64, engine: Engine, start_offset: Option<i64>) -> Partition {
+        Partition {
+            partition,
+            epoch,
+            engine,
+            next_offset: start_offset,
+            since_snapshot: 0,
+            decisions: Vec::new(),
+        }
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The next offset to read, if any record has been applied or restored.
+    pub fn next_offset(&self) -> Option<i64> {
+        self.next_offset
+    }
+
+    /// The record step. Returns false for a record before the partition's position (a stale
+    /// fetch from before a seek), which changes nothing. `ts_ms` is the record's timestamp (the
+    /// stream time); a record without one is applied at the current stream time.
+    pub fn step(
+        &mut self,
+        offset: i64,
+        ts_ms: Option<i64>,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        topics: &Topics,
+        out: &mut BatchWrite,
+    ) -> bool {
+        if self.next_offset.is_some_and(|n| offset < n) {
+            return false;
+        }
+        self.next_offset = Some(offset + 1);
+        self.since_snapshot += 1;
+        out.records += 1;
+        let partition = self.partition;
+        let at: Micros = ts_ms.map_or(self.engine.now(), |ms| ms.saturating_mul(1000));
+        let payload = payload.unwrap_or_default();
+        let signal = match decode_signal(payload) {
+            Ok(s) => s,
+            Err(e) => {
+                out.dead_letter(topics, partition, offset, key, payload, e.code(), &e.to_string());
+                return true;
+            }
+        };
+        if let Err(e) = validate_signal(&signal, Some(at)) {
+            out.dead_letter(topics, partition, offset, key, payload, "invalid_value", &e.to_string());
+            return true;
+        }
+        if let Some(first) = self.engine.apply(at, &signal, &mut self.decisions) {
+            out.discover(topics, first, partition);
+        }
+        for d in self.decisions.drain(..) {
+            out.add_decision(topics, d, partition, offset);
+        }
+        true
+    }
+
+    /// What the batch records for this partition: its next offset, and a snapshot when `force`
+    /// or when `every` records have been applied since the last one. None when there is nothing
+    /// to record (no record read and no snapshot forced).
+    pub fn write(&mut self, read_in_batch: bool, every: u64, force: bool) -> Option<PartitionWrite> {
+        let next = self.next_offset.filter(|_| read_in_batch || force)?;
+        let snapshot = (force || self.since_snapshot >= every).then(|| {
+            self.since_snapshot = 0;
+            let s = self.engine.partition_snapshot();
+            Snapshot {
+                offset: next,
+                stream_time: s.stream_time,
+                pools: s.pools,
+            }
+        });
+        Some(PartitionWrite {
+            partition: self.partition,
+            epoch: self.epoch,
+            next_offset: next,
+            snapshot,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vitals_contracts::{encode_signal, CallOutcome, OutcomeClass, Policy, Signal};
+
+    fn topics() -> Topics {
+        Topics {
+            signals: "s".into(),
+            changes: "c".into(),
+            state: "st".into(),
+            dlq: "d".into(),
+        }
+    }
+
+    fn call(ep: &str, i: u64, outcome: OutcomeClass) -> Vec<u8> {
+        encode_signal(&Signal::Call(CallOutcome {
+            event_id: format!("e{i}"),
+            pool: "p".into(),
+            endpoint: ep.into(),
+            gateway: "g".into(),
+            occurred_at: 1_700_000_000_000_000,
+            outcome,
+            http_status: None,
+            latency_us: 1_000,
+            ttft_us: None,
+            tpot_us: None,
+            attributes: Default::default(),
+            model: None,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_step_gives_first_seen_decisions_and_dead_letters_without_io() {
+        let mut p = Partition::new(3, 1, Engine::new(Policy::default()), None);
+        let mut out = BatchWrite::default();
+        let t = topics();
+        let ts = Some(1_700_000_000_000);
+        assert!(p.step(0, ts, Some(b"p"), Some(&call("a", 0, OutcomeClass::Success)), &t, &mut out));
+        assert_eq!(out.discovered.len(), 1, "a first-seen endpoint");
+        assert_eq!(out.discovered[0].endpoint, "a");
+        for i in 1..=3 {
+            p.step(i, ts, Some(b"p"), Some(&call("a", i as u64, OutcomeClass::ServerError)), &t, &mut out);
+        }
+        assert_eq!(out.discovered.len(), 1, "seen once");
+        assert!(!out.transitions.is_empty(), "three 5xx in a row break hard");
+        assert!(p.step(4, ts, None, Some(b"garbage"), &t, &mut out));
+        assert_eq!(out.dead_lettered, 1);
+        assert!(!p.step(2, ts, None, Some(b"stale"), &t, &mut out), "before the position: skipped");
+        assert_eq!(out.records, 5);
+        let w = p.write(true, 1_000, false).unwrap();
+        assert_eq!((w.partition, w.next_offset), (3, 5));
+        assert!(w.snapshot.is_none());
+        let w = p.write(false, 1_000, true).unwrap();
+        let s = w.snapshot.unwrap();
+        let restored = Engine::from_snapshot(Policy::default(), s.stream_time, s.pools.iter().map(|(_, b)| b.as_slice())).unwrap();
+        assert_eq!(&restored, p.engine());
+    }
+}

@@ -1,0 +1,115 @@
+//! The outbox as the relay sees it: a lease that makes one relay active per schema, unpublished
+//! rows in id order, marking them published, and retention.
+
+use sqlx::{PgConnection, Row};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// An event to publish.
+pub struct Pending {
+    pub id: i64,
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Take or renew the relay lease for `lease`; false while someone else holds a live one.
+pub async fn take_lease(conn: &mut PgConnection, holder: &str, lease: Duration) -> Result<bool, sqlx::Error> {
+    let got: Option<String> = sqlx::query_scalar(
+        "INSERT INTO relay_lease (name, holder, expires_at)
+         VALUES ('outbox', $1, clock_timestamp() + make_interval(secs => $2))
+         ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+         WHERE relay_lease.holder = excluded.holder OR relay_lease.expires_at < clock_timestamp()
+         RETURNING holder",
+    )
+    .bind(holder)
+    .bind(lease.as_secs_f64())
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(got.is_some())
+}
+
+/// Give the lease up at once rather than after it runs out.
+pub async fn release_lease(conn: &mut PgConnection, holder: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE relay_lease SET expires_at = now() WHERE name = 'outbox' AND holder = $1")
+        .bind(holder)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Up to `limit` unpublished rows, oldest first.
+pub async fn unpublished(conn: &mut PgConnection, limit: i64) -> Result<Vec<Pending>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, topic, key, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Pending {
+            id: r.get(0),
+            topic: r.get(1),
+            key: r.get(2),
+            payload: r.get(3),
+            headers: r.get::<sqlx::types::Json<BTreeMap<String, String>>, _>(4).0,
+        })
+        .collect())
+}
+
+pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Rows not yet published.
+pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        .fetch_one(&mut *conn)
+        .await
+}
+
+const RETENTION_CHUNK: u64 = 10_000;
+
+/// Keep the database bounded: published outbox rows older than `outbox_hours`, and (when
+/// `audit_days` > 0) transitions and pool events older than that by stream time, are deleted in
+/// chunks so that no single statement holds locks for long. The number of rows deleted.
+pub async fn retention(conn: &mut PgConnection, outbox_hours: i64, audit_days: i64) -> Result<u64, sqlx::Error> {
+    let mut deleted = delete_in_chunks(
+        conn,
+        "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
+         WHERE published_at < now() - make_interval(hours => $1::int) LIMIT 10000)",
+        outbox_hours,
+    )
+    .await?;
+    if audit_days > 0 {
+        for table in ["transitions", "pool_events"] {
+            let q = format!(
+                "DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table}
+                 WHERE stream_time < now() - make_interval(days => $1::int) LIMIT 10000)"
+            );
+            deleted += delete_in_chunks(conn, &q, audit_days).await?;
+        }
+    }
+    Ok(deleted)
+}
+
+async fn delete_in_chunks(conn: &mut PgConnection, sql: &str, age: i64) -> Result<u64, sqlx::Error> {
+    let mut deleted = 0;
+    loop {
+        let n = sqlx::query(sql)
+            .bind(age.clamp(0, i32::MAX as i64) as i32)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        deleted += n;
+        if n < RETENTION_CHUNK {
+            return Ok(deleted);
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The read side: transition history with keyset pagination, and the endpoint-state
+//! projection. Rows come back as the contract types (`HealthChanged`, `EndpointState`); a value
+//! this build does not know is an error, never a default.
+
+use crate::StoreError;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Postgres, QueryBuilder, Row};
+use vitals_contracts::{EndpointState, Evidence, HealthChanged, HealthState, ReasonCode};
+
+/// The columns a transition is read from, in one place.
+const TRANSITION_COLUMNS: &str = "pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, \
+     retry_at, reason_code, reason, policy_version, trigger_ids, evidence, stream_time";
+
+const STATE_COLUMNS: &str =
+    "pool, endpoint, state, weight, ramp_ms, score, failure_rate, since, reason, seq, policy_version";
+
+/// Which transitions, newest first.
+#[derive(Debug, Default, Clone)]
+pub struct TransitionFilter {
+    pub pool: Option<String>,
+    /// Requires `pool`.
+    pub endpoint: Option<String>,
+    /// At or after.
+    pub from: Option<DateTime<Utc>>,
+    /// Before.
+    pub to: Option<DateTime<Utc>>,
+    /// Into this state.
+    pub state: Option<HealthState>,
+    pub reason: Option<ReasonCode>,
+    /// Strictly older than this position (the last item of the previous page).
+    pub before: Option<Position>,
+}
+
+/// A transition's place in the newest-first order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Position {
+    pub stream_time: DateTime<Utc>,
+    pub pool: String,
+    pub endpoint: String,
+    pub seq: i64,
+}
+
+/// Up to `limit` transitions matching `f`, newest first.
+pub async fn transitions(db: &PgPool, f: &TransitionFilter, limit: i64) -> Result<Vec<HealthChanged>, StoreError> {
+    let mut sql = QueryBuilder::<Postgres>::new(format!("SELECT {TRANSITION_COLUMNS} FROM transitions WHERE true"));
+    if let Some(p) = &f.pool {
+        sql.push(" AND pool = ").push_bind(p);
+    }
+    if let Some(e) = &f.endpoint {
+        sql.push(" AND endpoint = ").push_bind(e);
+    }
+    if let Some(t) = f.from {
+        sql.push(" AND stream_time >= ").push_bind(t);
+    }
+    if let Some(t) = f.to {
+        sql.push(" AND stream_time < ").push_bind(t);
+    }
+    if let Some(s) = f.state {
+        sql.push(" AND to_state = ").push_bind(s.as_str());
+    }
+    if let Some(r) = f.reason {
+        sql.push(" AND reason_code = ").push_bind(r.as_str());
+    }
+    // The keyset condition follows the index of each kind of query, so it is a range scan.
+    if let Some(c) = &f.before {
+        match (&f.pool, &f.endpoint) {
+            (Some(_), Some(_)) => {
+                sql.push(" AND (stream_time, seq) < (")
+                    .push_bind(c.stream_time)
+                    .push(", ")
+                    .push_bind(c.seq)
+                    .push(")");
+            }
+            (Some(_), None) => {
+                sql.push(" AND (stream_time, endpoint, seq) < (")
+                    .push_bind(c.stream_time)
+                    .push(", ")
+                    .push_bind(c.endpoint.clone())
+                    .push(", ")
+                    .push_bind(c.seq)
+                    .push(")");
+            }
+            _ => {
+                sql.push(" AND (stream_time, pool, endpoint, seq) < (")
+                    .push_bind(c.stream_time)
+                    .push(", ")
+                    .push_bind(c.pool.clone())
+                    .push(", ")
+                    .push_bind(c.endpoint.clone())
+                    .push(", ")
+                    .push_bind(c.seq)
+                    .push(")");
+            }
+        }
+    }
+    sql.push(" ORDER BY stream_time DESC, pool DESC, endpoint DESC, seq DESC LIMIT ")
+        .push_bind(limit);
+    let rows = sql.build().fetch_all(db).await?;
+    rows.iter().map(transition).collect()
+}
+
+/// The last transition of an endpoint.
+pub async fn last_transition(db: &PgPool, pool: &str, endpoint: &str) -> Result<Option<HealthChanged>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {TRANSITION_COLUMNS} FROM transitions WHERE pool = $1 AND endpoint = $2 ORDER BY seq DESC LIMIT 1"
+    ))
+    .bind(pool)
+    .bind(endpoint)
+    .fetch_optional(db)
+    .await?;
+    row.as_ref().map(transition).transpose()
+}
+
+/// The current state of every endpoint of up to `limit` pools whose names sort after `after`,
+/// in (pool, endpoint) order.
+pub async fn pools_after(db: &PgPool, after: &str, limit: i64) -> Result<Vec<EndpointState>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool IN
+           (SELECT DISTINCT pool FROM endpoint_state WHERE pool > $1 ORDER BY pool LIMIT $2)
+         ORDER BY pool, endpoint"
+    ))
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(state).collect()
+}
+
+/// The current state of every endpoint of a pool, in endpoint order.
+pub async fn pool(db: &PgPool, pool: &str) -> Result<Vec<EndpointState>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 ORDER BY endpoint"
+    ))
+    .bind(pool)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(state).collect()
+}
+
+/// The current state of one endpoint.
+pub async fn endpoint(db: &PgPool, pool: &str, endpoint: &str) -> Result<Option<EndpointState>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 AND endpoint = $2"
+    ))
+    .bind(pool)
+    .bind(endpoint)
+    .fetch_optional(db)
+    .await?;
+    row.as_ref().map(state).transpose()
+}
+
+fn state_column(r: &PgRow, col: &str) -> Result<HealthState, StoreError> {
+    let s: String = r.try_get(col)?;
+    HealthState::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?} in column {col}")))
+}
+
+fn micros(r: &PgRow, col: &str) -> Result<i64, StoreError> {
+    Ok(r.try_get::<DateTime<Utc>, _>(col)?.timestamp_micros())
+}
+
+fn transition(r: &PgRow) -> Result<HealthChanged, StoreError> {
+    let evidence: sqlx::types::Json<Evidence> = r.try_get("evidence")?;
+    let retry_at: Option<DateTime<Utc>> = r.try_get("retry_at")?;
+    Ok(HealthChanged {
+        pool: r.try_get("pool")?,
+        endpoint: r.try_get("endpoint")?,
+        seq: r.try_get("seq")?,
+        transition_id: r.try_get("transition_id")?,
+        from_state: state_column(r, "from_state")?,
+        to_state: state_column(r, "to_state")?,
+        weight: r.try_get("weight")?,
+        ramp_ms: r.try_get("ramp_ms")?,
+        retry_at: retry_at.map(|t| t.timestamp_micros()),
+        reason_code: r.try_get("reason_code")?,
+        reason: r.try_get("reason")?,
+        policy_version: r.try_get("policy_version")?,
+        trigger_ids: r.try_get("trigger_ids")?,
+        evidence: evidence.0,
+        stream_time: micros(r, "stream_time")?,
+    })
+}
+
+fn state(r: &PgRow) -> Result<EndpointState, StoreError> {
+    Ok(EndpointState {
+        pool: r.try_get("pool")?,
+        endpoint: r.try_get("endpoint")?,
+        seq: r.try_get("seq")?,
+        state: state_column(r, "state")?,
+        weight: r.try_get("weight")?,
+        ramp_ms: r.try_get("ramp_ms")?,
+        score: r.try_get("score")?,
+        failure_rate: r.try_get("failure_rate")?,
+        since: micros(r, "since")?,
+        reason: r.try_get("reason")?,
+        policy_version: r.try_get("policy_version")?,
+    })
+}
