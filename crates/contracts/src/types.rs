@@ -23,7 +23,6 @@ symbols! {
 }
 
 impl OutcomeClass {
-
     /// Timeouts, connect errors, dropped connections, 429, 5xx and invalid responses are failures.
     pub fn is_failure(self) -> bool {
         !matches!(
@@ -393,7 +392,11 @@ impl Evidence {
     /// Calls in the window that count against the endpoint (every class that
     /// [`OutcomeClass::is_failure`] names).
     pub fn failures(&self) -> i64 {
-        self.timeout + self.connect_error + self.connection_dropped + self.rate_limited + self.server_error
+        self.timeout
+            + self.connect_error
+            + self.connection_dropped
+            + self.rate_limited
+            + self.server_error
             + self.invalid_response
     }
 

@@ -156,24 +156,46 @@ mod tests {
         let mut out = BatchWrite::default();
         let t = topics();
         let ts = Some(1_700_000_000_000);
-        assert!(p.step(0, ts, Some(b"p"), Some(&call("a", 0, OutcomeClass::Success)), &t, &mut out));
+        assert!(p.step(
+            0,
+            ts,
+            Some(b"p"),
+            Some(&call("a", 0, OutcomeClass::Success)),
+            &t,
+            &mut out
+        ));
         assert_eq!(out.discovered.len(), 1, "a first-seen endpoint");
         assert_eq!(out.discovered[0].endpoint, "a");
         for i in 1..=3 {
-            p.step(i, ts, Some(b"p"), Some(&call("a", i as u64, OutcomeClass::ServerError)), &t, &mut out);
+            p.step(
+                i,
+                ts,
+                Some(b"p"),
+                Some(&call("a", i as u64, OutcomeClass::ServerError)),
+                &t,
+                &mut out,
+            );
         }
         assert_eq!(out.discovered.len(), 1, "seen once");
         assert!(!out.transitions.is_empty(), "three 5xx in a row break hard");
         assert!(p.step(4, ts, None, Some(b"garbage"), &t, &mut out));
         assert_eq!(out.dead_lettered, 1);
-        assert!(!p.step(2, ts, None, Some(b"stale"), &t, &mut out), "before the position: skipped");
+        assert!(
+            !p.step(2, ts, None, Some(b"stale"), &t, &mut out),
+            "before the position: skipped"
+        );
         assert_eq!(out.records, 5);
         let w = p.write(true, 1_000, false).unwrap();
         assert_eq!((w.partition, w.next_offset), (3, 5));
         assert!(w.snapshot.is_none());
         let w = p.write(false, 1_000, true).unwrap();
         let s = w.snapshot.unwrap();
-        let restored = Engine::from_snapshot(Policy::default(), s.stream_time, s.pools.iter().map(|(_, b)| b.as_slice())).unwrap();
+        let restored = Engine::from_snapshot(
+            Policy::default(),
+            s.stream_time,
+            s.pools.iter().map(|(_, b)| b.as_slice()),
+        )
+        .unwrap();
         assert_eq!(&restored, p.engine());
     }
 }

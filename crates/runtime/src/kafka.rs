@@ -16,7 +16,8 @@ pub fn config(kafka: &KafkaArgs, defaults: &[(&str, &str)]) -> ClientConfig {
 
 /// The defaults of an idempotent producer: retries never duplicate or reorder within a
 /// partition, and a record counts as written when every in-sync replica has it.
-pub const IDEMPOTENT_PRODUCER: [(&str, &str); 3] = [("enable.idempotence", "true"), ("acks", "all"), ("linger.ms", "2")];
+pub const IDEMPOTENT_PRODUCER: [(&str, &str); 3] =
+    [("enable.idempotence", "true"), ("acks", "all"), ("linger.ms", "2")];
 
 /// An idempotent producer with `extra` defaults (timeouts, queue sizes, compression).
 pub fn producer(kafka: &KafkaArgs, extra: &[(&str, &str)]) -> ClientConfig {
@@ -51,6 +52,9 @@ mod tests {
         assert_eq!(c.get("linger.ms"), Some("5"));
         assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
         let c = consumer(&k, "g", &[]);
-        assert_eq!((c.get("group.id"), c.get("enable.auto.commit")), (Some("g"), Some("false")));
+        assert_eq!(
+            (c.get("group.id"), c.get("enable.auto.commit")),
+            (Some("g"), Some("false"))
+        );
     }
 }

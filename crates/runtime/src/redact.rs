@@ -24,7 +24,10 @@ pub fn option(o: &str) -> String {
 mod tests {
     #[test]
     fn passwords_are_replaced() {
-        assert_eq!(super::url("postgres://u:hunter2@db:5432/x"), "postgres://u:***@db:5432/x");
+        assert_eq!(
+            super::url("postgres://u:hunter2@db:5432/x"),
+            "postgres://u:***@db:5432/x"
+        );
         assert_eq!(super::url("postgres://db/x"), "postgres://db/x");
         assert_eq!(super::option("sasl.password=hunter2"), "sasl.password=***");
         assert_eq!(super::option("acks=all"), "acks=all");

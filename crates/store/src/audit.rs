@@ -183,7 +183,11 @@ impl AuditLog {
 
 /// Transitions with the input record that caused each, (partition, offset). Idempotent by
 /// (pool, endpoint, seq). Public for tools and tests that seed an audit log.
-pub async fn insert_transitions<'c, E>(exec: E, rows: &[&HealthChanged], sources: &[(i32, i64)]) -> Result<(), sqlx::Error>
+pub async fn insert_transitions<'c, E>(
+    exec: E,
+    rows: &[&HealthChanged],
+    sources: &[(i32, i64)],
+) -> Result<(), sqlx::Error>
 where
     E: sqlx::Executor<'c, Database = Postgres>,
 {

@@ -37,7 +37,11 @@ pub enum StoreError {
     )]
     NotMigrated { schema: String, error: sqlx::Error },
     #[error("schema {schema:?} is at migration {have:?}, this build needs {want}: upgrade the processor first")]
-    TooOld { schema: String, have: Option<i64>, want: i64 },
+    TooOld {
+        schema: String,
+        have: Option<i64>,
+        want: i64,
+    },
 }
 
 impl StoreError {
@@ -145,7 +149,11 @@ pub async fn connect_reader(url: &str, schema: &str, max_connections: u32) -> Re
     match have {
         Some(v) if v >= want => {
             if v > want {
-                tracing::warn!(schema_version = v, built_for = want, "the schema is newer than this build");
+                tracing::warn!(
+                    schema_version = v,
+                    built_for = want,
+                    "the schema is newer than this build"
+                );
             }
             Ok(db)
         }

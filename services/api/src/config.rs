@@ -2,9 +2,9 @@
 
 use crate::auth::{Role, Token};
 use clap::Parser;
-use vitals_runtime::args::{KafkaArgs, PostgresArgs, TopicArgs};
 use std::net::SocketAddr;
 use std::time::Duration;
+use vitals_runtime::args::{KafkaArgs, PostgresArgs, TopicArgs};
 
 #[derive(Parser, Clone)]
 #[command(name = "vitals-api", version, about = "The vitals HTTP API")]

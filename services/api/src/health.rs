@@ -2,14 +2,14 @@
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiPath, ApiQuery};
-use vitals_contracts::{view, EndpointState, HealthState};
-use vitals_store::read;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
+use vitals_contracts::{view, EndpointState, HealthState};
+use vitals_store::read;
 
 #[derive(Serialize, ToSchema)]
 pub struct PoolHealth {

@@ -143,7 +143,9 @@ pub async fn ingest(
         };
         let pool = signal.pool().unwrap_or_default().to_owned();
         let id = signal.id().to_owned();
-        let record = FutureRecord::to(&app.cfg.topics.signals_topic).key(&pool).payload(&bytes);
+        let record = FutureRecord::to(&app.cfg.topics.signals_topic)
+            .key(&pool)
+            .payload(&bytes);
         match app.producer.send_result(record) {
             Ok(delivery) => {
                 pending.push((results.len(), delivery));

@@ -35,7 +35,9 @@ pub struct Accepted {
 async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiError> {
     let bytes = c::encode_signal(signal).map_err(|e| ApiError::Internal(e.into()))?;
     let pool = signal.pool().unwrap_or_default();
-    let record = FutureRecord::to(&app.cfg.topics.signals_topic).key(pool).payload(&bytes);
+    let record = FutureRecord::to(&app.cfg.topics.signals_topic)
+        .key(pool)
+        .payload(&bytes);
     let kafka_error = |e: rdkafka::error::KafkaError| {
         tracing::warn!(error = %e, "operator record not produced");
         ApiError::Unavailable(crate::ingest::kafka_failure(&e).1.to_owned())

@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use reqwest::Method;
 use serde_json::json;
+use std::str::FromStr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -2,9 +2,9 @@
 //! Kafka SASL passwords) are never printed: `Debug` is written by hand.
 
 use clap::Parser;
-use vitals_runtime::args::{KafkaArgs, PostgresArgs, TopicArgs};
 use std::net::SocketAddr;
 use std::time::Duration;
+use vitals_runtime::args::{KafkaArgs, PostgresArgs, TopicArgs};
 
 #[derive(Parser, Clone)]
 #[command(name = "vitals-processor", version, about = "The vitals stream processor")]
@@ -112,7 +112,6 @@ impl Config {
     pub fn batch_max_wait(&self) -> Duration {
         Duration::from_millis(self.batch_max_ms)
     }
-
 }
 
 #[cfg(test)]

@@ -475,7 +475,12 @@ mod tests {
     use super::*;
 
     fn state(partition: i32, epoch: i64) -> Partition {
-        Partition::new(partition, epoch, vitals_engine::Engine::new(Policy::default()), Some(10))
+        Partition::new(
+            partition,
+            epoch,
+            vitals_engine::Engine::new(Policy::default()),
+            Some(10),
+        )
     }
 
     #[test]

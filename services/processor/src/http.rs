@@ -44,7 +44,10 @@ async fn ready(State(h): State<Health>) -> (StatusCode, String) {
 
 async fn metrics(State(h): State<Health>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
     (
-        [(axum::http::header::CONTENT_TYPE, vitals_runtime::metrics::CONTENT_TYPE_VALUE)],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            vitals_runtime::metrics::CONTENT_TYPE_VALUE,
+        )],
         h.metrics.render(&h.progress.figures()),
     )
 }

@@ -90,7 +90,13 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     if cfg.tick_interval_ms > 0 {
         let name = format!("processor-{}", std::process::id());
         let every = Duration::from_millis(cfg.tick_interval_ms);
-        let fut = ticker::run(producer.clone(), cfg.topics.signals_topic.clone(), every, name, cancel.clone());
+        let fut = ticker::run(
+            producer.clone(),
+            cfg.topics.signals_topic.clone(),
+            every,
+            name,
+            cancel.clone(),
+        );
         tasks.spawn(async move {
             fut.await;
             Ok(())
@@ -100,7 +106,12 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         let client = kafka::base_config(&cfg)
             .create()
             .context("creating the watermark client")?;
-        let fut = progress::monitor(progress.clone(), client, cfg.topics.signals_topic.clone(), cancel.clone());
+        let fut = progress::monitor(
+            progress.clone(),
+            client,
+            cfg.topics.signals_topic.clone(),
+            cancel.clone(),
+        );
         tasks.spawn(async move {
             fut.await;
             Ok(())

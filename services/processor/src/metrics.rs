@@ -44,8 +44,16 @@ impl Metrics {
             r.register(name, help, g.clone());
             g
         };
-        let signals = counter(&mut r, "vitals_processor_signals", "Records consumed from the signals topic.");
-        let dead_lettered = counter(&mut r, "vitals_processor_dead_lettered", "Records sent to the dead-letter topic.");
+        let signals = counter(
+            &mut r,
+            "vitals_processor_signals",
+            "Records consumed from the signals topic.",
+        );
+        let dead_lettered = counter(
+            &mut r,
+            "vitals_processor_dead_lettered",
+            "Records sent to the dead-letter topic.",
+        );
         let transitions = counter(&mut r, "vitals_processor_transitions", "Endpoint transitions recorded.");
         let pool_events = counter(&mut r, "vitals_processor_pool_events", "Pool decisions recorded.");
         let batches = counter(&mut r, "vitals_processor_batches", "Batches committed to Postgres.");
@@ -70,7 +78,11 @@ impl Metrics {
             "vitals_processor_consumer_lag",
             "Records behind the end of the assigned partitions: high watermark minus the offset committed to Postgres.",
         );
-        let outbox_backlog = gauge(&mut r, "vitals_processor_outbox_backlog", "Outbox rows not yet published.");
+        let outbox_backlog = gauge(
+            &mut r,
+            "vitals_processor_outbox_backlog",
+            "Outbox rows not yet published.",
+        );
         let assigned = gauge(
             &mut r,
             "vitals_processor_assigned_partitions",
@@ -117,8 +129,7 @@ impl Metrics {
     /// The text exposition; `parts` are the per-partition figures of the write path (revoked
     /// partitions leave the per-partition series).
     pub fn render(&self, parts: &PartitionFigures) -> String {
-        self.consumer_lag
-            .set(parts.values().filter_map(|(lag, _)| *lag).sum());
+        self.consumer_lag.set(parts.values().filter_map(|(lag, _)| *lag).sum());
         self.assigned.set(parts.len() as i64);
         self.partition_lag.clear();
         self.commit_age.clear();

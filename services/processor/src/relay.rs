@@ -9,11 +9,11 @@ use crate::metrics::Metrics;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
-use vitals_store::outbox;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use vitals_store::outbox;
 
 /// How long a lease lasts without renewal, and how often the holder renews it.
 pub const LEASE: Duration = Duration::from_secs(3);

@@ -22,9 +22,7 @@ fn signal(pid: u32, sig: &str) {
 /// Create and migrate `schema` as the processor would, and make every offset update of a batch
 /// for which `condition` holds fail with SQLSTATE `code`: a database fault a test can aim.
 async fn fail_offset_updates(schema: &str, condition: &str, code: &str, message: &str) -> sqlx::PgPool {
-    let pool = vitals_processor::db::connect(&database_url(), schema)
-        .await
-        .expect("migrated");
+    let pool = vitals_testkit::migrated_schema(schema).await;
     let function = format!(
         "CREATE FUNCTION fail_offset_updates() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -70,7 +68,7 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
     // The first batch (offsets up to 100) fails until the trigger is dropped.
     let pool = fail_offset_updates(&name, "NEW.next_offset <= 100", "57P01", "injected outage").await;
     let db = Db::connect(&name).await;
-    let (mut p, port) = Proc::start_serving(
+    let (mut p, port) = start_serving(
         &topics,
         &name,
         &name,
@@ -113,7 +111,7 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
         .await
         .unwrap();
 
-    let _p = Proc::start(&topics, &name, &name, &[]);
+    let _p = start(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
     let got = db.digest(true).await;
     let want = reference_digest(&topics, inputs.len() as i64, true).await;
@@ -134,7 +132,7 @@ async fn a_permanent_database_error_stops_the_processor_instead_of_retrying_fore
     let inputs = workload(2, 300, 1, 3);
     produce(&topics.signals, &inputs).await;
     fail_offset_updates(&name, "true", "22008", "timestamp out of range").await;
-    let mut p = Proc::start(&topics, &name, &name, &[]);
+    let mut p = start(&topics, &name, &name, &[]);
     let mut status = None;
     wait_until("the processor to stop on the permanent error", LONG, || {
         status = status.or_else(|| p.child.try_wait().ok().flatten());
@@ -170,8 +168,8 @@ async fn a_frozen_processor_neither_stalls_the_group_nor_loses_partitions_after_
         "--kafka-option",
         "session.timeout.ms=6000",
     ];
-    let (mut a, port_a) = Proc::start_serving(&topics, &name, &name, &args);
-    let (mut b, port_b) = Proc::start_serving(&topics, &name, &name, &args);
+    let (mut a, port_a) = start_serving(&topics, &name, &name, &args);
+    let (mut b, port_b) = start_serving(&topics, &name, &name, &args);
     let ports = [port_a, port_b];
     let assigned = |port: u16| async move {
         metric(port, "vitals_processor_assigned_partitions")

@@ -29,7 +29,7 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     let half = inputs.len() / 2;
     produce(&topics.signals, &inputs[..half]).await;
     let db = Db::connect(&name).await;
-    let (mut p, port) = Proc::start_serving(&topics, &name, &name, &["--batch-max-records", "100"]);
+    let (mut p, port) = start_serving(&topics, &name, &name, &["--batch-max-records", "100"]);
     db.wait_consumed(&name, half as i64 / 2, LONG).await;
     assert_eq!(
         http_get(port, "/readyz").await.as_deref(),
@@ -75,7 +75,7 @@ async fn kafka_restart_mid_run_pauses_and_loses_nothing() {
     let cut = inputs.len() * 2 / 3;
     produce(&topics.signals, &inputs[..cut]).await;
     let db = Db::connect(&name).await;
-    let mut p = Proc::start(&topics, &name, &name, &["--batch-max-records", "100"]);
+    let mut p = start(&topics, &name, &name, &["--batch-max-records", "100"]);
     db.wait_consumed(&name, inputs.len() as i64 / 3, LONG).await;
 
     stack("kafka-down");

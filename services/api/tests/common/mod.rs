@@ -3,62 +3,16 @@
 #![allow(dead_code)]
 
 pub use clap::Parser;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
-use std::future::Future;
-pub use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+#[allow(unused_imports)] // each test binary uses a different part
+pub use vitals_testkit::{brokers, database_url, reader_url, unique, wait_until};
 
 pub const ADMIN: &str = "admin-secret-0000000001";
 pub const WRITER: &str = "writer-secret-000000001";
 pub const READER: &str = "reader-secret-000000001";
-
-pub fn brokers() -> String {
-    std::env::var("VITALS_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-/// The read-only role the API runs as (created by scripts/stack.sh).
-pub fn reader_url() -> String {
-    std::env::var("VITALS_TEST_READER_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://vitals_reader:vitals_reader@127.0.0.1:5432/vitals".into())
-}
-
-pub fn database_url() -> String {
-    std::env::var("VITALS_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://vitals:vitals@127.0.0.1:5432/vitals".into())
-}
-
-pub fn unique(name: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "a_{name}_{}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        nanos % 100_000
-    )
-}
-
-pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + deadline;
-    while !cond().await {
-        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 pub struct Api {
     pub name: String,
@@ -69,27 +23,17 @@ pub struct Api {
     pub cancel: CancellationToken,
     pub signals: String,
     pub changes: String,
+    pub topics: vitals_testkit::Topics,
+    /// Processors started for this API's topics and schema; killed with it.
+    processors: std::sync::Mutex<Vec<vitals_testkit::Service>>,
 }
 
 impl Api {
     /// Start the API on a fresh schema and topics; `extra` flags are appended.
     pub async fn start(name: &str, extra: &[&str]) -> Api {
         let name = unique(name);
-        let (signals, changes) = (format!("{name}.signals"), format!("{name}.changes"));
-        let (state, dlq) = (format!("{name}.state"), format!("{name}.dlq"));
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", brokers())
-            .create()
-            .unwrap();
-        let topics = [
-            NewTopic::new(&signals, 2, TopicReplication::Fixed(1)),
-            NewTopic::new(&changes, 2, TopicReplication::Fixed(1)),
-            NewTopic::new(&state, 2, TopicReplication::Fixed(1)),
-            NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)),
-        ];
-        for r in admin.create_topics(&topics, &AdminOptions::new()).await.unwrap() {
-            r.unwrap();
-        }
+        let topics = vitals_testkit::Topics::create(&name, 2, vitals_testkit::Stamp::CreateTime).await;
+        let (signals, changes) = (topics.signals.clone(), topics.changes.clone());
         let mut args: Vec<String> = [
             "vitals-api",
             "--http-addr",
@@ -112,9 +56,7 @@ impl Api {
         .collect();
         // The processor owns the schema (it creates and migrates it); the API reads it with the
         // read-only role.
-        vitals_processor::db::connect(&database_url(), &name)
-            .await
-            .expect("schema migrated by the owner role");
+        vitals_testkit::migrated_schema(&name).await;
         args.extend(["--brokers".into(), brokers(), "--database-url".into(), reader_url()]);
         args.extend(extra.iter().map(|s| s.to_string()));
         let cfg = vitals_api::config::Config::parse_from(args);
@@ -122,14 +64,7 @@ impl Api {
         let app = vitals_api::build(cfg, cancel.clone()).await.expect("api starts");
         let port = app.port();
         tokio::spawn(app.run());
-        let opts = PgConnectOptions::from_str(&database_url())
-            .unwrap()
-            .options([("search_path", name.as_str())]);
-        let db = PgPoolOptions::new()
-            .max_connections(3)
-            .connect_with(opts)
-            .await
-            .unwrap();
+        let db = vitals_testkit::schema_pool(&name).await;
         Api {
             base: format!("http://127.0.0.1:{port}"),
             port,
@@ -138,44 +73,17 @@ impl Api {
             cancel,
             signals,
             changes,
+            topics,
+            processors: Default::default(),
             name,
         }
     }
 
-    /// Run the processor in-process on this API's topics and schema.
+    /// Start the processor binary on this API's topics and schema.
     pub fn start_processor(&self) {
-        let n = &self.name;
-        let cfg = vitals_processor::config::Config::parse_from([
-            "vitals-processor".to_string(),
-            "--brokers".into(),
-            brokers(),
-            "--database-url".into(),
-            database_url(),
-            "--db-schema".into(),
-            n.clone(),
-            "--group".into(),
-            n.clone(),
-            "--signals-topic".into(),
-            self.signals.clone(),
-            "--changes-topic".into(),
-            self.changes.clone(),
-            "--state-topic".into(),
-            format!("{n}.state"),
-            "--dlq-topic".into(),
-            format!("{n}.dlq"),
-            "--create-topics".into(),
-            "false".into(),
-            "--http-addr".into(),
-            "127.0.0.1:0".into(),
-            "--tick-interval-ms".into(),
-            "0".into(),
-        ]);
-        let cancel = self.cancel.clone();
-        tokio::spawn(async move {
-            if let Err(e) = vitals_processor::run(cfg, cancel).await {
-                eprintln!("processor failed: {e:#}");
-            }
-        });
+        let args = vitals_testkit::processor_args(&self.topics, &self.name, &self.name, &database_url(), &[]);
+        let p = vitals_testkit::Service::start("vitals-processor", &self.name, &args);
+        self.processors.lock().expect("not poisoned").push(p);
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -210,17 +118,13 @@ impl Api {
 
     pub async fn drop_schema(&self) {
         self.cancel.cancel();
-        let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-            .execute(&self.db)
-            .await;
+        self.processors.lock().expect("not poisoned").clear();
+        vitals_testkit::drop_schema(&self.db, &self.name).await;
     }
 }
 
 pub fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap()
+    vitals_testkit::producer()
 }
 
 pub async fn produce(p: &FutureProducer, topic: &str, key: &str, bytes: &[u8]) {

@@ -1,140 +1,29 @@
 //! Test harness: real Kafka, real Postgres, the real processor binary. Every test gets its own
-//! topics, consumer group and database schema, so tests run in parallel.
+//! topics, consumer group and database schema, so tests run in parallel. The stack, names,
+//! waits, topics and processes come from `vitals-testkit`; what is here is the processor's own:
+//! its workloads, its audit-log digest and its process handle.
 #![allow(dead_code)]
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Headers, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Message};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::process::{Child, Command, Stdio};
-use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use vitals_contracts::*;
+#[allow(unused_imports)] // each test binary uses a different part
+pub use vitals_testkit::{
+    database_url, free_port, header, http_get, metric, read_n, stack, unique, wait_until, Input, Topics,
+};
 
 pub const T0_MS: i64 = 1_700_000_000_000;
-
-pub fn brokers() -> String {
-    std::env::var("VITALS_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-pub fn database_url() -> String {
-    std::env::var("VITALS_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://vitals:vitals@127.0.0.1:5432/vitals".into())
-}
-
-/// Wait for `cond` with a deadline; panics with `what` if it never holds.
-pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + deadline;
-    while !cond().await {
-        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A unique name for this test's topics, group and schema.
-pub fn unique(name: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "t_{name}_{}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        nanos % 100_000
-    )
-}
-
-pub struct Topics {
-    pub signals: String,
-    pub changes: String,
-    pub state: String,
-    pub dlq: String,
-    pub partitions: i32,
-}
 
 /// Create the four topics. Signals keep the producer's timestamps (CreateTime) so that a test
 /// controls stream time and a rerun sees identical input.
 pub async fn create_topics(prefix: &str, partitions: i32) -> Topics {
-    let t = Topics {
-        signals: format!("{prefix}.signals"),
-        changes: format!("{prefix}.changes"),
-        state: format!("{prefix}.state"),
-        dlq: format!("{prefix}.dlq"),
-        partitions,
-    };
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .expect("admin client");
-    let r = TopicReplication::Fixed(1);
-    // Test records carry 2023 timestamps: without retention.ms=-1 the broker's time-based
-    // retention would delete them while a test runs.
-    let topics = [
-        NewTopic::new(&t.signals, partitions, r)
-            .set("message.timestamp.type", "CreateTime")
-            .set("retention.ms", "-1"),
-        NewTopic::new(&t.changes, partitions, TopicReplication::Fixed(1)),
-        NewTopic::new(&t.state, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
-        NewTopic::new(&t.dlq, 1, TopicReplication::Fixed(1)),
-    ];
-    for res in admin
-        .create_topics(&topics, &AdminOptions::new())
-        .await
-        .expect("create topics")
-    {
-        res.expect("topic created");
-    }
-    t
-}
-
-/// One input record: its partition, timestamp and bytes.
-#[derive(Clone)]
-pub struct Input {
-    pub partition: i32,
-    pub ts_ms: i64,
-    pub key: Option<String>,
-    pub bytes: Vec<u8>,
-}
-
-pub fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer")
+    Topics::create(prefix, partitions, vitals_testkit::Stamp::CreateTime).await
 }
 
 /// Produce in order and wait for every acknowledgement.
 pub async fn produce(topic: &str, inputs: &[Input]) {
-    let p = producer();
-    let mut pending = Vec::new();
-    for i in inputs {
-        let mut r: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
-            .partition(i.partition)
-            .timestamp(i.ts_ms)
-            .payload(&i.bytes);
-        if let Some(k) = &i.key {
-            r = r.key(k.as_str());
-        }
-        pending.push(p.send_result(r).map_err(|(e, _)| e).expect("queued"));
-    }
-    for d in pending {
-        d.await.expect("delivered").map_err(|(e, _)| e).expect("acknowledged");
-    }
+    vitals_testkit::produce(&vitals_testkit::producer(), topic, inputs.iter().cloned()).await
 }
 
 /// The partition of a pool: a fixed hash, so that two topics get the same layout.
@@ -145,7 +34,7 @@ pub fn partition_of(pool: &str, partitions: i32) -> i32 {
 pub fn signal_input(s: &Signal, ts_ms: i64, partitions: i32) -> Input {
     let pool = s.pool().expect("a pool signal").to_string();
     Input {
-        partition: partition_of(&pool, partitions),
+        partition: Some(partition_of(&pool, partitions)),
         ts_ms,
         key: Some(pool),
         bytes: encode_signal(s).unwrap(),
@@ -155,7 +44,7 @@ pub fn signal_input(s: &Signal, ts_ms: i64, partitions: i32) -> Input {
 pub fn ticks(ts_ms: i64, partitions: i32) -> Vec<Input> {
     (0..partitions)
         .map(|p| Input {
-            partition: p,
+            partition: Some(p),
             ts_ms,
             key: None,
             bytes: encode(&Tick {
@@ -233,20 +122,11 @@ pub struct Db {
 
 impl Db {
     pub async fn connect(schema: &str) -> Db {
-        let opts = PgConnectOptions::from_str(&database_url())
-            .unwrap()
-            .options([("search_path", schema)]);
-        let pool = PgPoolOptions::new()
-            .max_connections(3)
-            .connect_with(opts)
-            .await
-            .expect("postgres");
         Db {
-            pool,
+            pool: vitals_testkit::schema_pool(schema).await,
             schema: schema.into(),
         }
     }
-
     /// Whether the processor's tables exist yet (it migrates at start).
     pub async fn ready(&self) -> bool {
         sqlx::query_scalar::<_, bool>("SELECT to_regclass('consumer_offsets') IS NOT NULL")
@@ -315,163 +195,36 @@ impl Db {
     }
 
     pub async fn drop_schema(&self) {
-        let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
-            .execute(&self.pool)
-            .await;
+        vitals_testkit::drop_schema(&self.pool, &self.schema).await
     }
 }
 
 /// A running processor process.
-pub struct Proc {
-    pub child: Child,
+pub type Proc = vitals_testkit::Service;
+
+/// Start a processor on `topics` with its own group and schema.
+pub fn start(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> Proc {
+    let args = vitals_testkit::processor_args(topics, group, schema, &database_url(), extra);
+    vitals_testkit::Service::start("vitals-processor", group, &args)
 }
 
-impl Proc {
-    pub fn start(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> Proc {
-        static STARTED: AtomicU32 = AtomicU32::new(0);
-        let log = std::env::temp_dir().join(format!(
-            "{group}-{}-{}.log",
-            std::process::id(),
-            STARTED.fetch_add(1, Ordering::Relaxed)
-        ));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_vitals-processor"))
-            .args(["--brokers", &brokers(), "--database-url", &database_url()])
-            .args(["--signals-topic", &topics.signals, "--changes-topic", &topics.changes])
-            .args(["--state-topic", &topics.state, "--dlq-topic", &topics.dlq])
-            .args(["--group", group, "--db-schema", schema, "--create-topics", "false"])
-            .args(["--tick-interval-ms", "0"])
-            .args(if extra.contains(&"--http-addr") {
-                &[][..]
-            } else {
-                &["--http-addr", "127.0.0.1:0"][..]
-            })
-            .args(extra)
-            .env("VITALS_LOG", "info,rdkafka=warn,sqlx=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("processor starts");
-        Proc { child }
-    }
-
-    /// Start with the health and metrics endpoint on a free port; the port.
-    pub fn start_serving(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> (Proc, u16) {
-        let port = free_port();
-        let http = format!("127.0.0.1:{port}");
-        let mut args = extra.to_vec();
-        args.extend(["--http-addr", &http]);
-        (Proc::start(topics, group, schema, &args), port)
-    }
-
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM and wait for a clean exit.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        self.child.wait().expect("processor exits")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Start with the health and metrics endpoint on a free port; the port.
+pub fn start_serving(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> (Proc, u16) {
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut args = extra.to_vec();
+    args.extend(["--http-addr", &http]);
+    (start(topics, group, schema, &args), port)
 }
 
 /// Run a fresh processor (own group and schema) over `topics` to the end and return its digest.
 pub async fn reference_digest(topics: &Topics, total: i64, with_offsets: bool) -> (i64, String) {
     let group = unique("ref");
     let db = Db::connect(&group).await;
-    let mut p = Proc::start(topics, &group, &group, &[]);
+    let mut p = start(topics, &group, &group, &[]);
     db.wait_consumed(&group, total, Duration::from_secs(120)).await;
     p.terminate();
     let d = db.digest(with_offsets).await;
     db.drop_schema().await;
     d
-}
-
-pub fn consumer(group: &str) -> StreamConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer")
-}
-
-/// Read `n` messages from `topic`, or panic after `deadline`.
-pub async fn read_n(topic: &str, n: usize, deadline: Duration) -> Vec<OwnedMessage> {
-    let c = consumer(&unique("reader"));
-    c.subscribe(&[topic]).unwrap();
-    let mut out = Vec::new();
-    let end = Instant::now() + deadline;
-    while out.len() < n {
-        let left = end.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "read {} of {n} messages from {topic}", out.len());
-        if let Ok(Ok(m)) = tokio::time::timeout(left, c.recv()).await {
-            out.push(m.detach());
-        }
-    }
-    out
-}
-
-pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
-    let h = m.headers()?;
-    (0..h.count())
-        .map(|i| h.get(i))
-        .find(|h| h.key == name)
-        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
-}
-
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.1 GET over loopback; the body, if the server answered.
-pub async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.ok()?;
-    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
-/// A counter's value from the processor's /metrics.
-pub async fn metric(port: u16, name: &str) -> Option<f64> {
-    let body = http_get(port, "/metrics").await?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-}
-
-/// Run a stack script command (scripts/stack.sh kafka-down, pg-up, ...).
-pub fn stack(cmd: &str) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
-    let status = Command::new("bash")
-        .arg(script)
-        .arg(cmd)
-        .status()
-        .expect("stack script runs");
-    assert!(status.success(), "scripts/stack.sh {cmd} failed");
 }

@@ -8,7 +8,6 @@
 
 use clap::Parser;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 use vitals_bench::stack;
 
 #[derive(Parser)]
@@ -103,9 +102,8 @@ impl Rng {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let env = stack::Env::from_env();
     let schema = args.reuse.clone().unwrap_or_else(|| stack::unique("hist"));
-    let db = vitals_processor::db::connect(&env.database_url, &schema).await?;
+    let db = vitals_testkit::migrated_schema(&schema).await;
     let have: i64 = sqlx::query_scalar("SELECT count(*) FROM transitions")
         .fetch_one(&db)
         .await?;
@@ -117,28 +115,32 @@ async fn main() -> anyhow::Result<()> {
         .fetch_one(&db)
         .await?;
 
-    let topics = stack::create_topics(&env, &stack::unique("apib"), 8, true).await?;
-    let cancel = CancellationToken::new();
-    let cfg = <vitals_api::config::Config as clap::Parser>::parse_from([
-        "vitals-api".to_string(),
-        "--http-addr".into(),
-        "127.0.0.1:0".into(),
-        "--db-schema".into(),
-        schema.clone(),
-        "--database-url".into(),
-        env.database_url.clone(),
-        "--brokers".into(),
-        env.brokers.clone(),
-        "--signals-topic".into(),
-        topics[0].clone(),
-        "--changes-topic".into(),
-        topics[1].clone(),
-        "--token".into(),
-        "bench:writer:bench-writer-secret-01".into(),
-    ]);
-    let app = vitals_api::build(cfg, cancel.clone()).await?;
-    let base = format!("http://127.0.0.1:{}", app.port());
-    tokio::spawn(app.run());
+    let topics = stack::Topics::create(&stack::unique("apib"), 8, stack::Stamp::LogAppendTime).await;
+    let port = vitals_testkit::free_port();
+    let mut api_args: Vec<String> = [
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+        "--db-schema",
+        &schema,
+        "--database-url",
+        &stack::database_url(),
+        "--brokers",
+        &stack::brokers(),
+        "--token",
+        "bench:writer:bench-writer-secret-01",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    api_args.extend(topics.args());
+    let _api = stack::Service::start("vitals-api", "api-bench", &api_args);
+    let base = format!("http://127.0.0.1:{port}");
+    vitals_testkit::wait_until("the API to be ready", Duration::from_secs(30), || async {
+        vitals_testkit::http_get(port, "/readyz")
+            .await
+            .is_some_and(|b| b.contains("ready"))
+    })
+    .await;
     let http = reqwest::Client::new();
     let mut rng = Rng(7);
 
@@ -217,7 +219,6 @@ async fn main() -> anyhow::Result<()> {
         accepted += c.await?;
     }
     let ingest_rate = accepted as f64 / started.elapsed().as_secs_f64();
-    cancel.cancel();
 
     println!(
         "api-bench: {total} transitions in the audit log ({} endpoints, {POOLS} pools)",

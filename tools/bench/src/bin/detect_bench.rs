@@ -63,21 +63,20 @@ fn probe(pool: &str, ep: &str, id: String, critical_down: bool) -> Signal {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let env = stack::Env::from_env();
     let name = stack::unique("detect");
-    let topics = stack::create_topics(&env, &name, 8, true).await?;
-    let mut child = stack::spawn_processor(&env, &topics, &name, &[])?;
+    let topics = stack::Topics::create(&name, 8, stack::Stamp::LogAppendTime).await;
+    let mut child = stack::spawn_processor(&topics, &name, &["--tick-interval-ms", "1000"]);
 
     // The read_committed consumer: when did each endpoint's first change arrive?
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let c: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &env.brokers)
+        .set("bootstrap.servers", stack::brokers())
         .set("group.id", format!("{name}-watch"))
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "10")
         .create()?;
-    c.subscribe(&[&topics[1]])?;
+    c.subscribe(&[&topics.changes])?;
     {
         let seen = seen.clone();
         tokio::spawn(async move {
@@ -89,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
             }
         });
     }
-    let producer = stack::producer(&env)?;
+    let producer = stack::producer();
     let send = |s: &Signal| {
         let bytes = encode_signal(s).expect("encodes");
         let pool = s.pool().unwrap_or_default().to_string();
@@ -100,7 +99,7 @@ async fn main() -> anyhow::Result<()> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
         let producer = producer.clone();
-        let topic = topics[0].clone();
+        let topic = topics.signals.clone();
         let stop = stop.clone();
         let rate = args.background;
         tokio::spawn(async move {
@@ -130,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
         let s = probe("warmup", &warm_ep, format!("w-{}", warm.elapsed().as_millis()), true);
         let (pool, bytes) = send(&s);
         producer
-            .send_result(FutureRecord::to(&topics[0]).key(&pool).payload(&bytes))
+            .send_result(FutureRecord::to(&topics.signals).key(&pool).payload(&bytes))
             .map_err(|(e, _)| e)?
             .await
             .ok();
@@ -156,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
         let (key, bytes) = send(&s);
         let t = Instant::now();
         producer
-            .send_result(FutureRecord::to(&topics[0]).key(&key).payload(&bytes))
+            .send_result(FutureRecord::to(&topics.signals).key(&key).payload(&bytes))
             .map_err(|(e, _)| e)?;
         sent.push((ep, t));
         tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
@@ -171,10 +170,7 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .filter_map(|(ep, t)| seen.get(ep).map(|s| s.duration_since(*t).as_secs_f64() * 1000.0))
         .collect();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    child.terminate();
     anyhow::ensure!(
         lat.len() == sent.len(),
         "only {} of {} changes seen",
@@ -197,7 +193,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
-        .connect(&env.database_url)
+        .connect(&stack::database_url())
         .await?;
     let _ = sqlx::query(&format!("DROP SCHEMA \"{name}\" CASCADE"))
         .execute(&pool)

@@ -23,29 +23,28 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let env = stack::Env::from_env();
     let name = stack::unique("e2e");
-    let topics = stack::create_topics(&env, &name, args.partitions, false).await?;
+    let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::CreateTime).await;
     let mix = workload::Mix {
         pools: 1_000,
         endpoints_per_pool: 10,
         rate: 10_000,
     };
     let input = workload::generate(&mix, args.signals, 42);
-    eprintln!("producing {} signals to {}", input.len(), topics[0]);
-    let p = stack::producer(&env)?;
+    eprintln!("producing {} signals to {}", input.len(), topics.signals);
+    let p = stack::producer();
     let t = Instant::now();
-    stack::produce_all(&p, &topics[0], &input).await?;
+    vitals_testkit::produce(&p, &topics.signals, stack::inputs(&input)).await;
     eprintln!("  produced in {:.1} s", t.elapsed().as_secs_f64());
 
     // 1. The bare loop: consume and decode, nothing else.
     let c: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &env.brokers)
+        .set("bootstrap.servers", stack::brokers())
         .set("group.id", format!("{name}-bare"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()?;
-    c.subscribe(&[&topics[0]])?;
+    c.subscribe(&[&topics.signals])?;
     let mut n = 0usize;
     let mut decoded = 0usize;
     let mut start = None;
@@ -64,9 +63,9 @@ async fn main() -> anyhow::Result<()> {
     // 2. The processor: from its first committed batch to the last offset in Postgres.
     let pool = PgPoolOptions::new()
         .max_connections(2)
-        .connect(&env.database_url)
+        .connect(&stack::database_url())
         .await?;
-    let mut child = stack::spawn_processor(&env, &topics, &name, &["--tick-interval-ms", "0"])?;
+    let mut child = stack::spawn_processor(&topics, &name, &[]);
     let query = format!("SELECT coalesce(sum(greatest(next_offset,0)),0)::bigint FROM \"{name}\".consumer_offsets");
     let consumed = |pool: sqlx::PgPool, q: String| async move {
         sqlx::query_scalar::<_, i64>(&q).fetch_one(&pool).await.unwrap_or(0)
@@ -92,10 +91,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let proc_secs = first_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let counted = input.len() as i64 - first;
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    child.terminate();
     let transitions: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{name}\".transitions"))
         .fetch_one(&pool)
         .await?;
