@@ -199,4 +199,11 @@ mod tests {
         assert!(StoreError::Sql(sqlx::Error::PoolTimedOut).is_retryable());
         assert!(!StoreError::Fenced(vec![1]).is_retryable());
     }
+
+    #[test]
+    fn the_audit_log_accepts_exactly_the_reason_codes_of_the_contracts() {
+        let sql = include_str!("../../../migrations/0003_reason_codes.sql");
+        let listed: Vec<&str> = sql.split('\'').skip(1).step_by(2).collect();
+        assert_eq!(listed, vitals_contracts::ReasonCode::names());
+    }
 }
