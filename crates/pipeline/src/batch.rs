@@ -37,8 +37,7 @@ pub struct PartitionWrite {
 pub struct BatchWrite {
     /// Endpoints the engine saw for the first time, in their first state, with the input
     /// partition; they enter the state projection.
-    pub discovered: Vec<EndpointState>,
-    discovered_partitions: Vec<i32>,
+    pub discovered: Vec<(EndpointState, i32)>,
     pub transitions: Vec<(HealthChanged, i32, i64)>,
     pub pool_events: Vec<(PoolHealthChanged, i32, i64)>,
     pub outbox: Vec<OutboxRow>,
@@ -92,8 +91,7 @@ impl BatchWrite {
         let key = keys::endpoint_key(&state.pool, &state.endpoint);
         let dedup_key = format!("es0/{key}");
         self.publish(&state, &topics.state, Some(key.into_bytes()), dedup_key, partition);
-        self.discovered.push(state);
-        self.discovered_partitions.push(partition);
+        self.discovered.push((state, partition));
     }
 
     /// An event for the outbox, encoded, with its type in the `vitals-type` header.
@@ -161,9 +159,7 @@ impl BatchWrite {
         self.transitions.retain(|(_, p, _)| *p != partition);
         self.pool_events.retain(|(_, p, _)| *p != partition);
         self.outbox.retain(|o| o.partition != partition);
-        let mut kept = self.discovered_partitions.iter().map(|p| *p != partition);
-        self.discovered.retain(|_| kept.next().unwrap_or(true));
-        self.discovered_partitions.retain(|p| *p != partition);
+        self.discovered.retain(|(_, p)| *p != partition);
         self.partitions.retain(|p| p.partition != partition);
     }
 }

@@ -21,6 +21,8 @@ pub struct Partition {
     /// The next offset the engine expects; earlier records are stale duplicates.
     next_offset: Option<i64>,
     since_snapshot: u64,
+    /// A record was applied since the last [`Partition::write`].
+    unwritten: bool,
     decisions: Vec<Decision>,
 }
 
@@ -33,6 +35,7 @@ impl Partition {
             engine,
             next_offset: start_offset,
             since_snapshot: 0,
+            unwritten: false,
             decisions: Vec::new(),
         }
     }
@@ -71,6 +74,7 @@ impl Partition {
         }
         self.next_offset = Some(offset + 1);
         self.since_snapshot += 1;
+        self.unwritten = true;
         out.records += 1;
         let partition = self.partition;
         let at: Micros = ts_ms.map_or(self.engine.now(), |ms| ms.saturating_mul(1000));
@@ -97,9 +101,10 @@ impl Partition {
 
     /// What the batch records for this partition: its next offset, and a snapshot when `force`
     /// or when `every` records have been applied since the last one. None when there is nothing
-    /// to record (no record read and no snapshot forced).
-    pub fn write(&mut self, read_in_batch: bool, every: u64, force: bool) -> Option<PartitionWrite> {
-        let next = self.next_offset.filter(|_| read_in_batch || force)?;
+    /// to record (no record applied since the last write, and no snapshot forced).
+    pub fn write(&mut self, every: u64, force: bool) -> Option<PartitionWrite> {
+        let next = self.next_offset.filter(|_| self.unwritten || force)?;
+        self.unwritten = false;
         let snapshot = (force || self.since_snapshot >= every).then(|| {
             self.since_snapshot = 0;
             let s = self.engine.partition_snapshot();
@@ -165,7 +170,7 @@ mod tests {
             &mut out
         ));
         assert_eq!(out.discovered.len(), 1, "a first-seen endpoint");
-        assert_eq!(out.discovered[0].endpoint, "a");
+        assert_eq!(out.discovered[0].0.endpoint, "a");
         for i in 1..=3 {
             p.step(
                 i,
@@ -185,10 +190,11 @@ mod tests {
             "before the position: skipped"
         );
         assert_eq!(out.records, 5);
-        let w = p.write(true, 1_000, false).unwrap();
+        let w = p.write(1_000, false).unwrap();
         assert_eq!((w.partition, w.next_offset), (3, 5));
         assert!(w.snapshot.is_none());
-        let w = p.write(false, 1_000, true).unwrap();
+        assert!(p.write(1_000, false).is_none(), "nothing new since the last write");
+        let w = p.write(1_000, true).unwrap();
         let s = w.snapshot.unwrap();
         let restored = Engine::from_snapshot(
             Policy::default(),

@@ -16,8 +16,7 @@ pub fn config(kafka: &KafkaArgs, defaults: &[(&str, &str)]) -> ClientConfig {
 
 /// The defaults of an idempotent producer: retries never duplicate or reorder within a
 /// partition, and a record counts as written when every in-sync replica has it.
-pub const IDEMPOTENT_PRODUCER: [(&str, &str); 3] =
-    [("enable.idempotence", "true"), ("acks", "all"), ("linger.ms", "2")];
+const IDEMPOTENT_PRODUCER: [(&str, &str); 3] = [("enable.idempotence", "true"), ("acks", "all"), ("linger.ms", "2")];
 
 /// An idempotent producer with `extra` defaults (timeouts, queue sizes, compression).
 pub fn producer(kafka: &KafkaArgs, extra: &[(&str, &str)]) -> ClientConfig {

@@ -8,7 +8,7 @@ pub use prometheus_client::metrics::gauge::Gauge;
 pub use prometheus_client::metrics::histogram::Histogram;
 pub use prometheus_client::registry::Registry;
 
-pub const CONTENT_TYPE_VALUE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const CONTENT_TYPE_VALUE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Labels of a series, as (name, value) pairs.
 pub type Labels = Vec<(&'static str, String)>;

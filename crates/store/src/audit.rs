@@ -117,15 +117,15 @@ impl AuditLog {
             tx.rollback().await?;
             return Err(StoreError::Fenced(fenced));
         }
-        for chunk in b.discovered.chunks(CHUNK) {
+        let discovered: Vec<&EndpointState> = b.discovered.iter().map(|(s, _)| s).collect();
+        for chunk in discovered.chunks(CHUNK) {
             write_states(&mut tx, chunk, Conflict::Keep).await?;
         }
-        let transitions: Vec<&HealthChanged> = b.transitions.iter().map(|(h, _, _)| h).collect();
-        let sources: Vec<(i32, i64)> = b.transitions.iter().map(|(_, p, o)| (*p, *o)).collect();
-        for (chunk, src) in transitions.chunks(CHUNK).zip(sources.chunks(CHUNK)) {
-            insert_transitions(&mut *tx, chunk, src).await?;
+        for chunk in b.transitions.chunks(CHUNK) {
+            insert_transitions(&mut tx, chunk).await?;
         }
         let latest: Vec<EndpointState> = b.latest_states().into_iter().map(EndpointState::from_change).collect();
+        let latest: Vec<&EndpointState> = latest.iter().collect();
         for chunk in latest.chunks(CHUNK) {
             write_states(&mut tx, chunk, Conflict::Newer).await?;
         }
@@ -182,22 +182,18 @@ impl AuditLog {
 }
 
 /// Transitions with the input record that caused each, (partition, offset). Idempotent by
-/// (pool, endpoint, seq). Public for tools and tests that seed an audit log.
-pub async fn insert_transitions<'c, E>(
-    exec: E,
-    rows: &[&HealthChanged],
-    sources: &[(i32, i64)],
-) -> Result<(), sqlx::Error>
-where
-    E: sqlx::Executor<'c, Database = Postgres>,
-{
+/// (pool, endpoint, seq).
+async fn insert_transitions(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &[(HealthChanged, i32, i64)],
+) -> Result<(), sqlx::Error> {
     let mut q = QueryBuilder::<Postgres>::new(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
          policy_version, evidence, stream_time, source_partition, source_offset) ",
     );
-    q.push_values(rows.iter().zip(sources), |mut r, (h, (partition, offset))| {
+    q.push_values(rows, |mut r, (h, partition, offset)| {
         let e = &h.evidence;
         r.push_bind(&h.pool)
             .push_bind(&h.endpoint)
@@ -227,7 +223,7 @@ where
             .push_bind(*offset);
     });
     q.push(" ON CONFLICT (pool, endpoint, seq) DO NOTHING");
-    q.build().execute(exec).await?;
+    q.build().execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -241,7 +237,7 @@ enum Conflict {
 
 async fn write_states(
     tx: &mut Transaction<'_, Postgres>,
-    rows: &[EndpointState],
+    rows: &[&EndpointState],
     conflict: Conflict,
 ) -> Result<(), sqlx::Error> {
     let mut q = QueryBuilder::<Postgres>::new(

@@ -14,8 +14,6 @@ use std::str::FromStr;
 use std::time::Duration;
 use vitals_contracts::Micros;
 
-pub use sqlx::PgPool as Pool;
-
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 #[derive(Debug, thiserror::Error)]
@@ -100,17 +98,28 @@ const READER_LIMITS: [(&str, &str); 3] = [
     ("idle_in_transaction_session_timeout", "10s"),
 ];
 
+/// A pool of sessions on `schema` with these session settings.
+async fn pool(
+    url: &str,
+    schema: &str,
+    settings: &[(&str, &str)],
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<PgPool, StoreError> {
+    let opts = PgConnectOptions::from_str(url)?
+        .options([("search_path", schema)])
+        .options(settings.iter().copied());
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect_with(opts)
+        .await?)
+}
+
 /// The owner's pool (the processor): connect with `search_path` set to `schema`, create the
 /// schema and run the migrations.
 pub async fn connect_owner(url: &str, schema: &str, max_connections: u32) -> Result<PgPool, StoreError> {
-    let opts = PgConnectOptions::from_str(url)?
-        .options([("search_path", schema)])
-        .options(SESSION_LIMITS);
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(opts)
-        .await?;
+    let pool = pool(url, schema, &SESSION_LIMITS, max_connections, Duration::from_secs(5)).await?;
     // Two processors starting at once race inside CREATE SCHEMA IF NOT EXISTS (a unique
     // violation on pg_namespace); the loser finds the schema there, which is all it wanted.
     if let Err(e) = sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
@@ -130,15 +139,8 @@ pub async fn connect_owner(url: &str, schema: &str, max_connections: u32) -> Res
 /// schema exists and is migrated to the version this build expects. The role needs only
 /// `SELECT` on the schema's tables (README, "Roles").
 pub async fn connect_reader(url: &str, schema: &str, max_connections: u32) -> Result<PgPool, StoreError> {
-    let opts = PgConnectOptions::from_str(url)?
-        .options([("search_path", schema)])
-        .options(READER_LIMITS);
-    let db = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(2))
-        .connect_with(opts)
-        .await?;
-    let want = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let db = pool(url, schema, &READER_LIMITS, max_connections, Duration::from_secs(2)).await?;
+    let want = schema_version();
     let have: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
         .fetch_one(&db)
         .await

@@ -310,10 +310,11 @@ impl Drop for Service {
     }
 }
 
-/// The flags of a processor on `topics` with its own group and schema and no topic creation;
-/// by default no ticks and an ephemeral HTTP port, unless `extra` (appended) sets them.
-pub fn processor_args(topics: &Topics, group: &str, schema: &str, database_url: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["--brokers", &brokers(), "--database-url", database_url]
+/// Start the processor binary on `topics` with its own group and schema, as the owner role, and
+/// no topic creation; by default no ticks and an ephemeral HTTP port, unless `extra` (appended)
+/// sets them.
+pub fn start_processor(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> Service {
+    let mut args: Vec<String> = ["--brokers", &brokers(), "--database-url", &database_url()]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -331,7 +332,7 @@ pub fn processor_args(topics: &Topics, group: &str, schema: &str, database_url: 
         args.extend([flag.to_string(), value.to_string()]);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    args
+    Service::start("vitals-processor", group, &args)
 }
 
 /// A port that was free a moment ago.

@@ -145,7 +145,7 @@ pub async fn history(
         state,
         reason,
         before: cursor.map(|c| Position {
-            stream_time: DateTime::from_timestamp_micros(c.t).unwrap_or_default(),
+            stream_time: view::time(c.t),
             pool: c.p,
             endpoint: c.e,
             seq: c.s,

@@ -186,9 +186,7 @@ impl Live {
                     match view::Transition::try_from(h) {
                         Ok(t) => ("health_changed", serde_json::to_string(&t)),
                         Err(e) => {
-                            self.metrics.stream_undecodable();
-                            tracing::warn!(partition = m.partition(), offset = m.offset(), error = %e,
-                                "live stream: skipping a change this build cannot show");
+                            self.undecodable(m.partition(), m.offset(), &e);
                             continue;
                         }
                     }
@@ -219,7 +217,9 @@ impl Live {
         }
     }
 
-    fn undecodable(&self, partition: i32, offset: i64, e: &c::CodecError) {
+    /// A record that cannot be decoded, or holds a value this build cannot show: skipped,
+    /// logged and counted.
+    fn undecodable(&self, partition: i32, offset: i64, e: &dyn std::fmt::Display) {
         self.metrics.stream_undecodable();
         tracing::warn!(partition, offset, error = %e, "live stream: skipping a record that cannot be decoded");
     }

@@ -34,7 +34,7 @@ async fn a_client_sees_changes_live_and_resumes_exactly_once() {
     let p = producer();
     let send = |h: HealthChanged| {
         let p = p.clone();
-        let topic = api.changes.clone();
+        let topic = api.topics.changes.clone();
         async move { produce(&p, &topic, &format!("live/{}", h.endpoint), &encode(&h).unwrap()).await }
     };
     // Events from before the client connects are not replayed to a new client.

@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 use vitals_contracts::Policy;
 use vitals_pipeline::{BatchWrite, Partition, Topics};
 use vitals_store::audit::{AuditLog, Restored};
-use vitals_store::StoreError as DbError;
+use vitals_store::StoreError;
 
 /// Why the consumer loop stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LoopError {
     #[error(transparent)]
-    Store(#[from] DbError),
+    Store(#[from] StoreError),
     #[error("the batch writer failed: {0}")]
     Task(String),
 }
@@ -160,8 +160,6 @@ pub struct Processor {
     partitions: HashMap<i32, Partition>,
     batch: BatchWrite,
     batch_started: Option<Instant>,
-    /// Offsets consumed in the current batch, per partition: the next offset to read.
-    pending: HashMap<i32, i64>,
     /// The previous batch, being written while this one fills.
     in_flight: InFlight,
     /// A batch was abandoned at shutdown: the engines are ahead of Postgres, so no later batch
@@ -210,7 +208,6 @@ impl Processor {
             partitions: HashMap::new(),
             batch: BatchWrite::default(),
             batch_started: None,
-            pending: HashMap::new(),
             in_flight: None,
             abandoned: false,
             progress,
@@ -264,7 +261,6 @@ impl Processor {
                 Rebalanced::Revoked(ps) => {
                     for p in ps {
                         self.partitions.remove(&p);
-                        self.pending.remove(&p);
                         self.batch.drop_partition(p);
                     }
                 }
@@ -287,7 +283,6 @@ impl Processor {
             return;
         };
         if ps.step(offset, ts_ms, key, payload, &self.topics, &mut self.batch) {
-            self.pending.insert(partition, offset + 1);
             self.batch_started.get_or_insert_with(Instant::now);
         }
     }
@@ -298,13 +293,12 @@ impl Processor {
     async fn flush(&mut self, snapshot_all: bool) -> Result<(), LoopError> {
         let started = self.batch_started.take();
         let mut batch = std::mem::take(&mut self.batch);
-        let pending = std::mem::take(&mut self.pending);
-        for (&p, ps) in self.partitions.iter_mut() {
-            let every = self.cfg.snapshot_every;
-            if let Some(w) = ps.write(pending.contains_key(&p), every, snapshot_all) {
-                batch.partitions.push(w);
-            }
-        }
+        let every = self.cfg.snapshot_every;
+        batch.partitions.extend(
+            self.partitions
+                .values_mut()
+                .filter_map(|ps| ps.write(every, snapshot_all)),
+        );
         self.finish_write().await?;
         if self.abandoned {
             tracing::warn!(
@@ -340,11 +334,10 @@ impl Processor {
     }
 
     /// What a finished write means for the loop.
-    fn written(&mut self, done: Result<Result<Written, DbError>, tokio::task::JoinError>) -> Result<(), LoopError> {
+    fn written(&mut self, done: Result<Result<Written, StoreError>, tokio::task::JoinError>) -> Result<(), LoopError> {
         let done = done.map_err(|e| LoopError::Task(e.to_string()))??;
         self.abandoned |= done.abandoned;
         for p in drop_fenced(&mut self.partitions, &done.fenced) {
-            self.pending.remove(&p);
             self.batch.drop_partition(p);
         }
         Ok(())
@@ -370,14 +363,14 @@ struct Writer {
 }
 
 impl Writer {
-    async fn write(self, mut batch: BatchWrite, started: Option<Instant>) -> Result<Written, DbError> {
+    async fn write(self, mut batch: BatchWrite, started: Option<Instant>) -> Result<Written, StoreError> {
         let mut fenced = Vec::new();
         let mut backoff = Duration::from_millis(50);
         let mut give_up_at: Option<Instant> = None;
         loop {
             match self.db.write_batch(&batch).await {
                 Ok(()) => break,
-                Err(DbError::Fenced(ps)) => {
+                Err(StoreError::Fenced(ps)) => {
                     tracing::warn!(partitions = ?ps, "partitions taken over by another processor; dropping them");
                     for p in ps {
                         if let Some(pw) = batch.partitions.iter().find(|pw| pw.partition == p) {
@@ -453,10 +446,10 @@ fn drop_fenced(partitions: &mut HashMap<i32, Partition>, fenced: &[(i32, i64)]) 
     dropped
 }
 
-type InFlight = Option<tokio::task::JoinHandle<Result<Written, DbError>>>;
+type InFlight = Option<tokio::task::JoinHandle<Result<Written, StoreError>>>;
 
 /// The result of the write in flight (pending forever when there is none).
-async fn join_in_flight(h: &mut InFlight) -> Result<Result<Written, DbError>, tokio::task::JoinError> {
+async fn join_in_flight(h: &mut InFlight) -> Result<Result<Written, StoreError>, tokio::task::JoinError> {
     match h {
         Some(h) => h.await,
         None => std::future::pending().await,

@@ -42,12 +42,6 @@ async fn ready(State(h): State<Health>) -> (StatusCode, String) {
     (StatusCode::OK, "ready".to_owned())
 }
 
-async fn metrics(State(h): State<Health>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            vitals_runtime::metrics::CONTENT_TYPE_VALUE,
-        )],
-        h.metrics.render(&h.progress.figures()),
-    )
+async fn metrics(State(h): State<Health>) -> impl axum::response::IntoResponse {
+    h.metrics.response(&h.progress.figures())
 }

@@ -29,7 +29,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let pool = vitals_store::connect_owner(&cfg.db.database_url, &cfg.db.db_schema, 8)
         .await
         .with_context(|| format!("connecting to {}", cfg.db.shown()))?;
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = Arc::new(metrics::Metrics::default());
     let wake = Arc::new(tokio::sync::Notify::new());
     let producer: FutureProducer = kafka::producer_config(&cfg)
         .create()

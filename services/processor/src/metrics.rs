@@ -5,7 +5,6 @@ use crate::progress::PartitionFigures;
 use std::sync::atomic::AtomicU64;
 use vitals_runtime::metrics::{self as m, Counter, Family, Gauge, Histogram, Labels, Registry};
 
-#[derive(Clone)]
 pub struct Metrics {
     pub signals: Counter,
     pub dead_lettered: Counter,
@@ -22,17 +21,11 @@ pub struct Metrics {
     assigned: Gauge,
     partition_lag: Family<Labels, Gauge>,
     commit_age: Family<Labels, Gauge<f64, AtomicU64>>,
-    registry: std::sync::Arc<Registry>,
+    registry: Registry,
 }
 
 impl Default for Metrics {
-    fn default() -> Self {
-        Metrics::new()
-    }
-}
-
-impl Metrics {
-    pub fn new() -> Metrics {
+    fn default() -> Metrics {
         let mut r = Registry::default();
         let counter = |r: &mut Registry, name: &str, help: &str| {
             let c = Counter::default();
@@ -122,13 +115,15 @@ impl Metrics {
             assigned,
             partition_lag,
             commit_age,
-            registry: std::sync::Arc::new(r),
+            registry: r,
         }
     }
+}
 
-    /// The text exposition; `parts` are the per-partition figures of the write path (revoked
-    /// partitions leave the per-partition series).
-    pub fn render(&self, parts: &PartitionFigures) -> String {
+impl Metrics {
+    /// The `/metrics` response; `parts` are the per-partition figures of the write path
+    /// (revoked partitions leave the per-partition series).
+    pub fn response(&self, parts: &PartitionFigures) -> impl axum::response::IntoResponse {
         self.consumer_lag.set(parts.values().filter_map(|(lag, _)| *lag).sum());
         self.assigned.set(parts.len() as i64);
         self.partition_lag.clear();
@@ -140,6 +135,6 @@ impl Metrics {
             }
             self.commit_age.get_or_create(&labels).set(*age);
         }
-        m::render(&self.registry)
+        m::response(&self.registry)
     }
 }

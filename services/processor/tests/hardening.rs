@@ -111,7 +111,7 @@ async fn a_shutdown_during_a_database_stall_loses_no_transition() {
         .await
         .unwrap();
 
-    let _p = start(&topics, &name, &name, &[]);
+    let _p = start_processor(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
     let got = db.digest(true).await;
     let want = reference_digest(&topics, inputs.len() as i64, true).await;
@@ -132,7 +132,7 @@ async fn a_permanent_database_error_stops_the_processor_instead_of_retrying_fore
     let inputs = workload(2, 300, 1, 3);
     produce(&topics.signals, &inputs).await;
     fail_offset_updates(&name, "true", "22008", "timestamp out of range").await;
-    let mut p = start(&topics, &name, &name, &[]);
+    let mut p = start_processor(&topics, &name, &name, &[]);
     let mut status = None;
     wait_until("the processor to stop on the permanent error", LONG, || {
         status = status.or_else(|| p.child.try_wait().ok().flatten());

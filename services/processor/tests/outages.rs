@@ -75,7 +75,7 @@ async fn kafka_restart_mid_run_pauses_and_loses_nothing() {
     let cut = inputs.len() * 2 / 3;
     produce(&topics.signals, &inputs[..cut]).await;
     let db = Db::connect(&name).await;
-    let mut p = start(&topics, &name, &name, &["--batch-max-records", "100"]);
+    let mut p = start_processor(&topics, &name, &name, &["--batch-max-records", "100"]);
     db.wait_consumed(&name, inputs.len() as i64 / 3, LONG).await;
 
     stack("kafka-down");

@@ -69,7 +69,7 @@ async fn end_to_end_scenario_lands_in_postgres_and_on_the_changes_topic() {
     produce(&topics.signals, &inputs).await;
 
     let db = Db::connect(&name).await;
-    let _p = start(&topics, &name, &name, &[]);
+    let _p = start_processor(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
 
     let want = expected(&inputs);
@@ -161,7 +161,7 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
     ));
     produce(&topics.signals, &inputs).await;
     let db = Db::connect(&name).await;
-    let _p = start(&topics, &name, &name, &[]);
+    let _p = start_processor(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
 
     let ejected: Vec<(String, String, String)> = sqlx::query_as(
@@ -241,13 +241,13 @@ async fn kill_9_at_several_points_loses_and_doubles_nothing() {
     // Small batches keep the processor slow enough that every kill lands mid-run.
     let args = ["--snapshot-every", "2500", "--batch-max-records", "100"];
     for stop_at in [total / 5, total / 2, total * 4 / 5] {
-        let mut p = start(&topics, &name, &name, &args);
+        let mut p = start_processor(&topics, &name, &name, &args);
         db.wait_consumed(&name, stop_at, LONG).await;
         p.kill9();
         let at = db.consumed(&name).await;
         assert!(at < total, "killed mid-run ({at} of {total} consumed)");
     }
-    let mut p = start(&topics, &name, &name, &args);
+    let mut p = start_processor(&topics, &name, &name, &args);
     db.wait_consumed(&name, total, LONG).await;
     p.terminate();
     let got = db.digest(true).await;
@@ -331,7 +331,7 @@ async fn poison_records_go_to_the_dead_letter_topic_and_change_nothing_else() {
     produce(&clean_topics.signals, &valid).await;
 
     let db = Db::connect(&name).await;
-    let _p = start(&topics, &name, &name, &[]);
+    let _p = start_processor(&topics, &name, &name, &[]);
     db.wait_consumed(&name, mixed.len() as i64, LONG).await;
 
     let dead = read_n(&topics.dlq, poisoned.len(), LONG).await;
@@ -366,9 +366,9 @@ async fn a_second_processor_joining_and_leaving_changes_nothing() {
     let total = inputs.len() as i64;
     let db = Db::connect(&name).await;
     let args = ["--batch-max-records", "200", "--snapshot-every", "3000"];
-    let mut a = start(&topics, &name, &name, &args);
+    let mut a = start_processor(&topics, &name, &name, &args);
     db.wait_consumed(&name, total / 5, LONG).await;
-    let mut b = start(&topics, &name, &name, &args);
+    let mut b = start_processor(&topics, &name, &name, &args);
     wait_until("the second processor to claim partitions", LONG, || async {
         sqlx::query_scalar::<_, i64>("SELECT max(epoch) FROM consumer_offsets")
             .fetch_one(&db.pool)

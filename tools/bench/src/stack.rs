@@ -3,7 +3,7 @@
 //! benchmarks' generated signals into input records.
 
 use vitals_contracts::{encode_signal, Signal};
-pub use vitals_testkit::{brokers, database_url, producer, unique, Service, Stamp, Topics};
+pub use vitals_testkit::{brokers, database_url, producer, start_processor, unique, Service, Stamp, Topics};
 
 /// The signals as input records: keyed by pool (ticks, which have no pool, round-robin over 8
 /// partitions), stamped with their stream time.
@@ -17,10 +17,4 @@ pub fn inputs(signals: &[(i64, Signal)]) -> impl Iterator<Item = vitals_testkit:
             bytes: encode_signal(s).expect("generated signals encode"),
         }
     })
-}
-
-/// Start the processor binary on `topics` with group and schema `name`.
-pub fn spawn_processor(topics: &Topics, name: &str, extra: &[&str]) -> Service {
-    let args = vitals_testkit::processor_args(topics, name, name, &database_url(), extra);
-    Service::start("vitals-processor", name, &args)
 }

@@ -21,8 +21,6 @@ pub struct Api {
     pub db: PgPool,
     pub http: reqwest::Client,
     pub cancel: CancellationToken,
-    pub signals: String,
-    pub changes: String,
     pub topics: vitals_testkit::Topics,
     /// Processors started for this API's topics and schema; killed with it.
     processors: std::sync::Mutex<Vec<vitals_testkit::Service>>,
@@ -33,17 +31,12 @@ impl Api {
     pub async fn start(name: &str, extra: &[&str]) -> Api {
         let name = unique(name);
         let topics = vitals_testkit::Topics::create(&name, 2, vitals_testkit::Stamp::CreateTime).await;
-        let (signals, changes) = (topics.signals.clone(), topics.changes.clone());
         let mut args: Vec<String> = [
             "vitals-api",
             "--http-addr",
             "127.0.0.1:0",
             "--db-schema",
             &name,
-            "--signals-topic",
-            &signals,
-            "--changes-topic",
-            &changes,
             "--token",
             &format!("ops:admin:{ADMIN}"),
             "--token",
@@ -58,6 +51,7 @@ impl Api {
         // read-only role.
         vitals_testkit::migrated_schema(&name).await;
         args.extend(["--brokers".into(), brokers(), "--database-url".into(), reader_url()]);
+        args.extend(topics.args());
         args.extend(extra.iter().map(|s| s.to_string()));
         let cfg = vitals_api::config::Config::parse_from(args);
         let cancel = CancellationToken::new();
@@ -71,8 +65,6 @@ impl Api {
             db,
             http: reqwest::Client::new(),
             cancel,
-            signals,
-            changes,
             topics,
             processors: Default::default(),
             name,
@@ -81,8 +73,7 @@ impl Api {
 
     /// Start the processor binary on this API's topics and schema.
     pub fn start_processor(&self) {
-        let args = vitals_testkit::processor_args(&self.topics, &self.name, &self.name, &database_url(), &[]);
-        let p = vitals_testkit::Service::start("vitals-processor", &self.name, &args);
+        let p = vitals_testkit::start_processor(&self.topics, &self.name, &self.name, &[]);
         self.processors.lock().expect("not poisoned").push(p);
     }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 use vitals_contracts::*;
 #[allow(unused_imports)] // each test binary uses a different part
 pub use vitals_testkit::{
-    database_url, free_port, header, http_get, metric, read_n, stack, unique, wait_until, Input, Topics,
+    database_url, free_port, header, http_get, metric, read_n, stack, start_processor, unique, wait_until, Input,
+    Topics,
 };
 
 pub const T0_MS: i64 = 1_700_000_000_000;
@@ -202,26 +203,20 @@ impl Db {
 /// A running processor process.
 pub type Proc = vitals_testkit::Service;
 
-/// Start a processor on `topics` with its own group and schema.
-pub fn start(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> Proc {
-    let args = vitals_testkit::processor_args(topics, group, schema, &database_url(), extra);
-    vitals_testkit::Service::start("vitals-processor", group, &args)
-}
-
 /// Start with the health and metrics endpoint on a free port; the port.
 pub fn start_serving(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> (Proc, u16) {
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     let mut args = extra.to_vec();
     args.extend(["--http-addr", &http]);
-    (start(topics, group, schema, &args), port)
+    (start_processor(topics, group, schema, &args), port)
 }
 
 /// Run a fresh processor (own group and schema) over `topics` to the end and return its digest.
 pub async fn reference_digest(topics: &Topics, total: i64, with_offsets: bool) -> (i64, String) {
     let group = unique("ref");
     let db = Db::connect(&group).await;
-    let mut p = start(topics, &group, &group, &[]);
+    let mut p = start_processor(topics, &group, &group, &[]);
     db.wait_consumed(&group, total, Duration::from_secs(120)).await;
     p.terminate();
     let d = db.digest(with_offsets).await;

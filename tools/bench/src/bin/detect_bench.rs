@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let name = stack::unique("detect");
     let topics = stack::Topics::create(&name, 8, stack::Stamp::LogAppendTime).await;
-    let mut child = stack::spawn_processor(&topics, &name, &["--tick-interval-ms", "1000"]);
+    let mut child = stack::start_processor(&topics, &name, &name, &["--tick-interval-ms", "1000"]);
 
     // The read_committed consumer: when did each endpoint's first change arrive?
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();

@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect(&stack::database_url())
         .await?;
-    let mut child = stack::spawn_processor(&topics, &name, &[]);
+    let mut child = stack::start_processor(&topics, &name, &name, &[]);
     let query = format!("SELECT coalesce(sum(greatest(next_offset,0)),0)::bigint FROM \"{name}\".consumer_offsets");
     let consumed = |pool: sqlx::PgPool, q: String| async move {
         sqlx::query_scalar::<_, i64>(&q).fetch_one(&pool).await.unwrap_or(0)
