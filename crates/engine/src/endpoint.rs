@@ -172,6 +172,31 @@ impl Tracker {
         Some(f64::from(v[idx]) / 1000.0)
     }
 
+    /// Whether [`Tracker::eject_causes`] is not empty, without spelling the causes out.
+    pub fn ejectable(&self, totals: &Rate, policy: &Policy, now: Micros) -> bool {
+        self.consecutive_hard >= policy.hard_break_after as u32
+            || self.consecutive_failures >= policy.consecutive_failures as u32
+            || (totals.counted() >= policy.min_volume as u64 && totals.failure_rate() > policy.failure_rate_threshold)
+            || !self.critical_down.is_empty()
+            || self.heartbeat_silence(now).is_some_and(|silence| {
+                silence
+                    >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
+            })
+    }
+
+    /// Whether [`Tracker::degrade_causes`] is not empty.
+    pub fn degradable(&self, policy: &Policy) -> bool {
+        self.score < policy.degrade_below
+            || !self.noncritical_down.is_empty()
+            || self.latency_outlier
+            || self.eject_refused
+    }
+
+    /// Whether [`Tracker::suspect_causes`] is not empty.
+    pub fn suspicious(&self, policy: &Policy) -> bool {
+        self.consecutive_failures >= policy.suspect_after_failures as u32 || self.heartbeat_silent
+    }
+
     /// Reasons for an automatic ejection, as thresholds crossed. Empty when there is none.
     pub fn eject_causes(&self, totals: &Rate, policy: &Policy, now: Micros) -> Vec<String> {
         let mut c = Vec::new();

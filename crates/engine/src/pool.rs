@@ -30,6 +30,8 @@ pub struct PoolState {
     next_deadline: Option<Micros>,
     #[serde(skip)]
     scratch: Scratch,
+    #[serde(skip)]
+    order: Order,
 }
 
 /// A reusable buffer for the peer-latency median, so the hot path does not allocate. It is not
@@ -39,6 +41,18 @@ struct Scratch(Vec<f64>);
 
 impl PartialEq for Scratch {
     fn eq(&self, _: &Scratch) -> bool {
+        true
+    }
+}
+
+/// The endpoint names in sorted order, the order in which timers are evaluated; rebuilt when an
+/// endpoint joins (endpoints never leave). A cache, not state: it never takes part in equality
+/// or snapshots, and a restored pool rebuilds it at its first timer.
+#[derive(Debug, Clone, Default)]
+struct Order(Vec<String>);
+
+impl PartialEq for Order {
+    fn eq(&self, _: &Order) -> bool {
         true
     }
 }
@@ -79,6 +93,7 @@ impl PoolState {
             correlated_outage: false,
             next_deadline: None,
             scratch: Scratch::default(),
+            order: Order::default(),
         }
     }
 
@@ -90,6 +105,29 @@ impl PoolState {
         self.endpoints.len() as u32
     }
 
+    /// Fire the timers at `d` at the latest, if `d` is still ahead (None: no timer).
+    fn arm(&mut self, d: Option<Micros>) {
+        if let Some(d) = d.filter(|d| *d > self.now) {
+            self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
+        }
+    }
+
+    /// Look at every endpoint again at the next signal.
+    fn rearm_now(&mut self) {
+        self.next_deadline = Some(self.now);
+    }
+
+    /// The earliest timer still ahead. A timer that has fired and changed nothing is spent: it
+    /// does not fire again at every later signal (it did, and each firing looked at every
+    /// endpoint of the pool, so the engine slowed down as more timers were spent).
+    fn future_deadline(&self) -> Option<Micros> {
+        self.endpoints
+            .values()
+            .filter_map(|t| t.deadline(&self.policy))
+            .filter(|d| *d > self.now)
+            .min()
+    }
+
     /// Move stream time and fire the timers that are due.
     pub fn advance(&mut self, now: Micros, out: &mut Vec<Decision>) {
         self.now = self.now.max(now);
@@ -97,20 +135,24 @@ impl PoolState {
             return;
         }
         // Sorted, so that the decisions come in the same order in every run.
-        let mut names: Vec<String> = self.endpoints.keys().cloned().collect();
-        names.sort_unstable();
+        let mut names = std::mem::take(&mut self.order.0);
+        if names.len() != self.endpoints.len() {
+            names = self.endpoints.keys().cloned().collect();
+            names.sort_unstable();
+        }
         for name in &names {
             if let Some(change) = self.timer_change(name) {
                 self.apply_change(name, change, out);
             }
         }
-        self.next_deadline = self.endpoints.values().filter_map(|t| t.deadline(&self.policy)).min();
+        self.order.0 = names;
+        self.next_deadline = self.future_deadline();
         self.pool_rules(out, None);
     }
 
     fn timer_change(&mut self, name: &str) -> Option<Change> {
         let now = self.now;
-        let policy = self.policy.clone();
+        let policy = &self.policy;
         let t = self.endpoints.get_mut(name)?;
         if t.forced.is_some() {
             return None;
@@ -126,7 +168,7 @@ impl PoolState {
             _ => {
                 if let (Some(silence), false) = (t.heartbeat_silence(now), t.heartbeat_silent) {
                     if silence
-                        >= us(t.heartbeat_interval(&policy)).saturating_mul(policy.heartbeat_suspect_intervals.into())
+                        >= us(t.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_suspect_intervals.into())
                     {
                         t.heartbeat_silent = true;
                     }
@@ -170,6 +212,10 @@ impl PoolState {
             self.endpoints
                 .insert(endpoint.to_owned(), Box::new(Tracker::new(self.now, &self.policy)));
             self.counts[state_index(HealthState::Healthy)] += 1;
+            if self.refused > 0 {
+                // A larger pool may eject more: refused ejections are looked at again.
+                self.rearm_now();
+            }
         }
         self.endpoints.get_mut(endpoint).expect("inserted above")
     }
@@ -238,8 +284,9 @@ impl PoolState {
                 change.triggers.push(o.id.to_owned());
             }
             self.apply_change(o.endpoint, change, out);
-        } else if let Some(d) = self.endpoints[o.endpoint].deadline(&self.policy) {
-            self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
+        } else {
+            let d = self.endpoints[o.endpoint].deadline(&self.policy);
+            self.arm(d);
         }
         self.pool_rules(out, None);
     }
@@ -317,8 +364,14 @@ impl PoolState {
             return None;
         }
         let totals = totals.unwrap_or_else(|| t.rate(now, policy));
-        let eject = t.eject_causes(&totals, policy, now);
         let state = t.state;
+        // The rules are evaluated at every timer of the pool; the thresholds are only spelled
+        // out when the state changes (building them for an endpoint that stays put was most of
+        // the engine's time once timers fired often).
+        if t.ejectable(&totals, policy, now) && !self.may_eject() && t.eject_refused && state == HealthState::Degraded {
+            return None;
+        }
+        let eject = t.eject_causes(&totals, policy, now);
         if !eject.is_empty() {
             let mut thresholds = extra;
             thresholds.extend(eject);
@@ -351,11 +404,11 @@ impl PoolState {
         }
         let t = &self.endpoints[name];
         let policy = &self.policy;
+        if state == HealthState::Degraded && t.degradable(policy) {
+            return None;
+        }
         let degrade = t.degrade_causes(policy);
         if !degrade.is_empty() {
-            if state == HealthState::Degraded {
-                return None;
-            }
             let mut thresholds = extra;
             thresholds.extend(degrade);
             let reason = format!(
@@ -373,9 +426,10 @@ impl PoolState {
                 triggers,
             });
         }
-        let suspect = t.suspect_causes(policy);
+        let suspicious = t.suspicious(policy);
         match state {
-            HealthState::Healthy if !suspect.is_empty() => {
+            HealthState::Healthy if suspicious => {
+                let suspect = t.suspect_causes(policy);
                 let reason = format!("suspect: {}", suspect.join(", "));
                 let triggers = t.failure_ids.clone();
                 Some(Change {
@@ -386,9 +440,7 @@ impl PoolState {
                     triggers,
                 })
             }
-            HealthState::Suspect
-                if suspect.is_empty() && t.consecutive_successes >= policy.consecutive_successes as u32 =>
-            {
+            HealthState::Suspect if !suspicious && t.consecutive_successes >= policy.consecutive_successes as u32 => {
                 Some(Change {
                     to: HealthState::Healthy,
                     code: ReasonCode::Cleared,
@@ -398,7 +450,7 @@ impl PoolState {
                 })
             }
             HealthState::Degraded
-                if suspect.is_empty()
+                if !suspicious
                     && t.above_since
                         .is_some_and(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms)) =>
             {
@@ -557,8 +609,12 @@ impl PoolState {
         self.counts[state_index(from)] -= 1;
         self.counts[state_index(change.to)] += 1;
         let (weight, ramp_ms) = self.weight(change.to, forced);
-        if let Some(d) = self.endpoints[name].deadline(&policy) {
-            self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
+        let d = self.endpoints[name].deadline(&policy);
+        self.arm(d);
+        if from == HealthState::Unhealthy && self.refused > 0 {
+            // An ejection slot came free: the endpoints whose ejection was refused are looked at
+            // again at the next signal.
+            self.rearm_now();
         }
         let reason = match retry_at {
             Some(r) => format!(
@@ -681,7 +737,7 @@ impl PoolState {
                 t.window = crate::window::Window::new(n);
             }
         }
-        self.next_deadline = self.endpoints.values().filter_map(|t| t.deadline(&self.policy)).min();
+        self.next_deadline = self.future_deadline();
         let reason = format!("policy version {} applied by {}", p.policy.version, p.actor);
         self.pool_rules(out, Some(reason));
     }

@@ -299,6 +299,39 @@ fn heartbeat_silence_makes_suspect_then_unhealthy() {
     assert!(changes[1].reason.contains("heartbeat"), "{}", changes[1].reason);
 }
 
+/// A timer that fired and changed nothing does not fire again at every later signal (that made
+/// the engine slower as the run grew); an ejection the max-ejection rule refused is looked at
+/// again as soon as a slot comes free, not only when the endpoint speaks.
+#[test]
+fn a_refused_ejection_is_taken_when_a_slot_comes_free() {
+    let mut r = Run::new();
+    let hb = |ep: &str, id| {
+        let mut p = probe("p", ep, id, ProbeKind::Heartbeat, OutcomeClass::Success);
+        p.interval_ms = Some(5_000);
+        Signal::Probe(p)
+    };
+    for i in 0..4u64 {
+        r.at(i as i64 * 5 * SEC, hb("a", i));
+        r.at(i as i64 * 5 * SEC, hb("b", 100 + i));
+    }
+    // Both fall silent; at 9 intervals a is ejected and b, the second of two, is refused.
+    r.tick_until(15 * SEC + 50 * SEC);
+    assert_eq!(r.state_of("p", "a"), HealthState::Unhealthy);
+    assert_eq!(r.state_of("p", "b"), HealthState::Degraded);
+    // a's isolation ends and its trial succeeds: it leaves the ejected set, and b (still silent,
+    // sending nothing) is ejected at the pool's next signal.
+    r.tick_until(15 * SEC + 45 * SEC + 31 * SEC);
+    let trial_at = r.now - T0;
+    r.at(trial_at, hb("a", 9));
+    assert_eq!(r.state_of("p", "a"), HealthState::Recovering);
+    assert_eq!(r.state_of("p", "b"), HealthState::Degraded);
+    r.at(trial_at + SEC, tick());
+    assert_eq!(r.state_of("p", "b"), HealthState::Unhealthy);
+    let last = *r.changes_of("b").last().unwrap();
+    assert_eq!(last.stream_time, T0 + trial_at + SEC);
+    assert!(last.reason.contains("heartbeat"), "{}", last.reason);
+}
+
 /// A heartbeat after suspicion clears it after M successes.
 #[test]
 fn heartbeats_returning_clear_suspicion() {
