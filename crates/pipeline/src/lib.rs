@@ -20,6 +20,9 @@ pub struct Partition {
     engine: Engine,
     /// The next offset the engine expects; earlier records are stale duplicates.
     next_offset: Option<i64>,
+    /// The first offset whose results are not in the database yet. Records before it are
+    /// replayed into the engine only: their rows and events were committed by an earlier owner.
+    committed: Option<i64>,
     since_snapshot: u64,
     /// A record was applied since the last [`Partition::write`].
     unwritten: bool,
@@ -27,13 +30,21 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// `start_offset`: the first offset the engine has not applied (None: the beginning).
-    pub fn new(partition: i32, epoch: i64, engine: Engine, start_offset: Option<i64>) -> Partition {
+    /// `start_offset`: the first offset the engine has not applied (None: the beginning);
+    /// `committed`: the first offset whose results are not in the database (None: nothing is).
+    pub fn new(
+        partition: i32,
+        epoch: i64,
+        engine: Engine,
+        start_offset: Option<i64>,
+        committed: Option<i64>,
+    ) -> Partition {
         Partition {
             partition,
             epoch,
             engine,
             next_offset: start_offset,
+            committed,
             since_snapshot: 0,
             unwritten: false,
             decisions: Vec::new(),
@@ -59,7 +70,9 @@ impl Partition {
 
     /// The record step. Returns false for a record before the partition's position (a stale
     /// fetch from before a seek), which changes nothing. `ts_ms` is the record's timestamp (the
-    /// stream time); a record without one is applied at the current stream time.
+    /// stream time); a record without one is applied at the current stream time. A record
+    /// before the committed offset is replayed: the engine applies it, and nothing else follows
+    /// (its rows, events and dead letter are in the database already).
     pub fn step(
         &mut self,
         offset: i64,
@@ -77,20 +90,30 @@ impl Partition {
         self.unwritten = true;
         out.records += 1;
         let partition = self.partition;
+        let replay = self.committed.is_some_and(|c| offset < c);
         let at: Micros = ts_ms.map_or(self.engine.now(), |ms| ms.saturating_mul(1000));
         let payload = payload.unwrap_or_default();
         let signal = match decode_signal(payload) {
             Ok(s) => s,
             Err(e) => {
-                out.dead_letter(topics, partition, offset, key, payload, e.code(), &e.to_string());
+                if !replay {
+                    out.dead_letter(topics, partition, offset, key, payload, e.code(), &e.to_string());
+                }
                 return true;
             }
         };
         if let Err(e) = validate_signal(&signal, Some(at)) {
-            out.dead_letter(topics, partition, offset, key, payload, "invalid_value", &e.to_string());
+            if !replay {
+                out.dead_letter(topics, partition, offset, key, payload, "invalid_value", &e.to_string());
+            }
             return true;
         }
-        if let Some(first) = self.engine.apply(at, &signal, &mut self.decisions) {
+        let first = self.engine.apply(at, &signal, &mut self.decisions);
+        if replay {
+            self.decisions.clear();
+            return true;
+        }
+        if let Some(first) = first {
             out.discover(topics, first, partition);
         }
         for d in self.decisions.drain(..) {
@@ -157,7 +180,7 @@ mod tests {
 
     #[test]
     fn a_record_step_gives_first_seen_decisions_and_dead_letters_without_io() {
-        let mut p = Partition::new(3, 1, Engine::new(Policy::default()), None);
+        let mut p = Partition::new(3, 1, Engine::new(Policy::default()), None, None);
         let mut out = BatchWrite::default();
         let t = topics();
         let ts = Some(1_700_000_000_000);
@@ -203,5 +226,53 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&restored, p.engine());
+    }
+
+    #[test]
+    fn a_replay_below_the_committed_offset_rebuilds_the_engine_and_emits_only_what_is_new() {
+        let t = topics();
+        let ts = Some(1_700_000_000_000);
+        let records: Vec<Vec<u8>> = (0..12)
+            .map(|i| match i {
+                5 => b"garbage".to_vec(),
+                i if i % 4 == 3 => call("b", i, OutcomeClass::Success),
+                i if i < 8 => call("a", i, OutcomeClass::Success),
+                i => call("a", i, OutcomeClass::ServerError),
+            })
+            .collect();
+        let run = |committed: Option<i64>| {
+            let mut p = Partition::new(0, 1, Engine::new(Policy::default()), None, committed);
+            let mut out = BatchWrite::default();
+            for (o, r) in records.iter().enumerate() {
+                p.step(o as i64, ts, None, Some(r), &t, &mut out);
+            }
+            (p, out)
+        };
+        let (first, all) = run(None);
+        let (replayed, tail) = run(Some(7));
+        assert_eq!(replayed.engine(), first.engine(), "the replay rebuilt the same state");
+        assert_eq!(tail.records, 12);
+        assert!(tail.discovered.is_empty(), "both endpoints were seen before offset 7");
+        assert_eq!(tail.dead_lettered, 0, "offset 5 was dead-lettered by the earlier owner");
+        let after = |b: &BatchWrite| {
+            b.transitions
+                .iter()
+                .filter(|(_, _, o)| *o >= 7)
+                .map(|(h, _, o)| (h.transition_id.clone(), *o))
+                .collect::<Vec<_>>()
+        };
+        assert!(!after(&all).is_empty(), "the scenario has transitions after offset 7");
+        assert_eq!(after(&tail), after(&all));
+        assert_eq!(
+            tail.transitions.len(),
+            after(&all).len(),
+            "nothing from before offset 7"
+        );
+        let outbox_keys = |b: &BatchWrite| b.outbox.iter().map(|o| o.dedup_key.clone()).collect::<Vec<_>>();
+        let new_keys: Vec<String> = outbox_keys(&all)
+            .into_iter()
+            .filter(|k| tail.transitions.iter().any(|(h, _, _)| k.ends_with(&h.transition_id)))
+            .collect();
+        assert_eq!(outbox_keys(&tail), new_keys);
     }
 }

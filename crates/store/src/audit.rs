@@ -3,13 +3,55 @@
 //! no-op.
 
 use crate::{timestamp, StoreError};
-use sqlx::{PgPool, Postgres, QueryBuilder, Row, Transaction};
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use std::time::{Duration, Instant};
 use vitals_contracts::{EndpointState, HealthChanged, Policy, PoolHealthChanged};
 use vitals_engine::Engine;
 use vitals_pipeline::{BatchWrite, OutboxRow, PartitionWrite, Snapshot};
 
-/// Rows per INSERT statement (Postgres allows 65,535 bind parameters per statement).
-const CHUNK: usize = 500;
+/// Where a batch transaction spent its time, statement by statement (wall time, including the
+/// round trip to Postgres).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatementTimes {
+    pub begin: Duration,
+    pub offsets: Duration,
+    pub discovered: Duration,
+    pub transitions: Duration,
+    pub states: Duration,
+    pub pool_events: Duration,
+    pub outbox: Duration,
+    pub snapshots: Duration,
+    pub commit: Duration,
+}
+
+impl StatementTimes {
+    /// (statement, seconds), in the order the transaction runs them.
+    pub fn named(&self) -> [(&'static str, Duration); 9] {
+        [
+            ("begin", self.begin),
+            ("offsets", self.offsets),
+            ("discovered", self.discovered),
+            ("transitions", self.transitions),
+            ("states", self.states),
+            ("pool_events", self.pool_events),
+            ("outbox", self.outbox),
+            ("snapshots", self.snapshots),
+            ("commit", self.commit),
+        ]
+    }
+}
+
+/// A stopwatch that hands out the time since its last lap.
+struct Lap(Instant);
+
+impl Lap {
+    fn next(&mut self) -> Duration {
+        let now = Instant::now();
+        let d = now - self.0;
+        self.0 = now;
+        d
+    }
+}
 
 /// Where a partition resumes: its engine and the offset to read from.
 pub struct Restored {
@@ -94,54 +136,69 @@ impl AuditLog {
 
     /// The batch, in one transaction: offsets (fenced by epoch), first-seen endpoints,
     /// transitions, the endpoint-state projection, pool events, outbox rows and snapshots.
-    pub async fn write_batch(&self, b: &BatchWrite) -> Result<(), StoreError> {
+    /// Returns where the time went.
+    pub async fn write_batch(&self, b: &BatchWrite) -> Result<StatementTimes, StoreError> {
+        let mut t = StatementTimes::default();
+        let mut lap = Lap(Instant::now());
         let mut tx = self.pool.begin().await?;
-        let mut fenced = Vec::new();
-        for p in &b.partitions {
-            let r = sqlx::query(
-                "UPDATE consumer_offsets SET next_offset = GREATEST(next_offset, $4)
-                 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $5",
-            )
-            .bind(&self.group)
-            .bind(&self.topic)
-            .bind(p.partition)
-            .bind(p.next_offset)
-            .bind(p.epoch)
-            .execute(&mut *tx)
-            .await?;
-            if r.rows_affected() == 0 {
-                fenced.push(p.partition);
-            }
-        }
+        t.begin = lap.next();
+        // One statement for every partition of the batch; a partition whose epoch moved on
+        // (another processor claimed it) is not updated, and the batch is refused.
+        let updated: Vec<i32> = sqlx::query_scalar(
+            "UPDATE consumer_offsets c SET next_offset = GREATEST(c.next_offset, u.next_offset)
+             FROM UNNEST($3::int4[], $4::int8[], $5::int8[]) AS u(partition, next_offset, epoch)
+             WHERE c.consumer_group = $1 AND c.topic = $2 AND c.partition = u.partition AND c.epoch = u.epoch
+             RETURNING c.partition",
+        )
+        .bind(&self.group)
+        .bind(&self.topic)
+        .bind(b.partitions.iter().map(|p| p.partition).collect::<Vec<_>>())
+        .bind(b.partitions.iter().map(|p| p.next_offset).collect::<Vec<_>>())
+        .bind(b.partitions.iter().map(|p| p.epoch).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?;
+        let fenced: Vec<i32> = b
+            .partitions
+            .iter()
+            .map(|p| p.partition)
+            .filter(|p| !updated.contains(p))
+            .collect();
         if !fenced.is_empty() {
             tx.rollback().await?;
             return Err(StoreError::Fenced(fenced));
         }
+        t.offsets = lap.next();
         let discovered: Vec<&EndpointState> = b.discovered.iter().map(|(s, _)| s).collect();
-        for chunk in discovered.chunks(CHUNK) {
-            write_states(&mut tx, chunk, Conflict::Keep).await?;
+        if !discovered.is_empty() {
+            write_states(&mut tx, &discovered, Conflict::Keep).await?;
         }
-        for chunk in b.transitions.chunks(CHUNK) {
-            insert_transitions(&mut tx, chunk).await?;
+        t.discovered = lap.next();
+        if !b.transitions.is_empty() {
+            insert_transitions(&mut tx, &b.transitions).await?;
         }
+        t.transitions = lap.next();
         let latest: Vec<EndpointState> = b.latest_states().into_iter().map(EndpointState::from_change).collect();
-        let latest: Vec<&EndpointState> = latest.iter().collect();
-        for chunk in latest.chunks(CHUNK) {
-            write_states(&mut tx, chunk, Conflict::Newer).await?;
+        if !latest.is_empty() {
+            write_states(&mut tx, &latest.iter().collect::<Vec<_>>(), Conflict::Newer).await?;
         }
-        for chunk in b.pool_events.chunks(CHUNK) {
-            insert_pool_events(&mut tx, chunk).await?;
+        t.states = lap.next();
+        if !b.pool_events.is_empty() {
+            insert_pool_events(&mut tx, &b.pool_events).await?;
         }
-        for chunk in b.outbox.chunks(CHUNK) {
-            insert_outbox(&mut tx, chunk).await?;
+        t.pool_events = lap.next();
+        if !b.outbox.is_empty() {
+            insert_outbox(&mut tx, &b.outbox).await?;
         }
+        t.outbox = lap.next();
         for p in &b.partitions {
             if let Some(s) = &p.snapshot {
                 self.write_snapshot(&mut tx, p, s).await?;
             }
         }
+        t.snapshots = lap.next();
         tx.commit().await?;
-        Ok(())
+        t.commit = lap.next();
+        Ok(t)
     }
 
     async fn write_snapshot(
@@ -163,23 +220,25 @@ impl AuditLog {
         .bind(s.stream_time)
         .execute(&mut **tx)
         .await?;
-        for chunk in s.pools.chunks(CHUNK) {
-            let mut q = QueryBuilder::<Postgres>::new(
-                "INSERT INTO engine_snapshots (consumer_group, topic, partition, pool, state) ",
-            );
-            q.push_values(chunk, |mut r, (pool, state)| {
-                r.push_bind(&self.group)
-                    .push_bind(&self.topic)
-                    .push_bind(p.partition)
-                    .push_bind(pool)
-                    .push_bind(state);
-            });
-            q.push(" ON CONFLICT (consumer_group, topic, partition, pool) DO UPDATE SET state = excluded.state");
-            q.build().execute(&mut **tx).await?;
-        }
+        sqlx::query(
+            "INSERT INTO engine_snapshots (consumer_group, topic, partition, pool, state)
+             SELECT $1, $2, $3, pool, state FROM UNNEST($4::text[], $5::bytea[]) AS u(pool, state)
+             ON CONFLICT (consumer_group, topic, partition, pool) DO UPDATE SET state = excluded.state",
+        )
+        .bind(&self.group)
+        .bind(&self.topic)
+        .bind(p.partition)
+        .bind(s.pools.iter().map(|(pool, _)| pool.as_str()).collect::<Vec<_>>())
+        .bind(s.pools.iter().map(|(_, state)| state.as_slice()).collect::<Vec<_>>())
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
 }
+
+// Every insert below is one fixed statement over column arrays (`UNNEST`), so Postgres parses
+// and plans it once per connection whatever the number of rows; a statement built with one
+// placeholder per value was a new statement for every batch size, planned again each time.
 
 /// Transitions with the input record that caused each, (partition, offset). Idempotent by
 /// (pool, endpoint, seq).
@@ -187,44 +246,93 @@ async fn insert_transitions(
     tx: &mut Transaction<'_, Postgres>,
     rows: &[(HealthChanged, i32, i64)],
 ) -> Result<(), sqlx::Error> {
-    let mut q = QueryBuilder::<Postgres>::new(
+    let col = |f: &dyn Fn(&HealthChanged) -> String| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<String>>();
+    let float = |f: &dyn Fn(&HealthChanged) -> f64| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<f64>>();
+    let opt_float =
+        |f: &dyn Fn(&HealthChanged) -> Option<f64>| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<Option<f64>>>();
+    let long = |f: &dyn Fn(&HealthChanged) -> i64| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<i64>>();
+    let int = |f: &dyn Fn(&HealthChanged) -> i32| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<i32>>();
+    sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-         policy_version, evidence, stream_time, source_partition, source_offset) ",
-    );
-    q.push_values(rows, |mut r, (h, partition, offset)| {
-        let e = &h.evidence;
-        r.push_bind(&h.pool)
-            .push_bind(&h.endpoint)
-            .push_bind(h.seq)
-            .push_bind(&h.transition_id)
-            .push_bind(h.from_state.as_str())
-            .push_bind(h.to_state.as_str())
-            .push_bind(h.weight)
-            .push_bind(h.ramp_ms)
-            .push_bind(h.retry_at.map(timestamp))
-            .push_bind(&h.reason_code)
-            .push_bind(&h.reason)
-            .push_bind(e.failure_rate)
-            .push_bind(e.score)
-            .push_bind(e.decisive_calls())
-            .push_bind(e.failures())
-            .push_bind(e.consecutive_failures)
-            .push_bind(e.consecutive_successes)
-            .push_bind(e.ttft_p50_ms)
-            .push_bind(e.ttft_p99_ms)
-            .push_bind(&e.thresholds)
-            .push_bind(&h.trigger_ids)
-            .push_bind(h.policy_version)
-            .push_bind(sqlx::types::Json(e))
-            .push_bind(timestamp(h.stream_time))
-            .push_bind(*partition)
-            .push_bind(*offset);
-    });
-    q.push(" ON CONFLICT (pool, endpoint, seq) DO NOTHING");
-    q.build().execute(&mut **tx).await?;
+         policy_version, evidence, stream_time, source_partition, source_offset)
+         SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
+         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds::text[],
+         trigger_ids::text[], policy_version, evidence, stream_time, source_partition, source_offset
+         FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::float8[],
+         $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::float8[], $13::float8[], $14::int8[],
+         $15::int8[], $16::int4[], $17::int4[], $18::float8[], $19::float8[], $20::text[], $21::text[],
+         $22::int4[], $23::jsonb[], $24::timestamptz[], $25::int4[], $26::int8[])
+         AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
+         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
+         policy_version, evidence, stream_time, source_partition, source_offset)
+         ON CONFLICT (pool, endpoint, seq) DO NOTHING",
+    )
+    .bind(col(&|h| h.pool.clone()))
+    .bind(col(&|h| h.endpoint.clone()))
+    .bind(long(&|h| h.seq))
+    .bind(col(&|h| h.transition_id.clone()))
+    .bind(col(&|h| h.from_state.as_str().to_owned()))
+    .bind(col(&|h| h.to_state.as_str().to_owned()))
+    .bind(float(&|h| h.weight))
+    .bind(long(&|h| h.ramp_ms))
+    .bind(
+        rows.iter()
+            .map(|(h, _, _)| h.retry_at.map(timestamp))
+            .collect::<Vec<_>>(),
+    )
+    .bind(col(&|h| h.reason_code.clone()))
+    .bind(col(&|h| h.reason.clone()))
+    .bind(float(&|h| h.evidence.failure_rate))
+    .bind(float(&|h| h.evidence.score))
+    .bind(long(&|h| h.evidence.decisive_calls()))
+    .bind(long(&|h| h.evidence.failures()))
+    .bind(int(&|h| h.evidence.consecutive_failures))
+    .bind(int(&|h| h.evidence.consecutive_successes))
+    .bind(opt_float(&|h| h.evidence.ttft_p50_ms))
+    .bind(opt_float(&|h| h.evidence.ttft_p99_ms))
+    .bind(col(&|h| array_literal(&h.evidence.thresholds)))
+    .bind(col(&|h| array_literal(&h.trigger_ids)))
+    .bind(int(&|h| h.policy_version))
+    .bind(
+        rows.iter()
+            .map(|(h, _, _)| sqlx::types::Json(&h.evidence))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(h, _, _)| timestamp(h.stream_time))
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(|(_, p, _)| *p).collect::<Vec<i32>>())
+    .bind(rows.iter().map(|(_, _, o)| *o).collect::<Vec<i64>>())
+    .execute(&mut **tx)
+    .await?;
     Ok(())
+}
+
+/// A `text[]` value as Postgres array literal (`{"a","b"}`), so that an array column of many rows
+/// travels as one text array (UNNEST cannot take an array of arrays of different lengths).
+fn array_literal(items: &[String]) -> String {
+    let mut s = String::from("{");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push('"');
+        for c in item.chars() {
+            if c == '"' || c == '\\' {
+                s.push('\\');
+            }
+            s.push(c);
+        }
+        s.push('"');
+    }
+    s.push('}');
+    s
 }
 
 /// What a state row does when the endpoint already has one.
@@ -240,34 +348,36 @@ async fn write_states(
     rows: &[&EndpointState],
     conflict: Conflict,
 ) -> Result<(), sqlx::Error> {
-    let mut q = QueryBuilder::<Postgres>::new(
+    let sql = format!(
         "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since,
-         reason, policy_version) ",
-    );
-    q.push_values(rows, |mut r, s| {
-        r.push_bind(&s.pool)
-            .push_bind(&s.endpoint)
-            .push_bind(s.seq)
-            .push_bind(s.state.as_str())
-            .push_bind(s.weight)
-            .push_bind(s.ramp_ms)
-            .push_bind(s.score)
-            .push_bind(s.failure_rate)
-            .push_bind(timestamp(s.since))
-            .push_bind(&s.reason)
-            .push_bind(s.policy_version);
-    });
-    q.push(match conflict {
-        Conflict::Keep => " ON CONFLICT (pool, endpoint) DO NOTHING",
-        Conflict::Newer => {
-            " ON CONFLICT (pool, endpoint) DO UPDATE SET seq = excluded.seq, state = excluded.state,
-              weight = excluded.weight, ramp_ms = excluded.ramp_ms, score = excluded.score,
-              failure_rate = excluded.failure_rate, since = excluded.since, reason = excluded.reason,
-              policy_version = excluded.policy_version
-              WHERE endpoint_state.seq < excluded.seq"
+         reason, policy_version)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::float8[], $6::int8[],
+         $7::float8[], $8::float8[], $9::timestamptz[], $10::text[], $11::int4[]) {}",
+        match conflict {
+            Conflict::Keep => "ON CONFLICT (pool, endpoint) DO NOTHING",
+            Conflict::Newer => {
+                "ON CONFLICT (pool, endpoint) DO UPDATE SET seq = excluded.seq, state = excluded.state,
+                 weight = excluded.weight, ramp_ms = excluded.ramp_ms, score = excluded.score,
+                 failure_rate = excluded.failure_rate, since = excluded.since, reason = excluded.reason,
+                 policy_version = excluded.policy_version
+                 WHERE endpoint_state.seq < excluded.seq"
+            }
         }
-    });
-    q.build().execute(&mut **tx).await?;
+    );
+    sqlx::query(&sql)
+        .bind(rows.iter().map(|s| s.pool.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.endpoint.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.seq).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.weight).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.ramp_ms).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.score).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.failure_rate).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| timestamp(s.since)).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.reason.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|s| s.policy_version).collect::<Vec<_>>())
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -275,40 +385,49 @@ async fn insert_pool_events(
     tx: &mut Transaction<'_, Postgres>,
     rows: &[(PoolHealthChanged, i32, i64)],
 ) -> Result<(), sqlx::Error> {
-    let mut q = QueryBuilder::<Postgres>::new(
+    sqlx::query(
         "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic,
-         correlated_outage, reason, policy_version, stream_time, source_partition, source_offset) ",
-    );
-    q.push_values(rows, |mut r, (p, partition, offset)| {
-        r.push_bind(&p.pool)
-            .push_bind(p.seq)
-            .push_bind(p.endpoints)
-            .push_bind(p.healthy)
-            .push_bind(p.ejected)
-            .push_bind(p.healthy_fraction)
-            .push_bind(p.panic)
-            .push_bind(p.correlated_outage)
-            .push_bind(&p.reason)
-            .push_bind(p.policy_version)
-            .push_bind(timestamp(p.stream_time))
-            .push_bind(*partition)
-            .push_bind(*offset);
-    });
-    q.push(" ON CONFLICT (pool, seq) DO NOTHING");
-    q.build().execute(&mut **tx).await?;
+         correlated_outage, reason, policy_version, stream_time, source_partition, source_offset)
+         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::int4[], $5::int4[], $6::float8[],
+         $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[])
+         ON CONFLICT (pool, seq) DO NOTHING",
+    )
+    .bind(rows.iter().map(|(p, _, _)| p.pool.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.seq).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.endpoints).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.healthy).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.ejected).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.healthy_fraction).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.panic).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.correlated_outage).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.reason.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(p, _, _)| p.policy_version).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|(p, _, _)| timestamp(p.stream_time))
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(|(_, part, _)| *part).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(_, _, o)| *o).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
+/// Outbox rows, in batch order (their ids give the relay's publishing order).
 async fn insert_outbox(tx: &mut Transaction<'_, Postgres>, rows: &[OutboxRow]) -> Result<(), sqlx::Error> {
-    let mut q = QueryBuilder::<Postgres>::new("INSERT INTO outbox (dedup_key, topic, key, payload, headers) ");
-    q.push_values(rows, |mut r, o| {
-        r.push_bind(&o.dedup_key)
-            .push_bind(&o.topic)
-            .push_bind(&o.key)
-            .push_bind(&o.payload)
-            .push_bind(sqlx::types::Json(&o.headers));
-    });
-    q.push(" ON CONFLICT (dedup_key) DO NOTHING");
-    q.build().execute(&mut **tx).await?;
+    sqlx::query(
+        "INSERT INTO outbox (dedup_key, topic, key, payload, headers)
+         SELECT dedup_key, topic, key, payload, headers
+         FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY
+         AS u(dedup_key, topic, key, payload, headers, n) ORDER BY n",
+    )
+    .bind(rows.iter().map(|o| o.dedup_key.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|o| o.topic.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|o| o.key.as_deref()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|o| o.payload.as_slice()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|o| sqlx::types::Json(&o.headers)).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! The outbox as the relay sees it: a lease that makes one relay active per schema, unpublished
-//! rows in id order, marking them published, and retention.
+//! The outbox as the relay sees it: a lease that makes one relay active per schema, the rows to
+//! publish in id order, deleting them once published, and retention of the audit log.
 
 use sqlx::{PgConnection, Row};
 use std::collections::BTreeMap;
@@ -39,14 +39,12 @@ pub async fn release_lease(conn: &mut PgConnection, holder: &str) -> Result<(), 
     Ok(())
 }
 
-/// Up to `limit` unpublished rows, oldest first.
+/// Up to `limit` rows to publish, oldest first.
 pub async fn unpublished(conn: &mut PgConnection, limit: i64) -> Result<Vec<Pending>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, topic, key, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows = sqlx::query("SELECT id, topic, key, payload, headers FROM outbox ORDER BY id LIMIT $1")
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|r| Pending {
@@ -59,8 +57,9 @@ pub async fn unpublished(conn: &mut PgConnection, limit: i64) -> Result<Vec<Pend
         .collect())
 }
 
-pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
+/// Rows Kafka has acknowledged leave the outbox.
+pub async fn published(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
         .bind(ids)
         .execute(&mut *conn)
         .await?;
@@ -69,24 +68,18 @@ pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> Result<(), 
 
 /// Rows not yet published.
 pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+    sqlx::query_scalar("SELECT count(*) FROM outbox")
         .fetch_one(&mut *conn)
         .await
 }
 
 const RETENTION_CHUNK: u64 = 10_000;
 
-/// Keep the database bounded: published outbox rows older than `outbox_hours`, and (when
-/// `audit_days` > 0) transitions and pool events older than that by stream time, are deleted in
-/// chunks so that no single statement holds locks for long. The number of rows deleted.
-pub async fn retention(conn: &mut PgConnection, outbox_hours: i64, audit_days: i64) -> Result<u64, sqlx::Error> {
-    let mut deleted = delete_in_chunks(
-        conn,
-        "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
-         WHERE published_at < now() - make_interval(hours => $1::int) LIMIT 10000)",
-        outbox_hours,
-    )
-    .await?;
+/// Keep the audit log bounded when `audit_days` > 0: transitions and pool events older than that
+/// by stream time are deleted in chunks so that no single statement holds locks for long. The
+/// number of rows deleted.
+pub async fn retention(conn: &mut PgConnection, audit_days: i64) -> Result<u64, sqlx::Error> {
+    let mut deleted = 0;
     if audit_days > 0 {
         for table in ["transitions", "pool_events"] {
             let q = format!(
@@ -98,7 +91,6 @@ pub async fn retention(conn: &mut PgConnection, outbox_hours: i64, audit_days: i
     }
     Ok(deleted)
 }
-
 async fn delete_in_chunks(conn: &mut PgConnection, sql: &str, age: i64) -> Result<u64, sqlx::Error> {
     let mut deleted = 0;
     loop {

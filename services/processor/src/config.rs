@@ -27,10 +27,12 @@ pub struct Config {
     /// Replication factor of the topics this processor creates.
     #[arg(long, env = "VITALS_REPLICATION_FACTOR", default_value_t = 1)]
     pub replication_factor: i32,
-    /// A batch is written when it holds this many records...
-    #[arg(long, env = "VITALS_BATCH_MAX_RECORDS", default_value_t = 5_000)]
+    /// The most records in one batch (one transaction); a full batch waits for the write before
+    /// it, and consumption waits with it.
+    #[arg(long, env = "VITALS_BATCH_MAX_RECORDS", default_value_t = 20_000)]
     pub batch_max_records: usize,
-    /// ...or when its first record has waited this long.
+    /// A batch goes to the writer when its first record has waited this long and the write
+    /// before it is done; while a write runs, the next batch keeps growing.
     #[arg(long, env = "VITALS_BATCH_MAX_MS", default_value_t = 20)]
     pub batch_max_ms: u64,
     /// Engine snapshots are written after this many records of a partition (and at shutdown);
@@ -47,10 +49,6 @@ pub struct Config {
     /// Outbox relay: rows published per round.
     #[arg(long, env = "VITALS_RELAY_BATCH", default_value_t = 1_000)]
     pub relay_batch: i64,
-    /// Published outbox rows are deleted after this many hours (a replay from a snapshot older
-    /// than this would publish its events again; consumers drop duplicates by seq).
-    #[arg(long, env = "VITALS_OUTBOX_RETENTION_HOURS", default_value_t = 168)]
-    pub outbox_retention_hours: i64,
     /// Transitions and pool events older than this many days (by stream time) are deleted;
     /// 0 keeps them forever.
     #[arg(long, env = "VITALS_AUDIT_RETENTION_DAYS", default_value_t = 0)]
@@ -97,8 +95,8 @@ impl Config {
         if self.snapshot_every == 0 {
             return err("--snapshot-every must be at least 1".into());
         }
-        if self.outbox_retention_hours < 1 || self.audit_retention_days < 0 {
-            return err("--outbox-retention-hours must be at least 1 and --audit-retention-days at least 0".into());
+        if self.audit_retention_days < 0 {
+            return err("--audit-retention-days must be at least 0".into());
         }
         if self.partitions < 1 {
             return err("--partitions must be at least 1".into());

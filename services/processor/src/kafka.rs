@@ -16,7 +16,7 @@ pub fn base_config(cfg: &Config) -> ClientConfig {
 pub fn producer_config(cfg: &Config) -> ClientConfig {
     kafka::producer(
         &cfg.kafka,
-        &[("message.timeout.ms", "30000"), ("compression.type", "zstd")],
+        &[("message.timeout.ms", "30000"), ("compression.type", "lz4")],
     )
 }
 

@@ -71,7 +71,6 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             wake: wake.clone(),
             cancel: cancel.clone(),
-            outbox_retention_hours: cfg.outbox_retention_hours,
             audit_retention_days: cfg.audit_retention_days,
             holder: format!(
                 "processor-{}-{}",

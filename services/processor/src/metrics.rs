@@ -17,6 +17,8 @@ pub struct Metrics {
     pub permanent_errors: Counter,
     pub outbox_backlog: Gauge,
     pub published: Counter,
+    /// Seconds spent, by phase of the work (the breakdown of where the processor's time goes).
+    time: Family<Labels, Counter<f64, AtomicU64>>,
     consumer_lag: Gauge,
     assigned: Gauge,
     partition_lag: Family<Labels, Gauge>,
@@ -81,6 +83,14 @@ impl Default for Metrics {
             "vitals_processor_assigned_partitions",
             "Signals partitions assigned and restored.",
         );
+        let time = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        r.register(
+            "vitals_processor_time_seconds",
+            "Seconds spent by phase: step (decode, validate, engine, batch rows), close (offsets and \
+             snapshot serialisation), wait_write (the loop waiting for the previous batch), db_<statement> \
+             (each statement of the batch transaction, round trip included), relay_<step> (outbox relay: fetch, publish, delete).",
+            time.clone(),
+        );
         let partition_lag = Family::<Labels, Gauge>::default();
         r.register(
             "vitals_processor_partition_lag",
@@ -111,6 +121,7 @@ impl Default for Metrics {
             permanent_errors,
             outbox_backlog,
             published,
+            time,
             consumer_lag,
             assigned,
             partition_lag,
@@ -121,6 +132,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count `d` as time spent in `phase`.
+    pub fn spent(&self, phase: &str, d: std::time::Duration) {
+        self.time
+            .get_or_create(&vec![("phase", phase.to_string())])
+            .inc_by(d.as_secs_f64());
+    }
+
     /// The `/metrics` response; `parts` are the per-partition figures of the write path
     /// (revoked partitions leave the per-partition series).
     pub fn response(&self, parts: &PartitionFigures) -> impl axum::response::IntoResponse {

@@ -1,8 +1,8 @@
 //! The outbox relay: publishes committed outbox rows to Kafka with an idempotent producer, in
-//! id order, and marks them published. One relay is active per database schema, by a lease in
+//! id order, and deletes them once Kafka has acknowledged them. One relay is active per database schema, by a lease in
 //! `relay_lease` that its holder renews every second and that expires after [`LEASE`]: a frozen
 //! or partitioned holder loses it and another processor's relay takes over. Events of one
-//! endpoint leave in sequence order. A crash between publish and mark, or a holder that resumes
+//! endpoint leave in sequence order. A crash between publish and delete, or a holder that resumes
 //! after losing its lease, republishes; consumers drop duplicates by (endpoint, seq).
 
 use crate::metrics::Metrics;
@@ -26,7 +26,6 @@ pub struct Relay {
     pub metrics: Arc<Metrics>,
     pub wake: Arc<Notify>,
     pub cancel: CancellationToken,
-    pub outbox_retention_hours: i64,
     pub audit_retention_days: i64,
     /// Who holds the lease: unique per process (host, pid, start time).
     pub holder: String,
@@ -127,10 +126,10 @@ impl Relay {
         }
     }
 
-    /// Keep the database bounded: published outbox rows, and (if configured) old audit rows, are
-    /// deleted in chunks so that no single statement holds locks for long.
+    /// Keep the audit log bounded, if configured: old rows are deleted in chunks so that no
+    /// single statement holds locks for long.
     async fn retention(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        let deleted = outbox::retention(conn, self.outbox_retention_hours, self.audit_retention_days).await?;
+        let deleted = outbox::retention(conn, self.audit_retention_days).await?;
         if deleted > 0 {
             tracing::info!(deleted, "retention: old rows deleted");
         }
@@ -139,10 +138,13 @@ impl Relay {
 
     /// Publish one round of unpublished rows; the number published.
     async fn publish_round(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<usize> {
+        let fetching = std::time::Instant::now();
         let rows = outbox::unpublished(conn, self.batch).await?;
+        self.metrics.spent("relay_fetch", fetching.elapsed());
         if rows.is_empty() {
             return Ok(0);
         }
+        let publishing = std::time::Instant::now();
         let mut ids = Vec::with_capacity(rows.len());
         let mut deliveries = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -179,7 +181,10 @@ impl Relay {
                 Err(_) => anyhow::bail!("publish cancelled"),
             }
         }
-        outbox::mark_published(conn, &ids).await?;
+        let deleting = std::time::Instant::now();
+        self.metrics.spent("relay_publish", deleting - publishing);
+        outbox::published(conn, &ids).await?;
+        self.metrics.spent("relay_delete", deleting.elapsed());
         self.metrics.published.inc_by(ids.len() as u64);
         Ok(ids.len())
     }

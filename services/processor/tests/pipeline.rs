@@ -178,11 +178,11 @@ async fn names_with_slashes_keep_their_own_events_and_every_endpoint_reaches_the
         ]
     );
     // Each: suspect, then unhealthy; and whatever pool events the pools raised.
-    let on_changes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE topic = $1")
-        .bind(&topics.changes)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let on_changes: i64 =
+        sqlx::query_scalar("SELECT (SELECT count(*) FROM transitions) + (SELECT count(*) FROM pool_events)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     let changes: Vec<_> = read_n(&topics.changes, on_changes as usize, LONG)
         .await
         .into_iter()

@@ -223,3 +223,36 @@ pub async fn reference_digest(topics: &Topics, total: i64, with_offsets: bool) -
     db.drop_schema().await;
     d
 }
+
+/// Read the changes topic until every transition of the audit log has been seen on it (at least
+/// once: the relay may publish twice); the ids seen.
+pub async fn wait_published(db: &Db, changes: &str, deadline: Duration) -> std::collections::HashSet<String> {
+    use rdkafka::consumer::Consumer;
+    let want: std::collections::HashSet<String> = sqlx::query_scalar("SELECT transition_id FROM transitions")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let c = vitals_testkit::consumer(&unique("published"));
+    c.subscribe(&[changes]).expect("subscribe");
+    let mut seen = std::collections::HashSet::new();
+    let end = std::time::Instant::now() + deadline;
+    while !want.is_subset(&seen) {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{} of {} transitions published to {changes}",
+            want.intersection(&seen).count(),
+            want.len()
+        );
+        if let Ok(Ok(m)) = tokio::time::timeout(left, c.recv()).await {
+            let m = m.detach();
+            if header(&m, "vitals-type").as_deref() == Some("HealthChanged") {
+                let h = decode::<HealthChanged>(rdkafka::Message::payload(&m).unwrap()).unwrap();
+                seen.insert(h.transition_id);
+            }
+        }
+    }
+    seen
+}
