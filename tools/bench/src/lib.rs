@@ -5,24 +5,57 @@ pub mod alloc;
 pub mod stack;
 pub mod workload;
 
-/// CPU time (user + system) this process has used, in seconds, from /proc/self/stat.
+/// CPU time (user + system) this process has used, in seconds.
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may contain spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat; after ')' they are at 11 and 12 (0-based).
-    (ticks(11) + ticks(12)) / clock_ticks_per_second()
+    cpu::of_stat(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
 }
 
-fn clock_ticks_per_second() -> f64 {
-    // sysconf(_SC_CLK_TCK) is 100 on every Linux we run on; getconf tells if it ever is not.
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+/// CPU time of other processes, from /proc.
+pub mod cpu {
+    /// Seconds of user + system time in a /proc/<pid>/stat line.
+    pub fn of_stat(stat: &str) -> f64 {
+        // Fields after the command name (which may contain spaces) start after the last ')'.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // utime and stime are fields 14 and 15 of stat; after ')' they are at 11 and 12 (0-based).
+        (ticks(11) + ticks(12)) / clock_ticks_per_second()
+    }
+
+    /// CPU seconds of one process so far.
+    pub fn of_pid(pid: u32) -> f64 {
+        of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+    }
+
+    /// CPU seconds, summed, of every live process whose command name is `comm` (`postgres`:
+    /// every backend and background process of the cluster; `java`: the Kafka broker).
+    pub fn of_command(comm: &str) -> f64 {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0.0;
+        };
+        dir.flatten()
+            .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter(|stat| {
+                stat.split_once('(')
+                    .and_then(|(_, r)| r.rsplit_once(')'))
+                    .is_some_and(|(name, _)| name == comm)
+            })
+            .map(|stat| of_stat(&stat))
+            .sum()
+    }
+
+    fn clock_ticks_per_second() -> f64 {
+        static TCK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+        // sysconf(_SC_CLK_TCK) is 100 on every Linux we run on; getconf tells if it ever is not.
+        *TCK.get_or_init(|| {
+            std::process::Command::new("getconf")
+                .arg("CLK_TCK")
+                .output()
+                .ok()
+                .and_then(|o| String::from_utf8(o.stdout).ok())
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(100.0)
+        })
+    }
 }

@@ -1,117 +1,327 @@
 //! End-to-end throughput: real Kafka → processor → Postgres, against a bare rdkafka consumer that
-//! only decodes the same topic, in the same run.
+//! only decodes the same topic, interleaved run by run (bare, processor, bare, processor, ...) so
+//! that a slow spell of the machine hits both. Prints each run, the median and range, the CPU
+//! each part of the stack used per signal, and where the processor's time went.
 //!
 //!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
-//!   target/release/e2e-bench [--signals N]
+//!   target/release/e2e-bench [--signals 1000000,5000000] [--runs 5]
 
 use clap::Parser;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::{ClientConfig, Message};
 use sqlx::postgres::PgPoolOptions;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use vitals_bench::{stack, workload};
-use vitals_contracts::decode_signal;
+use vitals_bench::{cpu, stack, workload};
+use vitals_contracts::{decode_signal, encode_signal, Policy, Signal};
+use vitals_engine::Engine;
+use vitals_pipeline::{BatchWrite, Partition, Topics};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long, default_value_t = 1_000_000)]
-    signals: usize,
+    /// Run sizes, comma-separated; each size gets its own topic.
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    signals: Vec<usize>,
+    /// Interleaved runs per size.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
     #[arg(long, default_value_t = 8)]
     partitions: i32,
+    /// Extra flags for the processor (e.g. --extra=--batch-max-records=10000).
+    #[arg(long, allow_hyphen_values = true)]
+    extra: Vec<String>,
+}
+
+/// One processor run.
+struct ProcRun {
+    rate: f64,
+    transitions: i64,
+    /// CPU seconds per signal (µs) of the processor, of Postgres (every backend and background
+    /// process) and of the Kafka broker, from the processor's start to its last commit.
+    cpu_processor_us: f64,
+    cpu_postgres_us: f64,
+    cpu_broker_us: f64,
+    /// Seconds by phase, from the processor's `vitals_processor_time_seconds`.
+    phases: BTreeMap<String, f64>,
+    outbox_backlog: i64,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let name = stack::unique("e2e");
-    let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::CreateTime).await;
     let mix = workload::Mix {
         pools: 1_000,
         endpoints_per_pool: 10,
         rate: 10_000,
     };
-    let input = workload::generate(&mix, args.signals, 42);
-    eprintln!("producing {} signals to {}", input.len(), topics.signals);
-    let p = stack::producer();
-    let t = Instant::now();
-    vitals_testkit::produce(&p, &topics.signals, stack::inputs(&input)).await;
-    eprintln!("  produced in {:.1} s", t.elapsed().as_secs_f64());
+    let mut sizes = Vec::new();
+    for &n in &args.signals {
+        let name = stack::unique(&format!("e2e{n}"));
+        let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::CreateTime).await;
+        let input = workload::generate(&mix, n, 42);
+        eprintln!("producing {} signals to {}", input.len(), topics.signals);
+        let t = Instant::now();
+        vitals_testkit::produce(&stack::producer(), &topics.signals, stack::inputs(&input)).await;
+        eprintln!("  produced in {:.1} s", t.elapsed().as_secs_f64());
+        sizes.push((n, name, topics, input));
+    }
 
-    // 1. The bare loop: consume and decode, nothing else.
+    let db = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&stack::database_url())
+        .await?;
+    let mut results: Vec<(usize, Vec<f64>, Vec<ProcRun>)> =
+        sizes.iter().map(|(n, ..)| (*n, Vec::new(), Vec::new())).collect();
+    for run in 1..=args.runs {
+        for (i, (n, name, topics, _)) in sizes.iter().enumerate() {
+            let bare = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
+            eprintln!("run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s");
+            let schema = format!("{name}_{run}");
+            let p = processor_run(&db, topics, &schema, *n, &args.extra).await?;
+            eprintln!(
+                "run {run}, {n} signals: processor {:.0} signals/s, ratio {:.2}; CPU µs/signal: processor {:.2}, postgres {:.2}, broker {:.2}",
+                p.rate,
+                p.rate / bare,
+                p.cpu_processor_us,
+                p.cpu_postgres_us,
+                p.cpu_broker_us
+            );
+            results[i].1.push(bare);
+            results[i].2.push(p);
+        }
+    }
+
+    println!(
+        "e2e-bench: {} partitions, {} interleaved run(s) per size",
+        args.partitions, args.runs
+    );
+    for (n, bare, procs) in &results {
+        let rates: Vec<f64> = procs.iter().map(|p| p.rate).collect();
+        let ratios: Vec<f64> = rates.iter().zip(bare).map(|(p, b)| p / b).collect();
+        println!(
+            "\n{n} signals ({} transitions recorded)",
+            procs.first().map_or(0, |p| p.transitions)
+        );
+        println!("  bare consumer + decode   {}", spread(bare, "signals/s"));
+        println!("  processor → Postgres     {}", spread(&rates, "signals/s"));
+        println!("  ratio (same run)         {}   target ≥ 0.8", spread(&ratios, ""));
+        let per = |f: fn(&ProcRun) -> f64| spread(&procs.iter().map(f).collect::<Vec<_>>(), "µs/signal");
+        println!("  CPU, processor           {}", per(|p| p.cpu_processor_us));
+        println!("  CPU, Postgres            {}", per(|p| p.cpu_postgres_us));
+        println!("  CPU, Kafka broker        {}", per(|p| p.cpu_broker_us));
+        println!(
+            "  outbox rows unpublished at the last commit: {}",
+            procs
+                .iter()
+                .map(|p| p.outbox_backlog.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        println!("  where the processor's time went (median over runs, µs per signal; phases overlap: the writer runs beside the loop):");
+        let phases: Vec<&String> = procs.first().map(|p| p.phases.keys().collect()).unwrap_or_default();
+        for phase in phases {
+            let v: Vec<f64> = procs
+                .iter()
+                .map(|p| p.phases.get(phase).copied().unwrap_or(0.0) * 1e6 / *n as f64)
+                .collect();
+            println!("    {phase:<18} {:>8.3}", median(&v));
+        }
+    }
+    let (_, _, _, input) = sizes.iter().max_by_key(|s| s.0).expect("at least one size");
+    offline_breakdown(input);
+    for (_, name, _, _) in &sizes {
+        // Topics stay (they are named per run); the schemas went after each run.
+        eprintln!("topic {name}-signals kept");
+    }
+    Ok(())
+}
+
+/// The bare loop: consume and decode, nothing else. Signals per second.
+async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<f64> {
     let c: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", stack::brokers())
-        .set("group.id", format!("{name}-bare"))
+        .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()?;
-    c.subscribe(&[&topics.signals])?;
-    let mut n = 0usize;
+    c.subscribe(&[topic])?;
+    let mut seen = 0usize;
     let mut decoded = 0usize;
     let mut start = None;
-    while n < input.len() {
+    while seen < n {
         let m = c.recv().await?;
         start.get_or_insert_with(Instant::now);
         if decode_signal(m.payload().unwrap_or_default()).is_ok() {
             decoded += 1;
         }
-        n += 1;
+        seen += 1;
     }
-    let bare = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
-    drop(c);
-    eprintln!("bare consumer+decode: {n} records ({decoded} decoded) in {bare:.2} s");
+    anyhow::ensure!(decoded == n, "the bare loop decoded {decoded} of {n}");
+    Ok(n as f64 / start.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64()))
+}
 
-    // 2. The processor: from its first committed batch to the last offset in Postgres.
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&stack::database_url())
-        .await?;
-    let mut child = stack::start_processor(&topics, &name, &name, &[]);
-    let query = format!("SELECT coalesce(sum(greatest(next_offset,0)),0)::bigint FROM \"{name}\".consumer_offsets");
-    let consumed = |pool: sqlx::PgPool, q: String| async move {
-        sqlx::query_scalar::<_, i64>(&q).fetch_one(&pool).await.unwrap_or(0)
-    };
-    let deadline = Instant::now() + Duration::from_secs(1800);
+/// The processor on a fresh schema: rate from its first committed batch to the last offset in
+/// Postgres.
+async fn processor_run(
+    db: &sqlx::PgPool,
+    topics: &stack::Topics,
+    schema: &str,
+    n: usize,
+    extra: &[String],
+) -> anyhow::Result<ProcRun> {
+    let port = vitals_testkit::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut flags = vec!["--http-addr", &addr];
+    flags.extend(extra.iter().map(String::as_str));
+    let (pg0, broker0) = (cpu::of_command("postgres"), cpu::of_command("java"));
+    let mut child = stack::start_processor(topics, schema, schema, &flags);
+    let pid = child.child.id();
+    let query = format!("SELECT coalesce(sum(greatest(next_offset,0)),0)::bigint FROM \"{schema}\".consumer_offsets");
+    let deadline = Instant::now() + Duration::from_secs(3600);
     let (mut first, mut first_at) = (0i64, None);
     let mut last_report = Instant::now();
     loop {
-        let c = consumed(pool.clone(), query.clone()).await;
+        let c: i64 = sqlx::query_scalar(&query).fetch_one(db).await.unwrap_or(0);
         if c > 0 && first_at.is_none() {
             first = c;
             first_at = Some(Instant::now());
         }
-        if c >= input.len() as i64 {
+        if c >= n as i64 {
             break;
         }
-        if last_report.elapsed() > Duration::from_secs(5) {
-            eprintln!("  processor: {c} of {} in Postgres", input.len());
+        if last_report.elapsed() > Duration::from_secs(10) {
+            eprintln!("  processor: {c} of {n} in Postgres");
             last_report = Instant::now();
         }
         anyhow::ensure!(Instant::now() < deadline, "processor did not finish");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let proc_secs = first_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    let counted = input.len() as i64 - first;
-    child.terminate();
-    let transitions: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{name}\".transitions"))
-        .fetch_one(&pool)
+    let secs = first_at.map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64());
+    let cpu_processor = cpu::of_pid(pid);
+    let (pg1, broker1) = (cpu::of_command("postgres"), cpu::of_command("java"));
+    let metrics = vitals_testkit::http_get(port, "/metrics").await.unwrap_or_default();
+    let outbox_backlog: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".outbox"))
+        .fetch_one(db)
         .await?;
-    let _ = sqlx::query(&format!("DROP SCHEMA \"{name}\" CASCADE"))
-        .execute(&pool)
-        .await;
+    child.terminate();
+    let transitions: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".transitions"))
+        .fetch_one(db)
+        .await?;
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(db)
+        .await?;
+    let per = |s: f64| s * 1e6 / n as f64;
+    Ok(ProcRun {
+        rate: (n as i64 - first) as f64 / secs,
+        transitions,
+        cpu_processor_us: per(cpu_processor),
+        cpu_postgres_us: per(pg1 - pg0),
+        cpu_broker_us: per(broker1 - broker0),
+        phases: phases(&metrics),
+        outbox_backlog,
+    })
+}
 
-    let bare_rate = n as f64 / bare;
-    let proc_rate = counted as f64 / proc_secs;
+/// `vitals_processor_time_seconds_total{phase="..."} v` samples.
+fn phases(metrics: &str) -> BTreeMap<String, f64> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("vitals_processor_time_seconds_total{phase=\""))
+        .filter_map(|l| {
+            let (phase, rest) = l.split_once("\"}")?;
+            Some((phase.to_string(), rest.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The record step's parts, without Kafka or Postgres, on one core: decode, engine, the rest of
+/// the step (validation and batch rows), and a snapshot of the whole fleet.
+fn offline_breakdown(input: &[(i64, Signal)]) {
+    let payloads: Vec<Vec<u8>> = input.iter().map(|(_, s)| encode_signal(s).expect("encodes")).collect();
+    let n = input.len() as f64;
+    let t = Instant::now();
+    for p in &payloads {
+        decode_signal(p).expect("decodes");
+    }
+    let decode = t.elapsed().as_secs_f64();
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Vec::new();
+    let mut decisions = 0usize;
+    let mut by_million = Vec::new();
+    // A digest of every decision, so that a change meant to be faster can be checked to decide
+    // the same things.
+    let mut digest = std::collections::hash_map::DefaultHasher::new();
+    let t = Instant::now();
+    for chunk in input.chunks(1_000_000) {
+        let c = Instant::now();
+        for (at, s) in chunk {
+            engine.apply(*at, s, &mut out);
+            decisions += out.len();
+            for d in out.drain(..) {
+                std::hash::Hash::hash(&format!("{d:?}"), &mut digest);
+            }
+        }
+        by_million.push((c.elapsed().as_secs_f64() * 1e6 / chunk.len() as f64, decisions));
+        decisions = 0;
+    }
+    let apply = t.elapsed().as_secs_f64();
+    let topics = Topics {
+        signals: "s".into(),
+        changes: "c".into(),
+        state: "st".into(),
+        dlq: "d".into(),
+    };
+    let mut part = Partition::new(0, 1, Engine::new(Policy::default()), None, None);
+    let mut batch = BatchWrite::default();
+    let t = Instant::now();
+    for (i, ((at, _), p)) in input.iter().zip(&payloads).enumerate() {
+        part.step(i as i64, Some(at / 1000), None, Some(p), &topics, &mut batch);
+        if i % 5_000 == 4_999 {
+            batch = BatchWrite::default();
+        }
+    }
+    let step = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let snap = part.engine().partition_snapshot();
+    let snapshot = t.elapsed().as_secs_f64();
+    let bytes: usize = snap.pools.iter().map(|(_, b)| b.len()).sum();
     println!(
-        "e2e-bench: {} signals, {} partitions, {} transitions recorded",
-        input.len(),
-        args.partitions,
-        transitions
+        "\nrecord step offline, one core, {} signals (µs per signal):",
+        input.len()
     );
-    println!("  bare consumer + decode   {bare_rate:>10.0} signals/s");
-    println!("  processor → Postgres     {proc_rate:>10.0} signals/s ({counted} signals after its first commit)");
+    println!("    decode             {:>8.3}", decode * 1e6 / n);
+    println!("    engine             {:>8.3}", apply * 1e6 / n);
+    println!("      decisions digest {:016x}", std::hash::Hasher::finish(&digest));
+    for (i, (us, d)) in by_million.iter().enumerate() {
+        println!("      signals {}M–{}M: {us:.3} µs/signal, {d} decisions", i, i + 1);
+    }
     println!(
-        "  ratio                    {:>10.2} (target ≥ 0.5)",
-        proc_rate / bare_rate
+        "    validate + rows    {:>8.3}   (the whole step {:.3})",
+        (step - decode - apply) * 1e6 / n,
+        step * 1e6 / n
     );
-    Ok(())
+    println!(
+        "    snapshot of all {} pools: {:.1} ms, {:.1} MB",
+        snap.pools.len(),
+        snapshot * 1e3,
+        bytes as f64 / 1e6
+    );
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        l if l % 2 == 1 => s[l / 2],
+        l => (s[l / 2 - 1] + s[l / 2]) / 2.0,
+    }
+}
+
+/// "median (min – max) unit".
+fn spread(v: &[f64], unit: &str) -> String {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let prec = if median(v).abs() < 100.0 { 2 } else { 0 };
+    format!("{:>10.prec$} ({:.prec$} – {:.prec$}) {unit}", median(v), min, max)
 }
