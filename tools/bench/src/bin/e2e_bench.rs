@@ -143,6 +143,10 @@ async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<f64> {
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
+        // The processor's fetch settings, so that the ratio measures the processor's work and
+        // not a difference in consumer tuning.
+        .set("fetch.wait.max.ms", "20")
+        .set("max.partition.fetch.bytes", "8388608")
         .create()?;
     c.subscribe(&[topic])?;
     let mut seen = 0usize;
