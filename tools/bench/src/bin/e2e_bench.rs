@@ -5,6 +5,7 @@
 //!
 //!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
 //!   target/release/e2e-bench [--signals 1000000,5000000] [--runs 5]
+//!   target/release/e2e-bench --offline [--signals 5000000]   (the record step only; no stack)
 
 use clap::Parser;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -30,6 +31,9 @@ struct Args {
     /// Extra flags for the processor (e.g. --extra=--batch-max-records=10000).
     #[arg(long, allow_hyphen_values = true)]
     extra: Vec<String>,
+    /// Only the record step offline, on the largest size: no Kafka, no Postgres.
+    #[arg(long)]
+    offline: bool,
 }
 
 /// One processor run.
@@ -54,6 +58,11 @@ async fn main() -> anyhow::Result<()> {
         endpoints_per_pool: 10,
         rate: 10_000,
     };
+    if args.offline {
+        let n = args.signals.iter().copied().max().unwrap_or(1_000_000);
+        offline_breakdown(&workload::generate(&mix, n, 42));
+        return Ok(());
+    }
     let mut sizes = Vec::new();
     for &n in &args.signals {
         let name = stack::unique(&format!("e2e{n}"));
