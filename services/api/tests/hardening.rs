@@ -340,3 +340,25 @@ async fn policy_typos_and_absurd_values_are_refused_and_bearer_is_case_insensiti
     assert_eq!(r.status().as_u16(), 202, "a lowercase scheme is accepted");
     api.drop_schema().await;
 }
+
+/// Pool and endpoint names compare as bytes in every key and index (migration 0005), whatever
+/// the cluster's locale: the order the engine sorts by and the history cursors walk in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn name_keys_compare_as_bytes_whatever_the_locale() {
+    let api = Api::start("collation", &[]).await;
+    let columns: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text, collation_name::text FROM information_schema.columns
+         WHERE table_schema = $1 AND column_name IN ('pool', 'endpoint', 'consumer_group', 'topic')
+           AND table_name <> 'outbox'
+         ORDER BY table_name, column_name",
+    )
+    .bind(&api.name)
+    .fetch_all(&api.db)
+    .await
+    .unwrap();
+    assert_eq!(columns.len(), 12, "{columns:?}");
+    for (table, column, collation) in &columns {
+        assert_eq!(collation.as_deref(), Some("C"), "{table}.{column}");
+    }
+    api.drop_schema().await;
+}
