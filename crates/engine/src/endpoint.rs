@@ -12,6 +12,22 @@ pub const MAX_TRIGGERS: usize = 5;
 /// Latency samples an endpoint needs before it is compared with its peers.
 pub const LATENCY_MIN_SAMPLES: u32 = 5;
 
+/// A rule an endpoint crosses: an ejection, degradation or suspicion cause.
+#[derive(Debug, Clone, Copy)]
+enum Cause {
+    HardBreak,
+    ConsecutiveFailures,
+    FailureRate,
+    CriticalDown,
+    HeartbeatSilence,
+    Score,
+    NoncriticalDown,
+    LatencyOutlier,
+    EjectionRefused,
+    SuspectFailures,
+    SuspectSilence,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tracker {
     pub state: HealthState,
@@ -172,91 +188,101 @@ impl Tracker {
         Some(f64::from(v[idx]) / 1000.0)
     }
 
+    /// The ejection rules this endpoint crosses, not yet spelled out (the rules are checked at
+    /// every timer of the pool; thresholds are only written when the state changes).
+    fn eject_rules(&self, totals: &Rate, policy: &Policy, now: Micros) -> impl Iterator<Item = Cause> {
+        let silent = self.heartbeat_silence(now).is_some_and(|silence| {
+            silence >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
+        });
+        [
+            (
+                self.consecutive_hard >= policy.hard_break_after as u32,
+                Cause::HardBreak,
+            ),
+            (
+                self.consecutive_failures >= policy.consecutive_failures as u32,
+                Cause::ConsecutiveFailures,
+            ),
+            (
+                totals.counted() >= policy.min_volume as u64 && totals.failure_rate() > policy.failure_rate_threshold,
+                Cause::FailureRate,
+            ),
+            (!self.critical_down.is_empty(), Cause::CriticalDown),
+            (silent, Cause::HeartbeatSilence),
+        ]
+        .into_iter()
+        .filter_map(|(crossed, cause)| crossed.then_some(cause))
+    }
+
+    fn degrade_rules(&self, policy: &Policy) -> impl Iterator<Item = Cause> {
+        [
+            (self.score < policy.degrade_below, Cause::Score),
+            (!self.noncritical_down.is_empty(), Cause::NoncriticalDown),
+            (self.latency_outlier, Cause::LatencyOutlier),
+            (self.eject_refused, Cause::EjectionRefused),
+        ]
+        .into_iter()
+        .filter_map(|(crossed, cause)| crossed.then_some(cause))
+    }
+
+    fn suspect_rules(&self, policy: &Policy) -> impl Iterator<Item = Cause> {
+        [
+            (
+                self.consecutive_failures >= policy.suspect_after_failures as u32,
+                Cause::SuspectFailures,
+            ),
+            (self.heartbeat_silent, Cause::SuspectSilence),
+        ]
+        .into_iter()
+        .filter_map(|(crossed, cause)| crossed.then_some(cause))
+    }
+
     /// Whether [`Tracker::eject_causes`] is not empty, without spelling the causes out.
     pub fn ejectable(&self, totals: &Rate, policy: &Policy, now: Micros) -> bool {
-        self.consecutive_hard >= policy.hard_break_after as u32
-            || self.consecutive_failures >= policy.consecutive_failures as u32
-            || (totals.counted() >= policy.min_volume as u64 && totals.failure_rate() > policy.failure_rate_threshold)
-            || !self.critical_down.is_empty()
-            || self.heartbeat_silence(now).is_some_and(|silence| {
-                silence
-                    >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
-            })
+        self.eject_rules(totals, policy, now).next().is_some()
     }
 
     /// Whether [`Tracker::degrade_causes`] is not empty.
     pub fn degradable(&self, policy: &Policy) -> bool {
-        self.score < policy.degrade_below
-            || !self.noncritical_down.is_empty()
-            || self.latency_outlier
-            || self.eject_refused
+        self.degrade_rules(policy).next().is_some()
     }
 
     /// Whether [`Tracker::suspect_causes`] is not empty.
     pub fn suspicious(&self, policy: &Policy) -> bool {
-        self.consecutive_failures >= policy.suspect_after_failures as u32 || self.heartbeat_silent
+        self.suspect_rules(policy).next().is_some()
     }
 
     /// Reasons for an automatic ejection, as thresholds crossed. Empty when there is none.
     pub fn eject_causes(&self, totals: &Rate, policy: &Policy, now: Micros) -> Vec<String> {
-        let mut c = Vec::new();
-        if self.consecutive_hard >= policy.hard_break_after as u32 {
-            c.push(format!("consecutive_5xx_or_timeouts>={}", policy.hard_break_after));
-        }
-        if self.consecutive_failures >= policy.consecutive_failures as u32 {
-            c.push(format!("consecutive_failures>={}", policy.consecutive_failures));
-        }
-        if totals.counted() >= policy.min_volume as u64 && totals.failure_rate() > policy.failure_rate_threshold {
-            c.push(format!("failure_rate>{}", policy.failure_rate_threshold));
-        }
-        if !self.critical_down.is_empty() {
-            c.push(format!("critical_dependency_down:{}", self.critical_down.join(",")));
-        }
-        if let Some(silence) = self.heartbeat_silence(now) {
-            let limit = us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into());
-            if silence >= limit {
-                c.push(format!(
-                    "heartbeat_silence>={}x_interval",
-                    policy.heartbeat_unhealthy_intervals
-                ));
-            }
-        }
-        c
+        self.eject_rules(totals, policy, now)
+            .map(|c| self.threshold(c, policy))
+            .collect()
     }
 
     /// Reasons for degraded, as thresholds crossed.
     pub fn degrade_causes(&self, policy: &Policy) -> Vec<String> {
-        let mut c = Vec::new();
-        if self.score < policy.degrade_below {
-            c.push(format!("score<{}", policy.degrade_below));
-        }
-        if !self.noncritical_down.is_empty() {
-            c.push(format!(
-                "noncritical_dependency_down:{}",
-                self.noncritical_down.join(",")
-            ));
-        }
-        if self.latency_outlier {
-            c.push(format!("latency>{}x_pool_median", policy.latency_outlier_factor));
-        }
-        if self.eject_refused {
-            c.push("ejection_refused:max_ejection".to_owned());
-        }
-        c
+        self.degrade_rules(policy).map(|c| self.threshold(c, policy)).collect()
     }
 
     pub fn suspect_causes(&self, policy: &Policy) -> Vec<String> {
-        let mut c = Vec::new();
-        if self.consecutive_failures >= policy.suspect_after_failures as u32 {
-            c.push(format!("consecutive_failures>={}", policy.suspect_after_failures));
+        self.suspect_rules(policy).map(|c| self.threshold(c, policy)).collect()
+    }
+
+    /// A crossed rule as the threshold the audit log records.
+    fn threshold(&self, cause: Cause, policy: &Policy) -> String {
+        match cause {
+            Cause::HardBreak => format!("consecutive_5xx_or_timeouts>={}", policy.hard_break_after),
+            Cause::ConsecutiveFailures => format!("consecutive_failures>={}", policy.consecutive_failures),
+            Cause::FailureRate => format!("failure_rate>{}", policy.failure_rate_threshold),
+            Cause::CriticalDown => format!("critical_dependency_down:{}", self.critical_down.join(",")),
+            Cause::HeartbeatSilence => format!("heartbeat_silence>={}x_interval", policy.heartbeat_unhealthy_intervals),
+            Cause::Score => format!("score<{}", policy.degrade_below),
+            Cause::NoncriticalDown => format!("noncritical_dependency_down:{}", self.noncritical_down.join(",")),
+            Cause::LatencyOutlier => format!("latency>{}x_pool_median", policy.latency_outlier_factor),
+            Cause::EjectionRefused => "ejection_refused:max_ejection".to_owned(),
+            Cause::SuspectFailures => format!("consecutive_failures>={}", policy.suspect_after_failures),
+            Cause::SuspectSilence => format!("heartbeat_silence>={}x_interval", policy.heartbeat_suspect_intervals),
         }
-        if self.heartbeat_silent {
-            c.push(format!(
-                "heartbeat_silence>={}x_interval",
-                policy.heartbeat_suspect_intervals
-            ));
-        }
-        c
     }
 
     pub fn heartbeat_interval(&self, policy: &Policy) -> i64 {

@@ -28,31 +28,22 @@ pub struct PoolState {
     pub correlated_outage: bool,
     /// The earliest stream time at which some endpoint's timer may fire.
     next_deadline: Option<Micros>,
+    /// A reusable buffer for the peer-latency median, so the hot path does not allocate.
     #[serde(skip)]
-    scratch: Scratch,
+    scratch: Cache<Vec<f64>>,
+    /// The endpoint names in sorted order, the order in which timers are evaluated; rebuilt
+    /// when an endpoint joins (endpoints never leave).
     #[serde(skip)]
-    order: Order,
+    order: Cache<Vec<String>>,
 }
 
-/// A reusable buffer for the peer-latency median, so the hot path does not allocate. It is not
-/// state: it never takes part in equality or snapshots.
+/// Working memory of a pool, not state: it never takes part in equality or snapshots (a restored
+/// pool starts with it empty).
 #[derive(Debug, Clone, Default)]
-struct Scratch(Vec<f64>);
+struct Cache<T>(T);
 
-impl PartialEq for Scratch {
-    fn eq(&self, _: &Scratch) -> bool {
-        true
-    }
-}
-
-/// The endpoint names in sorted order, the order in which timers are evaluated; rebuilt when an
-/// endpoint joins (endpoints never leave). A cache, not state: it never takes part in equality
-/// or snapshots, and a restored pool rebuilds it at its first timer.
-#[derive(Debug, Clone, Default)]
-struct Order(Vec<String>);
-
-impl PartialEq for Order {
-    fn eq(&self, _: &Order) -> bool {
+impl<T> PartialEq for Cache<T> {
+    fn eq(&self, _: &Cache<T>) -> bool {
         true
     }
 }
@@ -92,8 +83,8 @@ impl PoolState {
             panic: false,
             correlated_outage: false,
             next_deadline: None,
-            scratch: Scratch::default(),
-            order: Order::default(),
+            scratch: Cache::default(),
+            order: Cache::default(),
         }
     }
 

@@ -152,9 +152,9 @@ impl AuditLog {
         )
         .bind(&self.group)
         .bind(&self.topic)
-        .bind(b.partitions.iter().map(|p| p.partition).collect::<Vec<_>>())
-        .bind(b.partitions.iter().map(|p| p.next_offset).collect::<Vec<_>>())
-        .bind(b.partitions.iter().map(|p| p.epoch).collect::<Vec<_>>())
+        .bind(column(&b.partitions, |p| p.partition))
+        .bind(column(&b.partitions, |p| p.next_offset))
+        .bind(column(&b.partitions, |p| p.epoch))
         .fetch_all(&mut *tx)
         .await?;
         let fenced: Vec<i32> = b
@@ -228,8 +228,8 @@ impl AuditLog {
         .bind(&self.group)
         .bind(&self.topic)
         .bind(p.partition)
-        .bind(s.pools.iter().map(|(pool, _)| pool.as_str()).collect::<Vec<_>>())
-        .bind(s.pools.iter().map(|(_, state)| state.as_slice()).collect::<Vec<_>>())
+        .bind(column(&s.pools, |(pool, _)| pool.as_str()))
+        .bind(column(&s.pools, |(_, state)| state.as_slice()))
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -246,12 +246,6 @@ async fn insert_transitions(
     tx: &mut Transaction<'_, Postgres>,
     rows: &[(HealthChanged, i32, i64)],
 ) -> Result<(), sqlx::Error> {
-    let col = |f: &dyn Fn(&HealthChanged) -> String| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<String>>();
-    let float = |f: &dyn Fn(&HealthChanged) -> f64| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<f64>>();
-    let opt_float =
-        |f: &dyn Fn(&HealthChanged) -> Option<f64>| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<Option<f64>>>();
-    let long = |f: &dyn Fn(&HealthChanged) -> i64| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<i64>>();
-    let int = |f: &dyn Fn(&HealthChanged) -> i32| rows.iter().map(|(h, _, _)| f(h)).collect::<Vec<i32>>();
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
@@ -271,47 +265,40 @@ async fn insert_transitions(
          policy_version, evidence, stream_time, source_partition, source_offset)
          ON CONFLICT (pool, endpoint, seq) DO NOTHING",
     )
-    .bind(col(&|h| h.pool.clone()))
-    .bind(col(&|h| h.endpoint.clone()))
-    .bind(long(&|h| h.seq))
-    .bind(col(&|h| h.transition_id.clone()))
-    .bind(col(&|h| h.from_state.as_str().to_owned()))
-    .bind(col(&|h| h.to_state.as_str().to_owned()))
-    .bind(float(&|h| h.weight))
-    .bind(long(&|h| h.ramp_ms))
-    .bind(
-        rows.iter()
-            .map(|(h, _, _)| h.retry_at.map(timestamp))
-            .collect::<Vec<_>>(),
-    )
-    .bind(col(&|h| h.reason_code.clone()))
-    .bind(col(&|h| h.reason.clone()))
-    .bind(float(&|h| h.evidence.failure_rate))
-    .bind(float(&|h| h.evidence.score))
-    .bind(long(&|h| h.evidence.decisive_calls()))
-    .bind(long(&|h| h.evidence.failures()))
-    .bind(int(&|h| h.evidence.consecutive_failures))
-    .bind(int(&|h| h.evidence.consecutive_successes))
-    .bind(opt_float(&|h| h.evidence.ttft_p50_ms))
-    .bind(opt_float(&|h| h.evidence.ttft_p99_ms))
-    .bind(col(&|h| array_literal(&h.evidence.thresholds)))
-    .bind(col(&|h| array_literal(&h.trigger_ids)))
-    .bind(int(&|h| h.policy_version))
-    .bind(
-        rows.iter()
-            .map(|(h, _, _)| sqlx::types::Json(&h.evidence))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        rows.iter()
-            .map(|(h, _, _)| timestamp(h.stream_time))
-            .collect::<Vec<_>>(),
-    )
-    .bind(rows.iter().map(|(_, p, _)| *p).collect::<Vec<i32>>())
-    .bind(rows.iter().map(|(_, _, o)| *o).collect::<Vec<i64>>())
+    .bind(column(rows, |(h, _, _)| h.pool.as_str()))
+    .bind(column(rows, |(h, _, _)| h.endpoint.as_str()))
+    .bind(column(rows, |(h, _, _)| h.seq))
+    .bind(column(rows, |(h, _, _)| h.transition_id.as_str()))
+    .bind(column(rows, |(h, _, _)| h.from_state.as_str()))
+    .bind(column(rows, |(h, _, _)| h.to_state.as_str()))
+    .bind(column(rows, |(h, _, _)| h.weight))
+    .bind(column(rows, |(h, _, _)| h.ramp_ms))
+    .bind(column(rows, |(h, _, _)| h.retry_at.map(timestamp)))
+    .bind(column(rows, |(h, _, _)| h.reason_code.as_str()))
+    .bind(column(rows, |(h, _, _)| h.reason.as_str()))
+    .bind(column(rows, |(h, _, _)| h.evidence.failure_rate))
+    .bind(column(rows, |(h, _, _)| h.evidence.score))
+    .bind(column(rows, |(h, _, _)| h.evidence.decisive_calls()))
+    .bind(column(rows, |(h, _, _)| h.evidence.failures()))
+    .bind(column(rows, |(h, _, _)| h.evidence.consecutive_failures))
+    .bind(column(rows, |(h, _, _)| h.evidence.consecutive_successes))
+    .bind(column(rows, |(h, _, _)| h.evidence.ttft_p50_ms))
+    .bind(column(rows, |(h, _, _)| h.evidence.ttft_p99_ms))
+    .bind(column(rows, |(h, _, _)| array_literal(&h.evidence.thresholds)))
+    .bind(column(rows, |(h, _, _)| array_literal(&h.trigger_ids)))
+    .bind(column(rows, |(h, _, _)| h.policy_version))
+    .bind(column(rows, |(h, _, _)| sqlx::types::Json(&h.evidence)))
+    .bind(column(rows, |(h, _, _)| timestamp(h.stream_time)))
+    .bind(column(rows, |(_, p, _)| *p))
+    .bind(column(rows, |(_, _, o)| *o))
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// One column of a multi-row statement: `f` of every row, for `UNNEST`.
+fn column<'a, R, T>(rows: &'a [R], f: impl Fn(&'a R) -> T) -> Vec<T> {
+    rows.iter().map(f).collect()
 }
 
 /// A `text[]` value as Postgres array literal (`{"a","b"}`), so that an array column of many rows
@@ -365,17 +352,17 @@ async fn write_states(
         }
     );
     sqlx::query(&sql)
-        .bind(rows.iter().map(|s| s.pool.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.endpoint.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.seq).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.state.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.weight).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.ramp_ms).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.score).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.failure_rate).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| timestamp(s.since)).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.reason.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|s| s.policy_version).collect::<Vec<_>>())
+        .bind(column(rows, |s| s.pool.as_str()))
+        .bind(column(rows, |s| s.endpoint.as_str()))
+        .bind(column(rows, |s| s.seq))
+        .bind(column(rows, |s| s.state.as_str()))
+        .bind(column(rows, |s| s.weight))
+        .bind(column(rows, |s| s.ramp_ms))
+        .bind(column(rows, |s| s.score))
+        .bind(column(rows, |s| s.failure_rate))
+        .bind(column(rows, |s| timestamp(s.since)))
+        .bind(column(rows, |s| s.reason.as_str()))
+        .bind(column(rows, |s| s.policy_version))
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -392,23 +379,19 @@ async fn insert_pool_events(
          $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[])
          ON CONFLICT (pool, seq) DO NOTHING",
     )
-    .bind(rows.iter().map(|(p, _, _)| p.pool.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.seq).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.endpoints).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.healthy).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.ejected).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.healthy_fraction).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.panic).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.correlated_outage).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.reason.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(p, _, _)| p.policy_version).collect::<Vec<_>>())
-    .bind(
-        rows.iter()
-            .map(|(p, _, _)| timestamp(p.stream_time))
-            .collect::<Vec<_>>(),
-    )
-    .bind(rows.iter().map(|(_, part, _)| *part).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(_, _, o)| *o).collect::<Vec<_>>())
+    .bind(column(rows, |(p, _, _)| p.pool.as_str()))
+    .bind(column(rows, |(p, _, _)| p.seq))
+    .bind(column(rows, |(p, _, _)| p.endpoints))
+    .bind(column(rows, |(p, _, _)| p.healthy))
+    .bind(column(rows, |(p, _, _)| p.ejected))
+    .bind(column(rows, |(p, _, _)| p.healthy_fraction))
+    .bind(column(rows, |(p, _, _)| p.panic))
+    .bind(column(rows, |(p, _, _)| p.correlated_outage))
+    .bind(column(rows, |(p, _, _)| p.reason.as_str()))
+    .bind(column(rows, |(p, _, _)| p.policy_version))
+    .bind(column(rows, |(p, _, _)| timestamp(p.stream_time)))
+    .bind(column(rows, |(_, part, _)| *part))
+    .bind(column(rows, |(_, _, o)| *o))
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -422,11 +405,11 @@ async fn insert_outbox(tx: &mut Transaction<'_, Postgres>, rows: &[OutboxRow]) -
          FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY
          AS u(dedup_key, topic, key, payload, headers, n) ORDER BY n",
     )
-    .bind(rows.iter().map(|o| o.dedup_key.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|o| o.topic.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|o| o.key.as_deref()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|o| o.payload.as_slice()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|o| sqlx::types::Json(&o.headers)).collect::<Vec<_>>())
+    .bind(column(rows, |o| o.dedup_key.as_str()))
+    .bind(column(rows, |o| o.topic.as_str()))
+    .bind(column(rows, |o| o.key.as_deref()))
+    .bind(column(rows, |o| o.payload.as_slice()))
+    .bind(column(rows, |o| sqlx::types::Json(&o.headers)))
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -226,17 +226,11 @@ impl Processor {
         // for every record cost more than the record step itself.
         let cancelled = self.cancel.clone().cancelled_owned();
         tokio::pin!(cancelled);
+        // Armed when a batch takes its first record; polled only while a batch waits.
         let linger = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(linger);
-        let mut armed_for: Option<Instant> = None;
         let mut sample = 0u32;
         loop {
-            if let Some(t) = self.batch_started.filter(|t| armed_for != Some(*t)) {
-                linger
-                    .as_mut()
-                    .reset(tokio::time::Instant::from_std(t + self.cfg.batch_max_wait()));
-                armed_for = Some(t);
-            }
             // One record in SAMPLE is timed (reading the clock for each one showed in profiles).
             sample = sample.wrapping_add(1);
             let waiting = sample.is_multiple_of(SAMPLE).then(Instant::now);
@@ -272,8 +266,13 @@ impl Processor {
                             let (partition, offset) = (m.partition(), m.offset());
                             match self.partitions.get_mut(&partition) {
                                 Some(ps) => {
-                                    if ps.step(offset, ts, m.key(), m.payload(), &self.topics, &mut self.batch) {
-                                        self.batch_started.get_or_insert_with(Instant::now);
+                                    if ps.step(offset, ts, m.key(), m.payload(), &self.topics, &mut self.batch)
+                                        && self.batch_started.is_none()
+                                    {
+                                        let now = Instant::now();
+                                        self.batch_started = Some(now);
+                                        let due = now + self.cfg.batch_max_wait();
+                                        linger.as_mut().reset(tokio::time::Instant::from_std(due));
                                     }
                                 }
                                 // Not ours (any more); the owner reads it. Counted: a processor
@@ -289,7 +288,7 @@ impl Processor {
                             }
                             // A full batch waits for the writer: this is the only place where
                             // the database holds back consumption.
-                            if self.batch.records as usize >= self.cfg.batch_max_records {
+                            if self.batch_full() {
                                 self.flush(false).await?;
                             }
                         }
@@ -307,9 +306,13 @@ impl Processor {
         Ok(())
     }
 
+    fn batch_full(&self) -> bool {
+        self.batch.records as usize >= self.cfg.batch_max_records
+    }
+
     /// The batch is full, or its first record has waited `batch_max_ms`.
     fn batch_due(&self) -> bool {
-        self.batch.records as usize >= self.cfg.batch_max_records
+        self.batch_full()
             || self
                 .batch_started
                 .is_some_and(|t| t.elapsed() >= self.cfg.batch_max_wait())
