@@ -67,6 +67,11 @@ const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
     ),
     (
         SchemaKind::CallOutcome,
+        include_str!("../../../schemas/call_outcome.v2.avsc"),
+        false,
+    ),
+    (
+        SchemaKind::CallOutcome,
         include_str!("../../../schemas/call_outcome.v1.avsc"),
         false,
     ),
@@ -85,6 +90,11 @@ const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
         SchemaKind::PolicyChange,
         include_str!("../../../schemas/policy_change.avsc"),
         true,
+    ),
+    (
+        SchemaKind::PolicyChange,
+        include_str!("../../../schemas/policy_change.v1.avsc"),
+        false,
     ),
     (
         SchemaKind::HealthChanged,

@@ -147,6 +147,7 @@ fn call(r: &mut Reader<'_>) -> Result<CallOutcome, CodecError> {
             }
         },
         model: r.optional(Reader::string)?,
+        retry_after_ms: r.optional(Reader::long)?,
     })
 }
 

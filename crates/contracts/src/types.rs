@@ -63,6 +63,9 @@ pub struct CallOutcome {
     pub attributes: BTreeMap<String, String>,
     #[serde(default)]
     pub model: Option<String>,
+    /// The upstream's Retry-After (429 or 503), in milliseconds. Version 3.
+    #[serde(default)]
+    pub retry_after_ms: Option<i64>,
 }
 
 symbols! {
@@ -172,6 +175,17 @@ pub struct Policy {
     pub heartbeat_interval_ms: i64,
     pub heartbeat_suspect_intervals: i32,
     pub heartbeat_unhealthy_intervals: i32,
+    /// The least an ejected endpoint stays out before a passing probe may readmit it.
+    pub readmit_min_ms: i64,
+    /// A rate-limited endpoint's cooldown when the upstream sent no Retry-After.
+    pub cooldown_ms: i64,
+    /// Share of 429s among the recent calls (the last third of the window, at least
+    /// `min_volume` calls) that starts a cooldown.
+    pub rate_limited_share: f64,
+    /// Width (z) of the Wilson bounds that compare an endpoint's failure rate with its peers'.
+    pub peer_failure_z: f64,
+    /// How far an endpoint's failure rate must lie above its peers' to make it an outlier.
+    pub peer_failure_margin: f64,
 }
 
 impl Default for Policy {
@@ -207,6 +221,11 @@ impl Default for Policy {
             heartbeat_interval_ms: 5_000,
             heartbeat_suspect_intervals: 3,
             heartbeat_unhealthy_intervals: 9,
+            readmit_min_ms: 10_000,
+            cooldown_ms: 10_000,
+            rate_limited_share: 0.25,
+            peer_failure_z: 2.0,
+            peer_failure_margin: 0.05,
         }
     }
 }
@@ -304,7 +323,8 @@ pub enum ReasonCode {
     Cleared,
     /// Back to healthy after recovering or degraded.
     Recovered,
-    /// The trial call after an isolation failed: isolated again, longer.
+    /// The trial call after an isolation failed: out again for the same isolation, jittered (it
+    /// grows only when an endpoint fails soon after a readmission).
     TrialFailed,
     /// The trial call after an isolation succeeded: recovering with slow start.
     TrialSucceeded,
@@ -316,10 +336,21 @@ pub enum ReasonCode {
     ForcedUnhealthy,
     MaintenanceOn,
     OverrideCleared,
+    /// Passing evidence that can see what the endpoint was ejected for (a probe, or a call in
+    /// panic mode) readmitted it after the minimum isolation: recovering with slow start.
+    Readmitted,
+    /// The endpoint rate-limited its callers: out for the upstream's Retry-After (or the
+    /// policy's cooldown), with no isolation backoff.
+    Cooldown,
+    /// A cooldown ended: recovering with slow start.
+    CooldownOver,
+    /// An endpoint kept serving through a suspected shared outage answers again: it is judged on
+    /// what happened after the outage, not on the outage's window.
+    OutageOver,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 13] = [
+    pub const ALL: [ReasonCode; 17] = [
         ReasonCode::Ejected,
         ReasonCode::Degraded,
         ReasonCode::Suspect,
@@ -333,6 +364,10 @@ impl ReasonCode {
         ReasonCode::ForcedUnhealthy,
         ReasonCode::MaintenanceOn,
         ReasonCode::OverrideCleared,
+        ReasonCode::Readmitted,
+        ReasonCode::Cooldown,
+        ReasonCode::CooldownOver,
+        ReasonCode::OutageOver,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -350,6 +385,10 @@ impl ReasonCode {
             ReasonCode::ForcedUnhealthy => "forced_unhealthy",
             ReasonCode::MaintenanceOn => "maintenance_on",
             ReasonCode::OverrideCleared => "override_cleared",
+            ReasonCode::Readmitted => "readmitted",
+            ReasonCode::Cooldown => "cooldown",
+            ReasonCode::CooldownOver => "cooldown_over",
+            ReasonCode::OutageOver => "outage_over",
         }
     }
 

@@ -120,6 +120,14 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
             if let Some(m) = &c.model {
                 name("model", m)?;
             }
+            if let Some(r) = c.retry_after_ms {
+                if !(0..=MAX_POLICY_SPAN_MS).contains(&r) {
+                    return Err(bad(
+                        "retry_after_ms",
+                        format!("{r} ms is not within 0..={MAX_POLICY_SPAN_MS} ms (a day)"),
+                    ));
+                }
+            }
         }
         Signal::Probe(p) => {
             name("probe_id", &p.probe_id)?;
@@ -286,6 +294,11 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
             "must exceed heartbeat_suspect_intervals",
         ));
     }
+    span("policy.readmit_min_ms", p.readmit_min_ms, 0, HOUR_MS)?;
+    span("policy.cooldown_ms", p.cooldown_ms, 1, HOUR_MS)?;
+    fraction("policy.rate_limited_share", p.rate_limited_share, 0.0, 1.0)?;
+    fraction("policy.peer_failure_z", p.peer_failure_z, 0.0, 10.0)?;
+    fraction("policy.peer_failure_margin", p.peer_failure_margin, 0.0, 1.0)?;
     Ok(())
 }
 
@@ -307,6 +320,7 @@ mod tests {
             tpot_us: None,
             attributes: Default::default(),
             model: None,
+            retry_after_ms: None,
         }
     }
 
@@ -341,6 +355,8 @@ mod tests {
                 }),
             ),
             ("model", Box::new(|c| c.model = Some("m".repeat(10_000)))),
+            ("retry_after_ms", Box::new(|c| c.retry_after_ms = Some(-1))),
+            ("retry_after_ms", Box::new(|c| c.retry_after_ms = Some(i64::MAX))),
         ];
         for (field, mutate) in cases {
             let mut c = call();
@@ -402,6 +418,14 @@ mod tests {
                 "policy.heartbeat_unhealthy_intervals",
                 Box::new(|p| p.heartbeat_unhealthy_intervals = i32::MAX),
             ),
+            ("policy.readmit_min_ms", Box::new(|p| p.readmit_min_ms = i64::MAX)),
+            ("policy.cooldown_ms", Box::new(|p| p.cooldown_ms = 0)),
+            (
+                "policy.rate_limited_share",
+                Box::new(|p| p.rate_limited_share = f64::NAN),
+            ),
+            ("policy.peer_failure_z", Box::new(|p| p.peer_failure_z = -1.0)),
+            ("policy.peer_failure_margin", Box::new(|p| p.peer_failure_margin = 2.0)),
         ];
         for (field, mutate) in cases {
             let mut p = Policy::default();

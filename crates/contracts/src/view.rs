@@ -167,6 +167,8 @@ pub struct CallItem {
     #[serde(default)]
     pub attributes: BTreeMap<String, String>,
     pub model: Option<String>,
+    /// The upstream's Retry-After on a 429 or 503, in milliseconds.
+    pub retry_after_ms: Option<i64>,
 }
 
 /// One active probe, as JSON.
@@ -219,6 +221,7 @@ impl SignalItem {
                 tpot_us: i.tpot_us,
                 attributes: i.attributes,
                 model: i.model,
+                retry_after_ms: i.retry_after_ms,
             }),
             SignalItem::Probe(p) => c::Signal::Probe(c::ProbeResult {
                 probe_id: p.probe_id.unwrap_or_else(|| id("api-probe")),

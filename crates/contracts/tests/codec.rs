@@ -21,6 +21,7 @@ fn sample_call() -> CallOutcome {
         tpot_us: None,
         attributes: [("route".to_string(), "/v1/chat".to_string())].into_iter().collect(),
         model: Some("gpt-6".into()),
+        retry_after_ms: Some(5_000),
     }
 }
 
@@ -235,7 +236,7 @@ proptest! {
         attrs in proptest::collection::btree_map("[a-z]{1,5}", "\\PC{0,8}", 0..4),
     ) {
         let c = CallOutcome { event_id: id, pool, endpoint: ep, gateway: "g".into(), occurred_at: at, outcome: oc,
-            http_status: status, latency_us: lat, ttft_us: ttft, tpot_us: None, attributes: attrs, model: None };
+            http_status: status, latency_us: lat, ttft_us: ttft, tpot_us: None, attributes: attrs, model: None, retry_after_ms: None };
         prop_assert_eq!(decode_signal(&encode(&c).unwrap()).unwrap(), Signal::Call(c));
     }
 
@@ -254,12 +255,12 @@ proptest! {
         id in "\\PC{1,12}", at in 0i64..i64::MAX / 2, oc in outcome(), status in proptest::option::of(any::<i32>()),
         lat in any::<i64>(), ttft in proptest::option::of(any::<i64>()), tpot in proptest::option::of(any::<i64>()),
         attrs in proptest::collection::btree_map("\\PC{0,5}", "\\PC{0,8}", 0..5),
-        model in proptest::option::of("\\PC{0,10}"), interval in proptest::option::of(any::<i64>()),
+        model in proptest::option::of("\\PC{0,10}"), interval in proptest::option::of(any::<i64>()), retry in proptest::option::of(any::<i64>()),
         deps in proptest::collection::vec(("\\PC{1,6}", any::<bool>(), 0..3usize), 0..4), detail in "\\PC{0,20}",
     ) {
         let call = Signal::Call(CallOutcome { event_id: id.clone(), pool: "p".into(), endpoint: "e".into(), gateway: "g".into(),
             occurred_at: at, outcome: oc, http_status: status, latency_us: lat, ttft_us: ttft, tpot_us: tpot,
-            attributes: attrs, model });
+            attributes: attrs, model, retry_after_ms: retry });
         let statuses = [DependencyStatus::Up, DependencyStatus::Degraded, DependencyStatus::Down];
         let probe = Signal::Probe(ProbeResult { probe_id: id.clone(), pool: "p".into(), endpoint: "e".into(),
             prober: "pr".into(), occurred_at: at, kind: ProbeKind::SyntheticCompletion, outcome: oc, latency_us: lat,
@@ -387,10 +388,66 @@ proptest! {
 #[test]
 fn the_fuzz_target_covers_every_schema_version() {
     let known = codec::known_schemas();
-    assert_eq!(known.len(), 9, "{known:?}");
+    assert_eq!(known.len(), 11, "{known:?}");
     assert_eq!(
         known.iter().filter(|k| !k.2).count(),
-        1,
-        "one older version (CallOutcome v1)"
+        3,
+        "three older versions (CallOutcome v1 and v2, PolicyChange v1)"
     );
+}
+
+/// A version-2 call (no Retry-After) and a version-1 policy change (no readmission, cooldown or
+/// peer-failure fields) still decode, with the defaults.
+#[test]
+fn records_of_the_previous_versions_decode_with_the_new_fields_defaulted() {
+    let v2 = Schema::parse_str(include_str!("../../../schemas/call_outcome.v2.avsc")).unwrap();
+    let mut c = sample_call();
+    c.retry_after_ms = None;
+    let mut fields = match apache_avro::to_value(&c).unwrap() {
+        Value::Record(f) => f,
+        v => panic!("not a record: {v:?}"),
+    };
+    fields.retain(|(name, _)| name != "retry_after_ms");
+    let value = Value::Record(fields).resolve(&v2).unwrap();
+    let mut bytes = vec![0xC3, 0x01];
+    bytes.extend_from_slice(&fingerprint(&v2).to_le_bytes());
+    bytes.extend(to_avro_datum(&v2, value).unwrap());
+    assert_eq!(decode_signal(&bytes).unwrap(), Signal::Call(c));
+
+    let v1 = Schema::parse_str(include_str!("../../../schemas/policy_change.v1.avsc")).unwrap();
+    let mut policy = Policy::default();
+    policy.version = 4;
+    policy.min_volume = 20;
+    let change = PolicyChange {
+        change_id: "pc-1".into(),
+        pool: "p".into(),
+        actor: "ops".into(),
+        issued_at: 1_600_000_000_000_000,
+        policy: policy.clone(),
+    };
+    let mut fields = match apache_avro::to_value(&change).unwrap() {
+        Value::Record(f) => f,
+        v => panic!("not a record: {v:?}"),
+    };
+    for (name, v) in fields.iter_mut() {
+        if name == "policy" {
+            if let Value::Record(p) = v {
+                p.retain(|(n, _)| {
+                    !matches!(
+                        n.as_str(),
+                        "readmit_min_ms"
+                            | "cooldown_ms"
+                            | "rate_limited_share"
+                            | "peer_failure_z"
+                            | "peer_failure_margin"
+                    )
+                });
+            }
+        }
+    }
+    let value = Value::Record(fields).resolve(&v1).unwrap();
+    let mut bytes = vec![0xC3, 0x01];
+    bytes.extend_from_slice(&fingerprint(&v1).to_le_bytes());
+    bytes.extend(to_avro_datum(&v1, value).unwrap());
+    assert_eq!(decode_signal(&bytes).unwrap(), Signal::Policy(change));
 }

@@ -174,6 +174,7 @@ mod tests {
             tpot_us: None,
             attributes: Default::default(),
             model: None,
+            retry_after_ms: None,
         }))
         .unwrap()
     }

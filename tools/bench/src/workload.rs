@@ -122,6 +122,7 @@ pub fn generate(mix: &Mix, n: usize, seed: u64) -> Vec<(Micros, Signal)> {
                 tpot_us: Some(20_000),
                 attributes: BTreeMap::new(),
                 model: None,
+                retry_after_ms: None,
             })
         };
         out.push((t, signal));

@@ -28,6 +28,7 @@ pub fn call(pool: &str, ep: &str, id: u64, outcome: OutcomeClass, ttft_ms: Optio
         tpot_us: None,
         attributes: Default::default(),
         model: None,
+        retry_after_ms: None,
     })
 }
 
