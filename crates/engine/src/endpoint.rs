@@ -1,7 +1,7 @@
 //! Per-endpoint state: the window, the EWMA score, consecutive counters, isolation and the
 //! conditions that the pool's rules turn into transitions.
 
-use crate::window::{Rate, Totals, Window};
+use crate::window::{counts_as_failure, Rate, Totals, Window};
 use serde::{Deserialize, Serialize};
 use vitals_contracts::{Evidence, HealthState, Micros, OutcomeClass, OverrideAction, Policy};
 
@@ -23,9 +23,60 @@ enum Cause {
     Score,
     NoncriticalDown,
     LatencyOutlier,
+    PeerFailures,
+    TtftOutlier,
     EjectionRefused,
     SuspectFailures,
     SuspectSilence,
+}
+
+/// What an ejection was for: the kind of evidence that can show the fault is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// Failed calls or probes: any passing call or probe shows them gone.
+    Errors,
+    /// Slow first tokens: only an outcome with a first token (a call, a synthetic completion)
+    /// shows them gone; a health-route probe readmits as a canary.
+    Ttft,
+    /// Heartbeats stopped: only a heartbeat shows the endpoint back.
+    Heartbeat,
+    /// A critical dependency is down: only a probe reporting it up shows it back.
+    Dependency,
+    /// Rate limited: a cooldown, over when its time is.
+    RateLimit,
+}
+
+impl Dimension {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Errors => "errors",
+            Dimension::Ttft => "ttft",
+            Dimension::Heartbeat => "heartbeat",
+            Dimension::Dependency => "dependency",
+            Dimension::RateLimit => "rate_limit",
+        }
+    }
+}
+
+/// Where an outcome comes from: a real call or a probe of some kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Call,
+    Probe(vitals_contracts::ProbeKind),
+}
+
+/// What an outcome says about an endpoint that is out, given what it is out for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// It says nothing (a 4xx, a cancelled call, a 429).
+    Neutral,
+    /// The fault is still there.
+    Fail,
+    /// It passed, but cannot see the fault: readmit only as a canary that real calls decide.
+    Canary,
+    /// It passed and can see the fault.
+    Pass,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +115,36 @@ pub struct Tracker {
     /// An automatic ejection was refused by the pool's max-ejection rule.
     pub eject_refused: bool,
     pub forced: Option<OverrideAction>,
+    /// What the current ejection is for (None while in rotation).
+    #[serde(default)]
+    pub out_for: Option<Dimension>,
+    /// Passing outcomes in a row while out.
+    #[serde(default)]
+    pub passes_while_out: u16,
+    /// Failed trial calls of the current isolation: the jitter's attempt number.
+    #[serde(default)]
+    pub failed_trials: u16,
+    /// 429s in a row.
+    #[serde(default)]
+    pub consecutive_rate_limited: u16,
+    /// Readmitted on evidence that cannot see the fault: real calls decide.
+    #[serde(default)]
+    pub canary: bool,
+    /// Real calls that passed since a canary readmission.
+    #[serde(default)]
+    pub canary_calls: u16,
+    /// The latest Retry-After the upstream sent with a 429, in ms.
+    #[serde(default)]
+    pub retry_after_ms: Option<u32>,
+    /// When the endpoint was last readmitted: an ejection soon after is a flap.
+    #[serde(default)]
+    pub readmitted_at: Option<Micros>,
+    /// Failure rate significantly above the peers' (Wilson bounds; set by the pool).
+    #[serde(default)]
+    pub failure_outlier: bool,
+    /// First tokens far slower than the peers' (set by the pool).
+    #[serde(default)]
+    pub ttft_outlier: bool,
 }
 
 impl Tracker {
@@ -97,6 +178,16 @@ impl Tracker {
             noncritical_down: Vec::new(),
             eject_refused: false,
             forced: None,
+            out_for: None,
+            passes_while_out: 0,
+            failed_trials: 0,
+            consecutive_rate_limited: 0,
+            canary: false,
+            canary_calls: 0,
+            retry_after_ms: None,
+            readmitted_at: None,
+            failure_outlier: false,
+            ttft_outlier: false,
         }
     }
 
@@ -124,7 +215,13 @@ impl Tracker {
         if class.is_neutral() {
             return rate;
         }
-        let failed = class.is_failure();
+        if class == OutcomeClass::RateLimited {
+            // Not a failure of the endpoint: its own rule (the cooldown) answers it.
+            self.consecutive_rate_limited = self.consecutive_rate_limited.saturating_add(1);
+            return rate;
+        }
+        self.consecutive_rate_limited = 0;
+        let failed = counts_as_failure(class);
         if failed {
             self.consecutive_failures += 1;
             self.consecutive_successes = 0;
@@ -190,10 +287,14 @@ impl Tracker {
 
     /// The ejection rules this endpoint crosses, not yet spelled out (the rules are checked at
     /// every timer of the pool; thresholds are only written when the state changes).
+    ///
+    /// Fresh evidence only: the rules that look back over the window (failure rate, the peer
+    /// comparison) never eject an endpoint whose latest outcome succeeded.
     fn eject_rules(&self, totals: &Rate, policy: &Policy, now: Micros) -> impl Iterator<Item = Cause> {
         let silent = self.heartbeat_silence(now).is_some_and(|silence| {
             silence >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
         });
+        let fresh = self.consecutive_successes == 0;
         [
             (
                 self.consecutive_hard >= policy.hard_break_after as u32,
@@ -204,9 +305,13 @@ impl Tracker {
                 Cause::ConsecutiveFailures,
             ),
             (
-                totals.counted() >= policy.min_volume as u64 && totals.failure_rate() > policy.failure_rate_threshold,
+                fresh
+                    && totals.counted() >= policy.min_volume as u64
+                    && totals.failure_rate() > policy.failure_rate_threshold,
                 Cause::FailureRate,
             ),
+            (fresh && self.failure_outlier, Cause::PeerFailures),
+            (self.ttft_outlier, Cause::TtftOutlier),
             (!self.critical_down.is_empty(), Cause::CriticalDown),
             (silent, Cause::HeartbeatSilence),
         ]
@@ -225,10 +330,14 @@ impl Tracker {
         .filter_map(|(crossed, cause)| crossed.then_some(cause))
     }
 
-    fn suspect_rules(&self, policy: &Policy) -> impl Iterator<Item = Cause> {
+    /// Failures make an endpoint suspect only when they are not isolated: a run of them and a
+    /// window failure rate of at least half the ejection threshold (a few failures in a row among
+    /// many successes used to flicker healthy → suspect → healthy and fill the audit log).
+    fn suspect_rules(&self, totals: &Rate, policy: &Policy) -> impl Iterator<Item = Cause> {
         [
             (
-                self.consecutive_failures >= policy.suspect_after_failures as u32,
+                self.consecutive_failures >= policy.suspect_after_failures as u32
+                    && totals.failure_rate() >= policy.failure_rate_threshold / 2.0,
                 Cause::SuspectFailures,
             ),
             (self.heartbeat_silent, Cause::SuspectSilence),
@@ -248,8 +357,62 @@ impl Tracker {
     }
 
     /// Whether [`Tracker::suspect_causes`] is not empty.
-    pub fn suspicious(&self, policy: &Policy) -> bool {
-        self.suspect_rules(policy).next().is_some()
+    pub fn suspicious(&self, totals: &Rate, policy: &Policy) -> bool {
+        self.suspect_rules(totals, policy).next().is_some()
+    }
+
+    /// What an ejection on these rules is for. `slow` says the outcome that crossed them was a
+    /// 200 whose first token came too late.
+    pub fn eject_dimension(&self, totals: &Rate, policy: &Policy, now: Micros, slow: bool) -> Dimension {
+        let mut dims = self.eject_rules(totals, policy, now).map(|c| match c {
+            Cause::TtftOutlier => Dimension::Ttft,
+            Cause::CriticalDown => Dimension::Dependency,
+            Cause::HeartbeatSilence => Dimension::Heartbeat,
+            _ if slow => Dimension::Ttft,
+            _ => Dimension::Errors,
+        });
+        let first = dims.next().unwrap_or(Dimension::Errors);
+        // Slow first tokens and errors together: only a first token shows both gone.
+        dims.fold(first, |a, b| if b == Dimension::Ttft { b } else { a })
+    }
+
+    /// What a passing or failing outcome says about this endpoint while it is out (or
+    /// recovering) for `dim`.
+    pub fn verdict(
+        &self,
+        dim: Dimension,
+        source: Source,
+        class: OutcomeClass,
+        ttft_us: Option<i64>,
+        probe_reports_dependencies: bool,
+        policy: &Policy,
+    ) -> Verdict {
+        use vitals_contracts::ProbeKind;
+        if class.is_neutral() || class == OutcomeClass::RateLimited {
+            return Verdict::Neutral;
+        }
+        if counts_as_failure(class) {
+            return Verdict::Fail;
+        }
+        let first_token_ok = ttft_us.map(|t| (t as f64) <= policy.ttft_max_ms * 1000.0);
+        match (dim, source) {
+            (Dimension::RateLimit, _) => Verdict::Neutral,
+            (Dimension::Errors, Source::Probe(ProbeKind::Heartbeat)) => Verdict::Canary,
+            (Dimension::Errors, _) => Verdict::Pass,
+            (Dimension::Ttft, _) => match first_token_ok {
+                Some(true) => Verdict::Pass,
+                Some(false) => Verdict::Fail,
+                None => Verdict::Canary,
+            },
+            // Only a heartbeat shows heartbeats back; a call or another probe says nothing
+            // about them (readmitting on one only ejected the endpoint again, still silent).
+            (Dimension::Heartbeat, Source::Probe(ProbeKind::Heartbeat)) => Verdict::Pass,
+            (Dimension::Heartbeat, _) => Verdict::Neutral,
+            // Only a probe that reports the dependency shows it back.
+            (Dimension::Dependency, _) if !probe_reports_dependencies => Verdict::Neutral,
+            (Dimension::Dependency, _) if self.critical_down.is_empty() => Verdict::Pass,
+            (Dimension::Dependency, _) => Verdict::Fail,
+        }
     }
 
     /// Reasons for an automatic ejection, as thresholds crossed. Empty when there is none.
@@ -264,8 +427,10 @@ impl Tracker {
         self.degrade_rules(policy).map(|c| self.threshold(c, policy)).collect()
     }
 
-    pub fn suspect_causes(&self, policy: &Policy) -> Vec<String> {
-        self.suspect_rules(policy).map(|c| self.threshold(c, policy)).collect()
+    pub fn suspect_causes(&self, totals: &Rate, policy: &Policy) -> Vec<String> {
+        self.suspect_rules(totals, policy)
+            .map(|c| self.threshold(c, policy))
+            .collect()
     }
 
     /// A crossed rule as the threshold the audit log records.
@@ -279,6 +444,14 @@ impl Tracker {
             Cause::Score => format!("score<{}", policy.degrade_below),
             Cause::NoncriticalDown => format!("noncritical_dependency_down:{}", self.noncritical_down.join(",")),
             Cause::LatencyOutlier => format!("latency>{}x_pool_median", policy.latency_outlier_factor),
+            Cause::PeerFailures => format!(
+                "failure_rate>peers+{}(wilson_z={})",
+                policy.peer_failure_margin, policy.peer_failure_z
+            ),
+            Cause::TtftOutlier => format!(
+                "ttft>{}ms(p50,>{}x_pool_median)",
+                policy.ttft_max_ms, policy.latency_outlier_factor
+            ),
             Cause::EjectionRefused => "ejection_refused:max_ejection".to_owned(),
             Cause::SuspectFailures => format!("consecutive_failures>={}", policy.suspect_after_failures),
             Cause::SuspectSilence => format!("heartbeat_silence>={}x_interval", policy.heartbeat_suspect_intervals),
@@ -293,21 +466,45 @@ impl Tracker {
         self.last_heartbeat.map(|t| now.saturating_sub(t))
     }
 
-    /// The isolation for the next ejection: base × 2^k, capped; k resets after a quiet period.
+    /// The isolation for a new ejection: base × 2^k, capped. k grows only for a flapping
+    /// endpoint, one ejected again within `isolation_reset_ms` of its last readmission; a first
+    /// ejection (or one after a quiet period) starts again at the base.
     pub fn next_isolation(&mut self, now: Micros, policy: &Policy) -> i64 {
-        if self
-            .last_isolated_at
-            .is_some_and(|t| now.saturating_sub(t) > us(policy.isolation_reset_ms))
-        {
+        let flapping = self
+            .readmitted_at
+            .is_some_and(|t| now.saturating_sub(t) <= us(policy.isolation_reset_ms));
+        if !flapping {
             self.isolations = 0;
         }
-        let k = self.isolations.min(30);
-        self.isolations += 1;
+        self.isolations = self.isolations.saturating_add(1);
         self.last_isolated_at = Some(now);
+        self.failed_trials = 0;
+        self.isolation(policy)
+    }
+
+    /// The current isolation's length: base × 2^(isolations − 1), capped.
+    pub fn isolation(&self, policy: &Policy) -> i64 {
+        let k = self.isolations.saturating_sub(1).min(30);
         policy
             .isolation_base_ms
             .saturating_mul(1i64 << k)
             .min(policy.isolation_max_ms)
+    }
+
+    /// Whether this is a flapping endpoint (ejected again soon after a readmission): it then
+    /// needs two passing probes in a row to come back, not one.
+    pub fn passes_needed(&self) -> u16 {
+        if self.isolations >= 2 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Whether the minimum isolation has passed, after which passing evidence readmits.
+    pub fn readmittable(&self, now: Micros, policy: &Policy) -> bool {
+        self.last_isolated_at
+            .is_none_or(|t| now.saturating_sub(t) >= us(policy.readmit_min_ms))
     }
 
     /// The earliest stream time at which a timer of this endpoint may change its state.
@@ -392,7 +589,18 @@ impl Tracker {
         self.above_since = Some(now);
         self.consecutive_failures = 0;
         self.consecutive_hard = 0;
+        self.consecutive_rate_limited = 0;
         self.failure_ids.clear();
+        self.failure_outlier = false;
+        self.ttft_outlier = false;
+    }
+
+    /// The `q` percentile of the recent first tokens, in ms, once there are at least `min`.
+    pub fn ttft_p(&self, q: f64, min: usize) -> Option<f64> {
+        if (self.ttft_len as usize) < min {
+            return None;
+        }
+        self.ttft_percentile(q)
     }
 }
 

@@ -1,8 +1,8 @@
 //! One pool: its endpoints, its policy and the pool-level rules (max-ejection, panic mode,
 //! correlated-outage suspicion, peer-relative latency).
 
-use crate::endpoint::{buckets, us, Tracker, LATENCY_MIN_SAMPLES};
-use crate::window::Rate;
+use crate::endpoint::{buckets, us, Dimension, Source, Tracker, Verdict, LATENCY_MIN_SAMPLES};
+use crate::window::{counts_as_failure, Rate};
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,10 @@ pub struct PoolState {
     /// Endpoints by state, kept with every transition (index: `state_index`).
     counts: [u32; 6],
     refused: u32,
+    /// Endpoints out on a rate-limit cooldown: out of rotation, but not an outage (they count
+    /// as healthy for panic mode and never as a refused ejection).
+    #[serde(default)]
+    cooling: u32,
     pub panic: bool,
     pub correlated_outage: bool,
     /// The earliest stream time at which some endpoint's timer may fire.
@@ -56,9 +60,21 @@ fn state_index(s: HealthState) -> usize {
 struct Outcome<'a> {
     id: &'a str,
     endpoint: &'a str,
+    source: Source,
     class: OutcomeClass,
     latency_us: i64,
     ttft_us: Option<i64>,
+    retry_after_ms: Option<i64>,
+    /// A probe that reported the endpoint's dependencies.
+    reports_dependencies: bool,
+}
+
+impl Outcome<'_> {
+    /// When the call or probe began, on the engine's clock: its report's stream time less its
+    /// latency (no producer clock involved).
+    fn started(&self, now: Micros) -> Micros {
+        now.saturating_sub(self.latency_us.max(0))
+    }
 }
 
 /// A transition the rules chose, before it is applied.
@@ -68,6 +84,60 @@ struct Change {
     reason: String,
     thresholds: Vec<String>,
     triggers: Vec<String>,
+    /// For an ejection: what it is for.
+    out_for: Option<Dimension>,
+    /// For a readmission: on evidence that cannot see the fault.
+    canary: bool,
+}
+
+impl Change {
+    fn new(
+        to: HealthState,
+        code: ReasonCode,
+        reason: String,
+        thresholds: Vec<String>,
+        triggers: Vec<String>,
+    ) -> Change {
+        Change {
+            to,
+            code,
+            reason,
+            thresholds,
+            triggers,
+            out_for: None,
+            canary: false,
+        }
+    }
+}
+
+/// Deterministic jitter for a retry: up to a quarter of `base`, from the endpoint and the attempt
+/// (FNV-1a), so that replaying the log gives the same times and retries of different endpoints
+/// (or of one endpoint after each failed trial) never line up with a periodic fault.
+fn jitter(pool: &str, endpoint: &str, isolations: u32, attempt: u16, base: i64) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = pool
+        .bytes()
+        .chain([0])
+        .chain(endpoint.bytes())
+        .chain(isolations.to_le_bytes())
+        .chain(attempt.to_le_bytes());
+    for b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    base / 1000 * (h % 250) as i64
+}
+
+/// Wilson score interval of `k` successes in `n` trials at width `z`.
+fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let n = n as f64;
+    let p = k as f64 / n;
+    let z2 = z * z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
+    ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
 impl PoolState {
@@ -80,6 +150,7 @@ impl PoolState {
             endpoints: HashMap::default(),
             counts: [0; 6],
             refused: 0,
+            cooling: 0,
             panic: false,
             correlated_outage: false,
             next_deadline: None,
@@ -149,6 +220,21 @@ impl PoolState {
             return None;
         }
         match t.state {
+            HealthState::Unhealthy if t.out_for == Some(Dimension::RateLimit) => {
+                t.isolated_until.is_some_and(|u| u <= now).then(|| {
+                    Change::new(
+                        HealthState::Recovering,
+                        ReasonCode::CooldownOver,
+                        format!(
+                            "cooldown over after {:.1} s; slow start over {} s finds what the upstream takes",
+                            now.saturating_sub(t.since) as f64 / 1e6,
+                            policy.slow_start_ms / 1000
+                        ),
+                        vec!["cooldown_over".into()],
+                        vec![],
+                    )
+                })
+            }
             HealthState::Unhealthy => {
                 if t.isolated_until.is_some_and(|u| u <= now) && !t.trial_open {
                     t.trial_open = true;
@@ -175,9 +261,12 @@ impl PoolState {
                 let o = Outcome {
                     id: &c.event_id,
                     endpoint: &c.endpoint,
+                    source: Source::Call,
                     class: c.outcome,
                     latency_us: c.latency_us,
                     ttft_us: c.ttft_us,
+                    retry_after_ms: c.retry_after_ms,
+                    reports_dependencies: false,
                 };
                 self.outcome(o, out);
             }
@@ -186,9 +275,12 @@ impl PoolState {
                 let o = Outcome {
                     id: &p.probe_id,
                     endpoint: &p.endpoint,
+                    source: Source::Probe(p.kind),
                     class: p.outcome,
                     latency_us: p.latency_us,
                     ttft_us: p.ttft_us,
+                    retry_after_ms: None,
+                    reports_dependencies: !p.dependencies.is_empty(),
                 };
                 self.outcome(o, out);
             }
@@ -249,15 +341,35 @@ impl PoolState {
         if class.is_neutral() {
             return;
         }
+        if class == OutcomeClass::RateLimited {
+            if let Some(ms) = o.retry_after_ms {
+                t.retry_after_ms = Some(u32::try_from(ms.max(0)).unwrap_or(u32::MAX));
+            }
+        }
         let mut check_latency = false;
+        let mut check_ttft = false;
         if class == OutcomeClass::Success {
             t.record_latency(o.latency_us, policy);
             check_latency =
                 t.latency_samples >= LATENCY_MIN_SAMPLES && (t.latency_samples.is_multiple_of(4) || t.latency_outlier);
+            check_ttft = o
+                .ttft_us
+                .is_some_and(|v| t.ttft_outlier || v as f64 > policy.ttft_max_ms * 1000.0);
         }
+        let check_failures = counts_as_failure(class) || t.failure_outlier;
         let state = t.state;
+        let in_rotation = matches!(
+            state,
+            HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
+        );
         if check_latency {
             self.check_latency_outlier(o.endpoint);
+        }
+        if check_ttft && in_rotation {
+            self.check_ttft_outlier(o.endpoint, o.ttft_us.unwrap_or(0));
+        }
+        if check_failures && in_rotation {
+            self.check_failure_outlier(o.endpoint);
         }
         let extra = if slow {
             vec![format!("ttft>{}ms", self.policy.slow_call_ms)]
@@ -266,8 +378,9 @@ impl PoolState {
         };
         let change = match state {
             HealthState::Unhealthy | HealthState::Recovering | HealthState::Maintenance => {
-                self.isolated_outcome(o.endpoint, class, o.id)
+                self.isolated_outcome(&o, class)
             }
+            _ if class == OutcomeClass::RateLimited => self.rate_limited(o.endpoint),
             _ => self.automatic_change(o.endpoint, extra, Some(totals)),
         };
         if let Some(mut change) = change {
@@ -282,67 +395,211 @@ impl PoolState {
         self.pool_rules(out, None);
     }
 
-    /// An outcome for an endpoint that is out of rotation: the trial after isolation, or a
-    /// signal during the slow-start ramp.
-    fn isolated_outcome(&mut self, name: &str, class: OutcomeClass, id: &str) -> Option<Change> {
+    /// An outcome for an endpoint that is out of rotation or recovering: evidence that may
+    /// readmit it, the router's trial call, or a failure during the slow-start ramp.
+    fn isolated_outcome(&mut self, o: &Outcome<'_>, class: OutcomeClass) -> Option<Change> {
+        let t = &self.endpoints[o.endpoint];
+        if t.forced.is_some() {
+            return None;
+        }
+        // Fresh evidence only: a call that began before the endpoint was ejected or readmitted
+        // says nothing about it now (a slow call begun during the fault ends after it).
+        let since = match t.state {
+            HealthState::Recovering => t.readmitted_at,
+            _ => t.last_isolated_at,
+        };
+        if since.is_some_and(|s| o.started(self.now) < s) {
+            return None;
+        }
+        if t.state == HealthState::Recovering && class == OutcomeClass::RateLimited {
+            return self.rate_limited(o.endpoint);
+        }
+        let dim = t.out_for.unwrap_or(Dimension::Errors);
+        let verdict = t.verdict(dim, o.source, class, o.ttft_us, o.reports_dependencies, &self.policy);
+        match t.state {
+            HealthState::Unhealthy => self.while_out(o, class, dim, verdict),
+            HealthState::Recovering if verdict == Verdict::Fail => {
+                let what = if counts_as_failure(class) {
+                    class.as_str().to_owned()
+                } else {
+                    format!("first token after {} ms", o.ttft_us.unwrap_or(0) / 1000)
+                };
+                let thresholds = vec!["failure_while_recovering".into()];
+                if self.may_eject() {
+                    return Some(Change::new(
+                        HealthState::Unhealthy,
+                        ReasonCode::FailedWhileRecovering,
+                        format!("{what} while recovering; isolated again"),
+                        thresholds,
+                        vec![o.id.to_owned()],
+                    ));
+                }
+                self.set_refused(o.endpoint, true);
+                Some(self.refusal(o.endpoint, thresholds))
+            }
+            HealthState::Recovering => {
+                let m = self.policy.consecutive_successes;
+                let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
+                if t.canary && o.source == Source::Call && verdict == Verdict::Pass {
+                    t.canary_calls = t.canary_calls.saturating_add(1);
+                    if i32::from(t.canary_calls) >= m {
+                        t.canary = false;
+                    }
+                }
+                self.recovery_complete(o.endpoint)
+            }
+            _ => None,
+        }
+    }
+
+    /// An outcome while the endpoint is out. Every one is evidence: after the minimum isolation
+    /// the first passing one that can see what the endpoint is out for readmits it (two in a row
+    /// for a flapping endpoint); one that cannot see it readmits it as a canary. A call after
+    /// the isolation is the router's trial. A failure says the fault is still there and starts
+    /// the count again; only a failed trial call is a transition (it carries the next trial's time).
+    fn while_out(&mut self, o: &Outcome<'_>, class: OutcomeClass, dim: Dimension, verdict: Verdict) -> Option<Change> {
+        let now = self.now;
+        let policy = &self.policy;
+        let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
+        if dim == Dimension::RateLimit {
+            // A cooldown ends by its time, whatever the calls in flight say.
+            return None;
+        }
+        let trial = o.source == Source::Call && t.trial_open;
+        let what = match o.source {
+            Source::Call => "a call".to_owned(),
+            Source::Probe(k) => format!("a {} probe", k.as_str()),
+        };
+        match verdict {
+            Verdict::Neutral => None,
+            Verdict::Fail => {
+                t.passes_while_out = 0;
+                trial.then(|| {
+                    Change::new(
+                        HealthState::Unhealthy,
+                        ReasonCode::TrialFailed,
+                        format!("trial after isolation failed ({})", class.as_str()),
+                        vec!["trial_failed".into()],
+                        vec![o.id.to_owned()],
+                    )
+                })
+            }
+            Verdict::Pass | Verdict::Canary => {
+                t.passes_while_out = t.passes_while_out.saturating_add(1);
+                let canary = verdict == Verdict::Canary;
+                let ramp = format!("slow start over {} s", policy.slow_start_ms / 1000);
+                let mut change = if trial {
+                    Change::new(
+                        HealthState::Recovering,
+                        ReasonCode::TrialSucceeded,
+                        format!("trial after isolation succeeded; {ramp}"),
+                        vec!["trial_succeeded".into()],
+                        vec![o.id.to_owned()],
+                    )
+                } else if t.readmittable(now, policy) && t.passes_while_out >= t.passes_needed() {
+                    let out_s = now.saturating_sub(t.last_isolated_at.unwrap_or(now)) / 1_000_000;
+                    let passes = t.passes_while_out;
+                    let reason = if canary {
+                        format!(
+                            "{what} passed after {out_s} s out but cannot see {}: readmitted as a canary at weight {}; real calls decide",
+                            dim.as_str(),
+                            policy.slow_start_weight
+                        )
+                    } else {
+                        format!(
+                            "{what} passed after {out_s} s out (ejected for {}); readmitted, {ramp}",
+                            dim.as_str()
+                        )
+                    };
+                    Change::new(
+                        HealthState::Recovering,
+                        ReasonCode::Readmitted,
+                        reason,
+                        vec![
+                            format!("passing_evidence>={passes}"),
+                            format!("out>={}ms", policy.readmit_min_ms),
+                        ],
+                        vec![o.id.to_owned()],
+                    )
+                } else {
+                    return None;
+                };
+                change.canary = canary;
+                Some(change)
+            }
+        }
+    }
+
+    /// A 429 for an endpoint in rotation: a run of them (as long as the hard break's) or a share
+    /// of at least `rate_limited_share` of the recent calls (at least `min_volume`) starts a cooldown of the upstream's
+    /// Retry-After (else the policy's), with no isolation backoff. A cooldown takes an ejection
+    /// slot; with none free the endpoint keeps serving, and nothing suspects an outage.
+    fn rate_limited(&mut self, name: &str) -> Option<Change> {
+        let now = self.now;
         let policy = &self.policy;
         let t = &self.endpoints[name];
         if t.forced.is_some() {
             return None;
         }
-        let failed = class.is_failure();
-        match t.state {
-            HealthState::Unhealthy if t.trial_open => Some(if failed {
-                Change {
-                    to: HealthState::Unhealthy,
-                    code: ReasonCode::TrialFailed,
-                    reason: format!("trial after isolation failed ({})", class.as_str()),
-                    thresholds: vec!["trial_failed".into()],
-                    triggers: vec![id.to_owned()],
-                }
-            } else {
-                Change {
-                    to: HealthState::Recovering,
-                    code: ReasonCode::TrialSucceeded,
-                    reason: format!(
-                        "trial after isolation succeeded; slow start over {} s",
-                        policy.slow_start_ms / 1000
-                    ),
-                    thresholds: vec!["trial_succeeded".into()],
-                    triggers: vec![id.to_owned()],
-                }
-            }),
-            HealthState::Recovering if failed => {
-                let thresholds = vec!["failure_while_recovering".into()];
-                if self.may_eject() {
-                    return Some(Change {
-                        to: HealthState::Unhealthy,
-                        code: ReasonCode::FailedWhileRecovering,
-                        reason: format!("{} while recovering; isolated again", class.as_str()),
-                        thresholds,
-                        triggers: vec![id.to_owned()],
-                    });
-                }
-                self.set_refused(name, true);
-                Some(self.refusal(name, thresholds))
-            }
-            HealthState::Recovering => self.recovery_complete(name),
-            _ => None,
+        // Over the most recent third of the window, like the peer comparison: a storm that
+        // began 5 s ago is a small share of a 30 s window.
+        let recent = (buckets(policy) as u32).div_ceil(3);
+        let counts = t.window.totals_last(now, us(policy.bucket_ms), recent);
+        let limited = counts.get(OutcomeClass::RateLimited);
+        let rate = t.window.rate_last(now, us(policy.bucket_ms), recent);
+        let all = rate.counted() + limited;
+        let by_run = i32::from(t.consecutive_rate_limited) >= policy.hard_break_after;
+        let by_share = all >= policy.min_volume as u64 && limited as f64 >= policy.rate_limited_share * all as f64;
+        if !(by_run || by_share) || !self.may_eject() {
+            return None;
         }
+        let mut thresholds = Vec::new();
+        if by_run {
+            thresholds.push(format!("consecutive_429>={}", policy.hard_break_after));
+        }
+        if by_share {
+            thresholds.push(format!("429_share>={}", policy.rate_limited_share));
+        }
+        let ms = self.cooldown_ms(t);
+        let source = if t.retry_after_ms.is_some() {
+            "the upstream's Retry-After"
+        } else {
+            "the policy's cooldown"
+        };
+        let mut change = Change::new(
+            HealthState::Unhealthy,
+            ReasonCode::Cooldown,
+            format!(
+                "rate limited: {limited} of the last {all} calls were 429s; cooling down for {:.1} s ({source}), no isolation backoff",
+                ms as f64 / 1000.0
+            ),
+            thresholds,
+            vec![],
+        );
+        change.out_for = Some(Dimension::RateLimit);
+        Some(change)
+    }
+
+    fn cooldown_ms(&self, t: &Tracker) -> i64 {
+        t.retry_after_ms
+            .map_or(self.policy.cooldown_ms, i64::from)
+            .clamp(1, self.policy.isolation_max_ms.max(1))
     }
 
     fn recovery_complete(&self, name: &str) -> Option<Change> {
         let t = &self.endpoints[name];
         let m = self.policy.consecutive_successes as u32;
-        (t.consecutive_successes >= m && t.ramp_until.is_none_or(|r| r <= self.now)).then(|| Change {
-            to: HealthState::Healthy,
-            code: ReasonCode::Recovered,
-            reason: format!(
-                "{} consecutive successes and slow start complete",
-                t.consecutive_successes
-            ),
-            thresholds: vec![format!("consecutive_successes>={m}")],
-            triggers: vec![],
+        (t.consecutive_successes >= m && !t.canary && t.ramp_until.is_none_or(|r| r <= self.now)).then(|| {
+            Change::new(
+                HealthState::Healthy,
+                ReasonCode::Recovered,
+                format!(
+                    "{} consecutive successes and slow start complete",
+                    t.consecutive_successes
+                ),
+                vec![format!("consecutive_successes>={m}")],
+                vec![],
+            )
         })
     }
 
@@ -356,6 +613,7 @@ impl PoolState {
         }
         let totals = totals.unwrap_or_else(|| t.rate(now, policy));
         let state = t.state;
+        let slow = !extra.is_empty();
         // The rules are evaluated at every timer of the pool; the thresholds are only spelled
         // out when the state changes (building them for an endpoint that stays put was most of
         // the engine's time once timers fired often).
@@ -374,14 +632,28 @@ impl PoolState {
                     totals.counted(),
                     t.score
                 );
+                let mut reason = reason;
+                if t.failure_outlier {
+                    let (own, peers, n) = self.recent_failures(name);
+                    reason.push_str(&format!(
+                        "; last {} s: {} of {} calls failed, its {n} peers {} of {}",
+                        policy.window_ms / 3000,
+                        own.failed,
+                        own.counted(),
+                        peers.failed,
+                        peers.counted()
+                    ));
+                }
                 let triggers = t.failure_ids.clone();
-                return Some(Change {
-                    to: HealthState::Unhealthy,
-                    code: ReasonCode::Ejected,
+                let mut change = Change::new(
+                    HealthState::Unhealthy,
+                    ReasonCode::Ejected,
                     reason,
                     thresholds,
                     triggers,
-                });
+                );
+                change.out_for = Some(t.eject_dimension(&totals, policy, now, slow));
+                return Some(change);
             }
             let newly_refused = !t.eject_refused;
             self.set_refused(name, true);
@@ -391,7 +663,23 @@ impl PoolState {
             return None;
         }
         if t.eject_refused {
+            // Kept serving through a suspected shared outage, and the latest outcomes pass: it
+            // is judged on what happens from now on, not on the outage's window.
             self.set_refused(name, false);
+            let t = self.endpoints.get_mut(name).expect("known endpoint");
+            let successes = t.consecutive_successes;
+            t.reset_for_recovery(now);
+            t.consecutive_successes = successes;
+            if state == HealthState::Degraded && !t.degradable(&self.policy) {
+                return Some(Change::new(
+                    HealthState::Healthy,
+                    ReasonCode::OutageOver,
+                    "kept serving through a suspected shared outage; the calls since pass, so it is judged on them"
+                        .to_owned(),
+                    vec![format!("consecutive_successes>={successes}")],
+                    vec![],
+                ));
+            }
         }
         let t = &self.endpoints[name];
         let policy = &self.policy;
@@ -409,57 +697,57 @@ impl PoolState {
                 policy.degraded_weight
             );
             let triggers = t.failure_ids.clone();
-            return Some(Change {
-                to: HealthState::Degraded,
-                code: ReasonCode::Degraded,
+            return Some(Change::new(
+                HealthState::Degraded,
+                ReasonCode::Degraded,
                 reason,
                 thresholds,
                 triggers,
-            });
+            ));
         }
-        let suspicious = t.suspicious(policy);
+        let suspicious = t.suspicious(&totals, policy);
         match state {
             HealthState::Healthy if suspicious => {
-                let suspect = t.suspect_causes(policy);
+                let suspect = t.suspect_causes(&totals, policy);
                 let reason = format!("suspect: {}", suspect.join(", "));
                 let triggers = t.failure_ids.clone();
-                Some(Change {
-                    to: HealthState::Suspect,
-                    code: ReasonCode::Suspect,
+                Some(Change::new(
+                    HealthState::Suspect,
+                    ReasonCode::Suspect,
                     reason,
-                    thresholds: suspect,
+                    suspect,
                     triggers,
-                })
+                ))
             }
             HealthState::Suspect if !suspicious && t.consecutive_successes >= policy.consecutive_successes as u32 => {
-                Some(Change {
-                    to: HealthState::Healthy,
-                    code: ReasonCode::Cleared,
-                    reason: format!("{} consecutive successes", t.consecutive_successes),
-                    thresholds: vec![format!("consecutive_successes>={}", policy.consecutive_successes)],
-                    triggers: vec![],
-                })
+                Some(Change::new(
+                    HealthState::Healthy,
+                    ReasonCode::Cleared,
+                    format!("{} consecutive successes", t.consecutive_successes),
+                    vec![format!("consecutive_successes>={}", policy.consecutive_successes)],
+                    vec![],
+                ))
             }
             HealthState::Degraded
                 if !suspicious
                     && t.above_since
                         .is_some_and(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms)) =>
             {
-                Some(Change {
-                    to: HealthState::Healthy,
-                    code: ReasonCode::Recovered,
-                    reason: format!(
+                Some(Change::new(
+                    HealthState::Healthy,
+                    ReasonCode::Recovered,
+                    format!(
                         "score {:.0} held above {} for {} s",
                         t.score,
                         policy.recover_above,
                         policy.recover_hold_ms / 1000
                     ),
-                    thresholds: vec![format!(
+                    vec![format!(
                         "score>{}_for_{}ms",
                         policy.recover_above, policy.recover_hold_ms
                     )],
-                    triggers: vec![],
-                })
+                    vec![],
+                ))
             }
             _ => None,
         }
@@ -477,13 +765,13 @@ impl PoolState {
         );
         thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
         let triggers = self.endpoints[name].failure_ids.clone();
-        Change {
-            to: HealthState::Degraded,
-            code: ReasonCode::EjectionRefused,
+        Change::new(
+            HealthState::Degraded,
+            ReasonCode::EjectionRefused,
             reason,
             thresholds,
             triggers,
-        }
+        )
     }
 
     /// Envoy's rule: never eject more than max_ejection_pct of the pool, but always allow one.
@@ -549,6 +837,91 @@ impl PoolState {
         };
     }
 
+    /// The failures of `name` and of its peers in rotation over the most recent third of the
+    /// window (a fault 10 s old is a tenth of a 30 s window still full of the calls before it),
+    /// with the number of peers.
+    fn recent_failures(&self, name: &str) -> (Rate, Rate, u32) {
+        let policy = &self.policy;
+        let recent = (buckets(policy) as u32).div_ceil(3);
+        let bucket_us = us(policy.bucket_ms);
+        let own = self.endpoints[name].window.rate_last(self.now, bucket_us, recent);
+        let mut peers = (Rate::default(), 0u32);
+        for (n, p) in &self.endpoints {
+            let routable = matches!(
+                p.state,
+                HealthState::Healthy | HealthState::Suspect | HealthState::Degraded | HealthState::Recovering
+            );
+            if n.as_str() != name && routable && p.forced.is_none() {
+                let r = p.window.rate_last(self.now, bucket_us, recent);
+                peers.0.ok += r.ok;
+                peers.0.failed += r.failed;
+                peers.1 += 1;
+            }
+        }
+        (own, peers.0, peers.1)
+    }
+
+    /// Whether the failure rate of `name` lies significantly above its peers': the lower Wilson
+    /// bound of its recent rate above both the upper bound of the peers' pooled rate and the
+    /// peers' rate plus `peer_failure_margin`. Only in a pool with at least two other endpoints
+    /// in rotation; pools of one or two keep the absolute rules. Cheap checks on the endpoint's
+    /// own counts come first, so a healthy endpoint never looks at its peers.
+    fn check_failure_outlier(&mut self, name: &str) {
+        let policy = &self.policy;
+        let bucket_us = us(policy.bucket_ms);
+        let recent = (buckets(policy) as u32).div_ceil(3);
+        let own = self.endpoints[name].window.rate_last(self.now, bucket_us, recent);
+        let margin = policy.peer_failure_margin;
+        let z = policy.peer_failure_z;
+        let mut outlier = false;
+        if own.failed >= 3 && own.failure_rate() > margin && wilson(own.failed, own.counted(), z).0 > margin {
+            let (own, peers, n) = self.recent_failures(name);
+            if n >= 2 {
+                let low = wilson(own.failed, own.counted(), z).0;
+                let high = wilson(peers.failed, peers.counted(), z).1;
+                outlier = low > high && low > peers.failure_rate() + margin;
+            }
+        }
+        self.endpoints.get_mut(name).expect("known endpoint").failure_outlier = outlier;
+    }
+
+    /// Whether the first tokens of `name` are far slower than its peers': its latest and its
+    /// median (of the last 16) above `ttft_max_ms` and above `latency_outlier_factor` × the
+    /// median of the peers' medians (at least two peers in rotation with enough samples).
+    fn check_ttft_outlier(&mut self, name: &str, latest_us: i64) {
+        let policy = &self.policy;
+        let max = policy.ttft_max_ms;
+        let min = LATENCY_MIN_SAMPLES as usize;
+        let t = &self.endpoints[name];
+        let mut outlier = false;
+        if let Some(own) = t
+            .ttft_p(0.5, min)
+            .filter(|p| latest_us as f64 > max * 1000.0 && *p > max)
+        {
+            let mut peers = std::mem::take(&mut self.scratch.0);
+            peers.clear();
+            peers.extend(
+                self.endpoints
+                    .iter()
+                    .filter(|(n, p)| {
+                        n.as_str() != name
+                            && matches!(
+                                p.state,
+                                HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
+                            )
+                    })
+                    .filter_map(|(_, p)| p.ttft_p(0.5, min)),
+            );
+            if peers.len() >= 2 {
+                let mid = peers.len() / 2;
+                let median = *peers.select_nth_unstable_by(mid, f64::total_cmp).1;
+                outlier = own > policy.latency_outlier_factor * median;
+            }
+            self.scratch.0 = peers;
+        }
+        self.endpoints.get_mut(name).expect("known endpoint").ttft_outlier = outlier;
+    }
+
     fn weight(&self, state: HealthState, forced: Option<OverrideAction>) -> (f64, i64) {
         match (state, forced) {
             (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
@@ -567,36 +940,79 @@ impl PoolState {
         } else {
             None
         };
+        let cooldown = self.cooldown_ms(&self.endpoints[name]);
         let t = self.endpoints.get_mut(name).expect("known endpoint");
         let from = t.state;
+        let was_cooling = from == HealthState::Unhealthy && t.out_for == Some(Dimension::RateLimit);
         let mut retry_at = None;
         match change.to {
             HealthState::Unhealthy if t.forced.is_none() => {
-                let iso = t.next_isolation(now, &policy);
-                t.isolated_until = Some(now.saturating_add(us(iso)));
+                let ms = match change.code {
+                    // The same isolation again, jittered: a continuing outage does not grow it.
+                    ReasonCode::TrialFailed => {
+                        t.failed_trials = t.failed_trials.saturating_add(1);
+                        let iso = us(t.isolation(&policy));
+                        let j = jitter(&self.pool, name, t.isolations, t.failed_trials, iso);
+                        iso.saturating_add(j) / 1000
+                    }
+                    ReasonCode::Cooldown => {
+                        t.retry_after_ms = None;
+                        cooldown
+                    }
+                    _ => t.next_isolation(now, &policy),
+                };
+                t.out_for = change.out_for.or(t.out_for).or(Some(Dimension::Errors));
+                t.isolated_until = Some(now.saturating_add(us(ms)));
                 t.trial_open = false;
+                t.passes_while_out = 0;
+                t.canary = false;
                 t.ramp_until = None;
                 retry_at = t.isolated_until;
+            }
+            HealthState::Unhealthy | HealthState::Maintenance => {
+                t.out_for = None;
+                t.canary = false;
             }
             HealthState::Recovering => {
                 t.reset_for_recovery(now);
                 t.isolated_until = None;
                 t.trial_open = false;
+                t.passes_while_out = 0;
+                t.canary = change.canary;
+                t.canary_calls = 0;
+                if was_cooling {
+                    // The end of a cooldown is not a readmission: a later ejection is no flap.
+                    t.out_for = None;
+                } else {
+                    t.readmitted_at = Some(now);
+                }
                 t.ramp_until = Some(now.saturating_add(us(policy.slow_start_ms)));
             }
             HealthState::Healthy => {
                 t.isolated_until = None;
                 t.trial_open = false;
                 t.ramp_until = None;
+                t.out_for = None;
+                t.canary = false;
             }
             _ => {}
         }
+        let cooling = change.to == HealthState::Unhealthy && t.out_for == Some(Dimension::RateLimit);
         t.state = change.to;
         t.since = now;
         t.seq += 1;
         let forced = t.forced;
         let evidence = t.evidence(now, &policy, change.thresholds, median);
+        if change.code == ReasonCode::Cooldown {
+            // Judged afresh when the cooldown ends: the 429s that started it are in the evidence.
+            t.reset_for_recovery(now);
+        }
         let seq = t.seq as i64;
+        match (was_cooling, cooling) {
+            (false, true) => self.cooling += 1,
+            (true, false) => self.cooling -= 1,
+            _ => {}
+        }
         self.counts[state_index(from)] -= 1;
         self.counts[state_index(change.to)] += 1;
         let (weight, ramp_ms) = self.weight(change.to, forced);
@@ -605,6 +1021,16 @@ impl PoolState {
         if from == HealthState::Unhealthy && self.refused > 0 {
             // An ejection slot came free: the endpoints whose ejection was refused are looked at
             // again at the next signal.
+            if matches!(change.to, HealthState::Recovering | HealthState::Healthy) && !was_cooling {
+                // An endpoint came back, so the shared cause may be gone: those kept serving
+                // through it are judged on what they do from now on, not on the outage's window
+                // (they were ejected on it seconds after an outage ended, their latest calls fine).
+                for t in self.endpoints.values_mut().filter(|t| t.eject_refused) {
+                    let successes = t.consecutive_successes;
+                    t.reset_for_recovery(now);
+                    t.consecutive_successes = successes;
+                }
+            }
             self.rearm_now();
         }
         let reason = match retry_at {
@@ -639,10 +1065,11 @@ impl PoolState {
     fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
         let total = self.total();
         let healthy = self.count(HealthState::Healthy);
+        // An endpoint cooling down after 429s is not part of an outage.
         let fraction = if total == 0 {
             1.0
         } else {
-            f64::from(healthy) / f64::from(total)
+            f64::from(healthy + self.cooling) / f64::from(total)
         };
         let panic = total > 0 && fraction * 100.0 < self.policy.panic_threshold_pct;
         let correlated = self.refused > 0;
@@ -708,13 +1135,13 @@ impl PoolState {
         if forced.is_some() && t.eject_refused {
             self.set_refused(&o.endpoint, false);
         }
-        let change = Change {
+        let change = Change::new(
             to,
             code,
-            reason: format!("{} by {}: {}", action_words(o.action), o.actor, o.reason),
-            thresholds: vec![format!("operator:{}", o.actor)],
-            triggers: vec![o.override_id.clone()],
-        };
+            format!("{} by {}: {}", action_words(o.action), o.actor, o.reason),
+            vec![format!("operator:{}", o.actor)],
+            vec![o.override_id.clone()],
+        );
         self.apply_change(&o.endpoint, change, out);
         self.pool_rules(out, None);
     }

@@ -32,7 +32,8 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// Calls that count towards the failure rate: successes and failures, not 4xx or cancelled.
+    /// Calls that count towards the failure rate: successes and failures, not 4xx, 429s or
+    /// cancelled calls.
     pub fn counted(&self) -> u64 {
         self.ok + self.failed
     }
@@ -52,6 +53,13 @@ impl Totals {
     pub fn get(&self, c: OutcomeClass) -> u64 {
         self.0[c.index()]
     }
+}
+
+/// Whether an outcome counts against the endpoint's failure rate: every failure but a 429 (rate
+/// limiting is the upstream asking for less traffic, which the cooldown answers; it is not an
+/// outage). 4xx and cancelled calls count neither way.
+pub fn counts_as_failure(class: OutcomeClass) -> bool {
+    class.is_failure() && class != OutcomeClass::RateLimited
 }
 
 fn number(now: Micros, bucket_us: i64) -> u32 {
@@ -76,9 +84,9 @@ impl Window {
             };
         }
         slot.counts[class.index()] = slot.counts[class.index()].saturating_add(1);
-        if class.is_failure() {
+        if counts_as_failure(class) {
             slot.failed = slot.failed.saturating_add(1);
-        } else if !class.is_neutral() {
+        } else if class == OutcomeClass::Success {
             slot.ok = slot.ok.saturating_add(1);
         }
     }
@@ -97,10 +105,28 @@ impl Window {
         })
     }
 
+    /// Successes and failures of the last `n` buckets up to `now` (a shorter, fresher window).
+    pub fn rate_last(&self, now: Micros, bucket_us: i64, n: u32) -> Rate {
+        let newest = number(now, bucket_us);
+        let oldest = newest.saturating_sub(n.max(1) - 1);
+        self.live(now, bucket_us)
+            .filter(|b| b.number >= oldest)
+            .fold(Rate::default(), |r, b| Rate {
+                ok: r.ok + u64::from(b.ok),
+                failed: r.failed + u64::from(b.failed),
+            })
+    }
+
     /// Per-class counts of the buckets within the window ending at `now`.
     pub fn totals(&self, now: Micros, bucket_us: i64) -> Totals {
+        self.totals_last(now, bucket_us, self.buckets.len() as u32)
+    }
+
+    /// Per-class counts of the last `n` buckets up to `now`.
+    pub fn totals_last(&self, now: Micros, bucket_us: i64, n: u32) -> Totals {
+        let oldest = number(now, bucket_us).saturating_sub(n.max(1) - 1);
         let mut t = [0u64; CLASSES];
-        for b in self.live(now, bucket_us) {
+        for b in self.live(now, bucket_us).filter(|b| b.number >= oldest) {
             for (acc, c) in t.iter_mut().zip(b.counts) {
                 *acc += u64::from(c);
             }

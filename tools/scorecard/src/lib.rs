@@ -78,6 +78,14 @@ impl Fault {
     pub fn is_real(self) -> bool {
         !matches!(self, Fault::ClientErrors { .. } | Fault::Noise { .. })
     }
+
+    /// How long after the fault its calls still report: a call begun during it.
+    fn in_flight(self) -> Micros {
+        match self {
+            Fault::SlowTtft { ttft_ms } => ttft_ms * MS * 11 / 10 + 400 * MS,
+            _ => 400 * MS,
+        }
+    }
 }
 
 /// A fault on one endpoint over [from, to) of the run, optionally switching on and off.
@@ -123,6 +131,8 @@ pub struct Score {
     pub name: &'static str,
     /// From the first fault to the first decision that lowered a faulty endpoint's weight.
     pub detection: Option<Micros>,
+    /// From the first fault to the first decision that took a faulty endpoint out (weight 0).
+    pub ejection: Option<Micros>,
     /// Ejections of an endpoint that had no real fault then (nor within 1 s before).
     pub false_ejections: u32,
     pub transitions: u32,
@@ -148,13 +158,16 @@ impl Scenario {
             .map(|f| f.fault)
     }
 
-    fn real_fault_at(&self, ep: usize, at: Micros) -> bool {
-        self.fault_at(ep, at).is_some_and(Fault::is_real)
-    }
-
-    /// Whether the endpoint had a real fault at any point of [at − GRACE, at].
+    /// Whether a real fault of the endpoint could still explain a decision at `at`: active at
+    /// some point of [at − GRACE − its calls' time in flight, at].
     fn faulty_near(&self, ep: usize, at: Micros) -> bool {
-        (0..=20).any(|i| self.real_fault_at(ep, at - GRACE * i / 20))
+        self.faults
+            .iter()
+            .filter(|f| f.endpoint == ep && f.fault.is_real())
+            .any(|f| {
+                let span = GRACE + f.fault.in_flight();
+                (0..=100).any(|i| f.active(at - span * i / 100))
+            })
     }
 
     fn faulty_endpoints(&self) -> Vec<usize> {
@@ -303,6 +316,7 @@ pub fn run(s: &Scenario, seed: u64) -> Score {
     let mut score = Score {
         name: s.name,
         detection: None,
+        ejection: None,
         false_ejections: 0,
         transitions: 0,
         max_out: 0.0,
@@ -313,6 +327,7 @@ pub fn run(s: &Scenario, seed: u64) -> Score {
         log: Vec::new(),
     };
     let mut ever_out = false;
+    // The last time every faulty endpoint was back in rotation after one was out.
     let mut back_at: Option<Micros> = None;
     let mut ids = 0u64;
     let mut decisions = Vec::new();
@@ -389,10 +404,12 @@ pub fn run(s: &Scenario, seed: u64) -> Score {
                     score
                         .log
                         .push((at, h.endpoint.clone(), h.from_state, h.to_state, h.reason.clone()));
-                    let lowered = h.weight < 1.0;
-                    if lowered && faulty.contains(&ep) && score.detection.is_none() {
-                        if let Some(f) = first_fault.filter(|f| at >= *f) {
+                    if let Some(f) = first_fault.filter(|f| at >= *f && faulty.contains(&ep)) {
+                        if h.weight < 1.0 && score.detection.is_none() {
                             score.detection = Some(at - f);
+                        }
+                        if h.weight == 0.0 && score.ejection.is_none() {
+                            score.ejection = Some(at - f);
                         }
                     }
                     if h.to_state == HealthState::Unhealthy
@@ -407,15 +424,12 @@ pub fn run(s: &Scenario, seed: u64) -> Score {
         if !decisions.is_empty() {
             let out = routes.iter().filter(|r| r.weight == 0.0).count();
             score.max_out = score.max_out.max(out as f64 / s.endpoints as f64);
-            if let Some(end) = last_fault_end {
-                let any_out = faulty.iter().any(|&e| routes[e].weight == 0.0);
-                ever_out |= any_out;
-                if at >= end && !any_out && back_at.is_none() {
-                    back_at = Some(at);
-                }
-                if any_out {
-                    back_at = None;
-                }
+            let any_out = faulty.iter().any(|&e| routes[e].weight == 0.0);
+            if any_out {
+                ever_out = true;
+                back_at = None;
+            } else if ever_out && back_at.is_none() {
+                back_at = Some(at);
             }
         }
     }
@@ -424,7 +438,7 @@ pub fn run(s: &Scenario, seed: u64) -> Score {
         score.restore = match (ever_out, out_at_end, back_at) {
             (false, _, _) => None,
             (true, true, _) => Some(Err(s.duration - end)),
-            (true, false, Some(b)) => Some(Ok(b - end)),
+            (true, false, Some(b)) => Some(Ok((b - end).max(0))),
             (true, false, None) => Some(Ok(0)),
         };
     }
@@ -453,7 +467,6 @@ fn pick(routes: &[Route], panic: bool, at: Micros, rng: &mut Rng) -> Option<usiz
 }
 
 fn call_outcome(ep: usize, id: u64, at: Micros, a: &Answer) -> CallOutcome {
-    let _ = a.retry_after_ms;
     CallOutcome {
         event_id: format!("call-{id}"),
         pool: POOL.into(),
@@ -473,6 +486,7 @@ fn call_outcome(ep: usize, id: u64, at: Micros, a: &Answer) -> CallOutcome {
         tpot_us: None,
         attributes: Default::default(),
         model: None,
+        retry_after_ms: a.retry_after_ms,
     }
 }
 

@@ -5,6 +5,7 @@
 //!       [--scenario NAME] [--log]
 
 use clap::Parser;
+use std::sync::atomic::{AtomicBool, Ordering};
 use vitals_contracts::Micros;
 use vitals_scorecard::{run, scenarios, Score, SEC};
 
@@ -22,19 +23,41 @@ struct Args {
     /// Print every transition of the first run (the audit log's reasons).
     #[arg(long)]
     log: bool,
+    /// Show the worst run of each figure instead of the median.
+    #[arg(long)]
+    worst: bool,
 }
 
 fn secs(us: Micros) -> String {
     format!("{:.1}", us as f64 / SEC as f64)
 }
 
-fn median<T: Copy + Ord>(mut v: Vec<T>) -> Option<T> {
+/// The median (or, with `--worst`, the largest) of the runs' values.
+fn pick<T: Copy + Ord>(mut v: Vec<T>) -> Option<T> {
     v.sort_unstable();
-    v.get(v.len() / 2).copied().filter(|_| !v.is_empty())
+    let i = if WORST.load(Ordering::Relaxed) {
+        v.len().saturating_sub(1)
+    } else {
+        v.len() / 2
+    };
+    v.get(i).copied()
+}
+
+static WORST: AtomicBool = AtomicBool::new(false);
+
+/// A delay over the runs; a run where it never happened counts as the slowest.
+fn delay(scores: &[Score], f: fn(&Score) -> Option<Micros>) -> String {
+    if scores.iter().all(|x| f(x).is_none()) {
+        return "—".to_owned();
+    }
+    pick(scores.iter().map(|x| f(x).unwrap_or(Micros::MAX)).collect())
+        .map(|d| if d == Micros::MAX { "never".to_owned() } else { secs(d) })
+        .unwrap_or_default()
 }
 
 fn main() {
     let args = Args::parse();
+    WORST.store(args.worst, Ordering::Relaxed);
     let all = scenarios();
     let chosen: Vec<_> = all
         .iter()
@@ -47,50 +70,46 @@ fn main() {
     }
     let runs = args.runs.max(1);
     println!(
-        "closed loop: {} endpoints, router follows the engine's weights and panic mode; {} runs per scenario (seeds {}..{}), medians",
+        "closed loop: {} endpoints, router follows the engine's weights and panic mode; {} runs per scenario (seeds {}..{}), {}",
         chosen[0].endpoints,
         runs,
         args.seed,
-        args.seed + runs - 1
+        args.seed + runs - 1,
+        if args.worst { "worst run of each figure" } else { "medians" }
     );
     println!(
-        "| scenario | detection s | false ejections | transitions | max out | failed calls | slow calls | restore s |"
+        "| scenario | detection s | out after s | false ejections | transitions | max out | failed calls | slow calls | restore s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in chosen {
         eprintln!("[scorecard] {} ({}) …", s.name, s.what);
         let scores: Vec<Score> = (0..runs).map(|k| run(s, args.seed + k)).collect();
-        let detection = if scores.iter().all(|x| x.detection.is_none()) {
-            "—".to_owned()
-        } else {
-            // A run that never detected counts as the slowest.
-            median(scores.iter().map(|x| x.detection.unwrap_or(Micros::MAX)).collect())
-                .map(|d| if d == Micros::MAX { "never".to_owned() } else { secs(d) })
-                .unwrap_or_default()
-        };
-        let restore = if scores.iter().all(|x| x.restore.is_none()) {
-            "—".to_owned()
-        } else {
-            let v: Vec<(bool, Micros)> = scores
+        let detection = delay(&scores, |x| x.detection);
+        let ejection = delay(&scores, |x| x.ejection);
+        // Never out < back after t < still out after t, so that a median or worst run means
+        // what it says.
+        let restore = pick(
+            scores
                 .iter()
                 .map(|x| match x.restore {
-                    None => (false, 0),
-                    Some(Ok(t)) => (false, t),
-                    Some(Err(t)) => (true, t),
+                    None => (0, 0),
+                    Some(Ok(t)) => (1, t),
+                    Some(Err(t)) => (2, t),
                 })
-                .collect();
-            match median(v) {
-                Some((true, t)) => format!("> {}", secs(t)),
-                Some((false, t)) => secs(t),
-                None => String::new(),
-            }
+                .collect(),
+        );
+        let restore = match restore {
+            Some((1, t)) => secs(t),
+            Some((2, t)) => format!("> {}", secs(t)),
+            _ => "—".to_owned(),
         };
-        let med = |f: fn(&Score) -> u32| median(scores.iter().map(f).collect()).unwrap_or(0);
-        let max_out = median(scores.iter().map(|x| (x.max_out * 100.0).round() as u32).collect()).unwrap_or(0);
+        let med = |f: fn(&Score) -> u32| pick(scores.iter().map(f).collect()).unwrap_or(0);
+        let max_out = pick(scores.iter().map(|x| (x.max_out * 100.0).round() as u32).collect()).unwrap_or(0);
         println!(
-            "| {} | {} | {} | {} | {} % | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} % | {} | {} | {} |",
             s.name,
             detection,
+            ejection,
             scores.iter().map(|x| x.false_ejections).sum::<u32>(),
             med(|x| x.transitions),
             max_out,

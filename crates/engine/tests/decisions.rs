@@ -1,0 +1,431 @@
+//! Scenario tests of the decisions that restore fast, follow the evidence and never eject on
+//! stale data: probe-driven readmission, jittered trials, evidence matched to the failure,
+//! peer-relative failure outliers, rate-limit cooldowns and fresh evidence after a shared outage.
+
+mod common;
+use common::*;
+use vitals_contracts::*;
+
+const EPS: [&str; 4] = ["a", "b", "c", "d"];
+
+/// Calls to every endpoint of `EPS` at `per_sec` each over [from, to), `outcome_of` deciding
+/// each (endpoint, call number) → (class, ttft ms). Returns the next id.
+fn traffic(
+    r: &mut Run,
+    from: Micros,
+    to: Micros,
+    per_sec: i64,
+    mut id: u64,
+    mut outcome_of: impl FnMut(&str, u64) -> (OutcomeClass, Option<i64>),
+) -> u64 {
+    let step = SEC / per_sec;
+    let mut t = from;
+    while t < to {
+        for ep in EPS {
+            id += 1;
+            let (class, ttft) = outcome_of(ep, id);
+            r.at(t, call("p", ep, id, class, ttft));
+        }
+        t += step;
+    }
+    id
+}
+
+fn ok(_: &str, _: u64) -> (OutcomeClass, Option<i64>) {
+    (OutcomeClass::Success, Some(250))
+}
+
+fn http(ep: &str, id: u64, outcome: OutcomeClass) -> Signal {
+    Signal::Probe(probe("p", ep, id, ProbeKind::Http, outcome))
+}
+
+fn completion(ep: &str, id: u64, ttft_ms: i64) -> Signal {
+    let mut p = probe("p", ep, id, ProbeKind::SyntheticCompletion, OutcomeClass::Success);
+    p.ttft_us = Some(ttft_ms * MS);
+    p.latency_us = ttft_ms * MS + 100 * MS;
+    Signal::Probe(p)
+}
+
+fn codes(r: &Run, ep: &str) -> Vec<String> {
+    r.changes_of(ep).iter().map(|h| h.reason_code.clone()).collect()
+}
+
+/// A five-minute outage: the probes that fail during it change nothing (no "trial failed",
+/// no doubling to 60, 120, 240 s), and the first probe that passes after it readmits.
+#[test]
+fn a_long_outage_ends_on_the_first_passing_probe_and_failed_probes_do_not_grow_the_isolation() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 10 * SEC, 5, 0, ok);
+    id = traffic(&mut r, 10 * SEC, 12 * SEC, 5, id, |ep, _| {
+        if ep == "a" {
+            (OutcomeClass::ConnectError, None)
+        } else {
+            (OutcomeClass::Success, Some(250))
+        }
+    });
+    assert_eq!(r.state_of("p", "a"), HealthState::Unhealthy);
+    let out = r.changes_of("a").len();
+    let mut t = 15 * SEC;
+    while t < 310 * SEC {
+        id += 1;
+        r.at(t, http("a", id, OutcomeClass::ConnectError));
+        t += 5 * SEC;
+    }
+    assert_eq!(r.changes_of("a").len(), out, "failed probes are not transitions");
+    let a = &r.engine.pool("p").unwrap().endpoints["a"];
+    assert_eq!(a.isolations, 1, "a continuing outage does not grow the isolation");
+    let d = r.at(312 * SEC, http("a", id + 1, OutcomeClass::Success));
+    let back = transitions(&d);
+    assert_eq!(back.len(), 1, "{back:#?}");
+    assert_eq!(
+        (back[0].to_state, back[0].reason_code.as_str(), back[0].weight),
+        (HealthState::Recovering, "readmitted", 0.1)
+    );
+    assert!(back[0].reason.contains("http probe passed"), "{}", back[0].reason);
+}
+
+/// Without probes the router's trial calls decide. A failed trial keeps the isolation's length
+/// (no doubling) and adds jitter derived from the endpoint and the attempt, so trials cannot
+/// phase-lock with a periodic fault; replaying gives the same times.
+#[test]
+fn failed_trial_calls_retry_after_the_same_isolation_with_deterministic_jitter() {
+    let run = || {
+        let mut r = Run::new();
+        for i in 0..5 {
+            r.at(i * SEC, call("solo", "a", i as u64, OutcomeClass::Timeout, None));
+        }
+        let mut gaps = Vec::new();
+        for attempt in 0..4u64 {
+            let retry = r.changes_of("a").last().unwrap().retry_at.unwrap();
+            r.tick_until(retry - T0);
+            let at = r.now - T0 + SEC;
+            let d = r.at(at, call("solo", "a", 100 + attempt, OutcomeClass::Timeout, None));
+            let h = transitions(&d)[0].clone();
+            assert_eq!(h.reason_code, "trial_failed");
+            gaps.push(h.retry_at.unwrap() - h.stream_time);
+        }
+        (gaps, r.decisions.clone())
+    };
+    let (gaps, decisions) = run();
+    for g in &gaps {
+        assert!(
+            (30 * SEC..37_500 * MS).contains(g),
+            "30 s plus at most a quarter: {gaps:?}"
+        );
+    }
+    let mut distinct = gaps.clone();
+    distinct.dedup();
+    assert!(distinct.len() > 1, "each attempt has its own jitter: {gaps:?}");
+    assert_eq!(run().1, decisions, "replay gives the same decisions");
+}
+
+/// A flapping endpoint (ejected again soon after it was readmitted) backs off: its isolation
+/// doubles, and it needs two passing probes in a row to come back.
+#[test]
+fn a_flapping_endpoint_backs_off_and_needs_two_passing_probes() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 5 * SEC, 5, 0, ok);
+    let fail_a = |ep: &str, _| {
+        if ep == "a" {
+            (OutcomeClass::ServerError, None)
+        } else {
+            (OutcomeClass::Success, Some(250))
+        }
+    };
+    id = traffic(&mut r, 5 * SEC, 6 * SEC, 5, id, fail_a);
+    assert_eq!(r.state_of("p", "a"), HealthState::Unhealthy);
+    id += 1;
+    r.at(17 * SEC, http("a", id, OutcomeClass::Success));
+    assert_eq!(r.state_of("p", "a"), HealthState::Recovering);
+    id = traffic(&mut r, 18 * SEC, 19 * SEC, 5, id, fail_a);
+    let again = *r.changes_of("a").last().unwrap();
+    assert_eq!(again.to_state, HealthState::Unhealthy);
+    assert_eq!(again.evidence.isolations, 2);
+    assert_eq!(again.retry_at, Some(again.stream_time + 60 * SEC), "{}", again.reason);
+    r.at(30 * SEC, http("a", id + 1, OutcomeClass::Success));
+    assert_eq!(r.state_of("p", "a"), HealthState::Unhealthy, "one pass is not enough");
+    r.at(35 * SEC, http("a", id + 2, OutcomeClass::Success));
+    let back = *r.changes_of("a").last().unwrap();
+    assert_eq!(
+        (back.to_state, back.reason_code.as_str()),
+        (HealthState::Recovering, "readmitted")
+    );
+    assert!(back.evidence.thresholds.contains(&"passing_evidence>=2".to_owned()));
+}
+
+/// Eject `a` for first tokens of 6 s while its peers answer in 250 ms; returns the next id.
+fn eject_for_slow_first_tokens(r: &mut Run) -> u64 {
+    let id = traffic(r, 0, 10 * SEC, 5, 0, ok);
+    let id = traffic(r, 10 * SEC, 20 * SEC, 5, id, |ep, _| {
+        (OutcomeClass::Success, Some(if ep == "a" { 6_000 } else { 250 }))
+    });
+    let out = r
+        .changes_of("a")
+        .into_iter()
+        .find(|h| h.to_state == HealthState::Unhealthy)
+        .expect("ejected for its first tokens");
+    assert!(
+        out.evidence.thresholds.iter().any(|t| t.starts_with("ttft>")),
+        "{:?}",
+        out.evidence.thresholds
+    );
+    id
+}
+
+/// An endpoint out for slow first tokens comes back on a synthetic completion only when the
+/// completion's first token is fast: a slow one is a failure, not a pass.
+#[test]
+fn a_slow_first_token_ejection_is_readmitted_by_a_fast_completion_probe_only() {
+    let mut r = Run::new();
+    let id = eject_for_slow_first_tokens(&mut r);
+    let out = r.changes_of("a").len();
+    r.at(40 * SEC, completion("a", id + 1, 6_000));
+    assert_eq!(r.changes_of("a").len(), out, "a slow completion readmits nothing");
+    r.at(45 * SEC, completion("a", id + 2, 300));
+    let back = *r.changes_of("a").last().unwrap();
+    assert_eq!(
+        (back.to_state, back.reason_code.as_str()),
+        (HealthState::Recovering, "readmitted")
+    );
+    assert!(!back.reason.contains("canary"), "{}", back.reason);
+}
+
+/// A health-route probe cannot see first tokens: it readmits a TTFT ejection only as a canary
+/// at the slow-start weight, and the first real calls decide. A slow one sends it straight back
+/// out; fast ones (not probes) complete the recovery.
+#[test]
+fn a_health_probe_readmits_a_slow_first_token_ejection_only_as_a_canary() {
+    let mut r = Run::new();
+    let mut id = eject_for_slow_first_tokens(&mut r);
+    id += 1;
+    r.at(40 * SEC, http("a", id, OutcomeClass::Success));
+    let canary = *r.changes_of("a").last().unwrap();
+    assert_eq!(canary.to_state, HealthState::Recovering);
+    assert!(canary.reason.contains("canary"), "{}", canary.reason);
+    assert_eq!(canary.weight, 0.1);
+    // A slow real call begun after the readmission: out again.
+    id += 1;
+    r.at(47 * SEC, call("p", "a", id, OutcomeClass::Success, Some(6_000)));
+    let again = *r.changes_of("a").last().unwrap();
+    assert_eq!(
+        (again.to_state, again.reason_code.as_str()),
+        (HealthState::Unhealthy, "failed_while_recovering")
+    );
+    assert!(again.reason.contains("first token after 6000 ms"), "{}", again.reason);
+    // Flapping now: two passes, then canary again; probes alone do not finish the recovery.
+    for k in 0..2 {
+        id += 1;
+        r.at((60 + 5 * k) * SEC, http("a", id, OutcomeClass::Success));
+    }
+    assert_eq!(r.state_of("p", "a"), HealthState::Recovering);
+    let readmitted = r.now - T0;
+    let mut t = readmitted;
+    while t < readmitted + 40 * SEC {
+        t += SEC;
+        id += 1;
+        r.at(t, http("a", id, OutcomeClass::Success));
+    }
+    assert_eq!(
+        r.state_of("p", "a"),
+        HealthState::Recovering,
+        "probes cannot finish a canary"
+    );
+    for _ in 0..3 {
+        t += SEC;
+        id += 1;
+        r.at(t, call("p", "a", id, OutcomeClass::Success, Some(250)));
+    }
+    assert_eq!(r.state_of("p", "a"), HealthState::Healthy);
+}
+
+/// A call that began before the endpoint was readmitted says nothing about it now: a slow call
+/// started during the fault and finishing after the readmission does not eject it again.
+#[test]
+fn a_call_begun_before_the_readmission_does_not_count_against_it() {
+    let mut r = Run::new();
+    let mut id = eject_for_slow_first_tokens(&mut r);
+    id += 1;
+    r.at(45 * SEC, completion("a", id, 300));
+    assert_eq!(r.state_of("p", "a"), HealthState::Recovering);
+    // Began at 41 s (6 s to its first token, 50 ms more), reported at 47.05 s.
+    r.at(
+        47 * SEC + 50 * MS,
+        call("p", "a", id + 1, OutcomeClass::Success, Some(6_000)),
+    );
+    assert_eq!(r.state_of("p", "a"), HealthState::Recovering);
+    r.at(53 * SEC, call("p", "a", id + 2, OutcomeClass::Success, Some(6_000)));
+    assert_eq!(
+        r.state_of("p", "a"),
+        HealthState::Unhealthy,
+        "one begun at 46.95 s counts"
+    );
+}
+
+/// The seed's 15 % dropped connections, now with three clean peers: the failure rate is far
+/// below 80 %, but far above the peers' (Wilson bounds), and the endpoint is out within 10 s.
+#[test]
+fn fifteen_percent_drops_with_clean_peers_are_ejected_within_ten_seconds() {
+    let mut r = Run::new();
+    let id = traffic(&mut r, 0, 30 * SEC, 5, 0, ok);
+    let mut rng: u64 = 0x5eed;
+    traffic(&mut r, 30 * SEC, 60 * SEC, 5, id, |ep, _| {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if ep == "a" && (rng >> 33) % 100 < 15 {
+            (OutcomeClass::ConnectionDropped, None)
+        } else {
+            (OutcomeClass::Success, Some(250))
+        }
+    });
+    let out = r
+        .changes_of("a")
+        .into_iter()
+        .find(|h| h.to_state == HealthState::Unhealthy)
+        .expect("ejected");
+    assert!(
+        out.stream_time - T0 <= 40 * SEC,
+        "out {} s after the drops began",
+        (out.stream_time - T0 - 30 * SEC) / SEC
+    );
+    assert!(out.reason.contains("peers"), "{}", out.reason);
+    assert!(out.evidence.failure_rate < 0.5);
+    for ep in ["b", "c", "d"] {
+        assert!(r.changes_of(ep).is_empty(), "{ep}: {:?}", r.path_of(ep));
+    }
+}
+
+/// 1 % of calls failing at random everywhere is noise: nothing is ejected or made suspect.
+#[test]
+fn one_percent_noise_in_a_pool_of_four_changes_nothing() {
+    let mut r = Run::new();
+    let mut rng: u64 = 7;
+    traffic(&mut r, 0, 600 * SEC, 5, 0, |_, _| {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if (rng >> 33) % 1000 < 10 {
+            (OutcomeClass::ServerError, None)
+        } else {
+            (OutcomeClass::Success, Some(250))
+        }
+    });
+    for ep in EPS {
+        assert!(r.changes_of(ep).is_empty(), "{ep}: {:?}", codes(&r, ep));
+    }
+}
+
+/// Two failures in a row among many successes (3 %) used to make an endpoint suspect and clear
+/// it three calls later, over and over: isolated failures now leave the audit log alone.
+#[test]
+fn isolated_failures_do_not_make_an_endpoint_suspect() {
+    let mut r = Run::new();
+    for i in 0..600u64 {
+        let outcome = if i % 60 >= 58 {
+            OutcomeClass::ConnectionDropped
+        } else {
+            OutcomeClass::Success
+        };
+        r.at(i as i64 * 200 * MS, call("solo", "a", i, outcome, Some(250)));
+    }
+    assert!(
+        r.path_of("a").is_empty(),
+        "{:?}",
+        r.changes_of("a")
+            .iter()
+            .map(|h| (h.stream_time - T0, &h.reason))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// 429s are the upstream asking for less traffic: a cooldown of its Retry-After, no isolation
+/// backoff, and never an outage — with every endpoint rate limited, at most max-ejection of
+/// them cool down, the rest keep serving, and the pool neither suspects a shared outage nor
+/// panics.
+#[test]
+fn rate_limiting_cools_down_for_retry_after_without_backoff_or_outage() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 10 * SEC, 5, 0, ok);
+    let limited = |r: &mut Run, at: Micros, ep: &str, id: u64| {
+        let Signal::Call(mut c) = call("p", ep, id, OutcomeClass::RateLimited, None) else {
+            unreachable!()
+        };
+        c.retry_after_ms = Some(7_000);
+        r.at(at, Signal::Call(c))
+    };
+    for k in 0..3 {
+        for ep in EPS {
+            id += 1;
+            limited(&mut r, 10 * SEC + k * 100 * MS, ep, id);
+        }
+    }
+    let pool = r.engine.pool("p").unwrap();
+    assert_eq!(pool.count(HealthState::Unhealthy), 2, "max-ejection holds");
+    let a = (*r.changes_of("a").last().unwrap()).clone();
+    assert_eq!(
+        (a.to_state, a.reason_code.as_str()),
+        (HealthState::Unhealthy, "cooldown")
+    );
+    assert_eq!(a.retry_at, Some(a.stream_time + 7 * SEC), "{}", a.reason);
+    assert!(a.reason.contains("Retry-After"), "{}", a.reason);
+    assert_eq!(a.evidence.rate_limited, 3);
+    for ep in ["c", "d"] {
+        assert!(r.changes_of(ep).is_empty(), "{ep} keeps serving: {:?}", codes(&r, ep));
+    }
+    assert!(
+        pool_events(&r.decisions)
+            .iter()
+            .all(|e| !e.correlated_outage && !e.panic),
+        "{:#?}",
+        pool_events(&r.decisions)
+    );
+    r.tick_until(18 * SEC);
+    let over = *r.changes_of("a").last().unwrap();
+    assert_eq!(
+        (over.to_state, over.reason_code.as_str()),
+        (HealthState::Recovering, "cooldown_over")
+    );
+    assert_eq!(over.stream_time, a.stream_time + 7 * SEC);
+    // A second storm: the same cooldown again, not a doubled one.
+    for k in 0..3 {
+        id += 1;
+        limited(&mut r, 20 * SEC + k * 100 * MS, "a", id);
+    }
+    let second = *r.changes_of("a").last().unwrap();
+    assert_eq!(second.reason_code, "cooldown");
+    assert_eq!(second.retry_at, Some(second.stream_time + 7 * SEC));
+    assert_eq!(r.engine.pool("p").unwrap().endpoints["a"].isolations, 0);
+}
+
+/// Every endpoint fails for 30 s: half are ejected, half kept serving. When the outage ends,
+/// the ones kept serving are judged on the calls after it — none is ejected on the outage's
+/// window — and the ejected ones come back on their first passing evidence.
+#[test]
+fn after_a_shared_outage_endpoints_kept_serving_are_judged_on_fresh_calls() {
+    let mut r = Run::new();
+    let id = traffic(&mut r, 0, 10 * SEC, 5, 0, ok);
+    let id = traffic(&mut r, 10 * SEC, 40 * SEC, 5, id, |_, _| {
+        (OutcomeClass::ServerError, None)
+    });
+    let pool = r.engine.pool("p").unwrap();
+    assert_eq!(pool.count(HealthState::Unhealthy), 2);
+    assert!(pool.correlated_outage);
+    let before = r.decisions.len();
+    let mut id = traffic(&mut r, 40 * SEC, 41 * SEC, 5, id, ok);
+    for ep in EPS {
+        id += 1;
+        r.at(42 * SEC, http(ep, id, OutcomeClass::Success));
+    }
+    traffic(&mut r, 42 * SEC, 80 * SEC, 5, id, ok);
+    let after: Vec<&HealthChanged> = transitions(&r.decisions[before..]);
+    assert!(
+        after.iter().all(|h| h.to_state != HealthState::Unhealthy),
+        "no ejection after the outage: {:#?}",
+        after.iter().map(|h| (&h.endpoint, &h.reason)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        after.iter().filter(|h| h.reason_code == "outage_over").count(),
+        2,
+        "{:#?}",
+        after.iter().map(|h| (&h.endpoint, &h.reason_code)).collect::<Vec<_>>()
+    );
+    let pool = r.engine.pool("p").unwrap();
+    assert_eq!(pool.count(HealthState::Healthy), 4);
+    assert!(!pool.correlated_outage);
+}

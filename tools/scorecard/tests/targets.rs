@@ -1,0 +1,88 @@
+//! The decision targets, held on the closed-loop scorecard (simulated time: deterministic, not a
+//! timed test). Medians over five seeds; false ejections over every run.
+
+use vitals_contracts::Micros;
+use vitals_scorecard::{run, scenarios, Score, SEC};
+
+const SEEDS: u64 = 5;
+
+fn runs(name: &str) -> Vec<Score> {
+    let s = scenarios()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("scenario exists");
+    (1..=SEEDS).map(|seed| run(&s, seed)).collect()
+}
+
+fn median(mut v: Vec<Micros>) -> Micros {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn delay(scores: &[Score], f: fn(&Score) -> Option<Micros>) -> Micros {
+    median(scores.iter().map(|s| f(s).unwrap_or(Micros::MAX)).collect())
+}
+
+fn restore(scores: &[Score]) -> Micros {
+    median(
+        scores
+            .iter()
+            .map(|s| match s.restore {
+                Some(Ok(t)) => t,
+                _ => Micros::MAX,
+            })
+            .collect(),
+    )
+}
+
+fn false_ejections(scores: &[Score]) -> u32 {
+    scores.iter().map(|s| s.false_ejections).sum()
+}
+
+#[test]
+fn hard_down_is_detected_within_two_seconds_and_restored_within_a_probe_interval() {
+    let s = runs("hard-down");
+    assert!(delay(&s, |x| x.detection) <= 2 * SEC, "{s:#?}");
+    assert!(restore(&s) <= 6 * SEC, "{s:#?}");
+    let s = runs("recovery");
+    assert!(restore(&s) <= 6 * SEC, "after five minutes down: {s:#?}");
+}
+
+#[test]
+fn slow_first_tokens_are_detected_within_ten_seconds() {
+    for name in ["slow-ttft", "slow-ttft-completion-probes"] {
+        let s = runs(name);
+        assert!(delay(&s, |x| x.detection) <= 10 * SEC, "{name}: {s:#?}");
+        assert!(delay(&s, |x| x.ejection) <= 10 * SEC, "{name}: {s:#?}");
+    }
+}
+
+#[test]
+fn fifteen_percent_drops_are_out_within_ten_seconds() {
+    let s = runs("drops-15pct");
+    assert!(delay(&s, |x| x.ejection) <= 10 * SEC, "{s:#?}");
+}
+
+#[test]
+fn noise_client_errors_and_a_shared_outage_eject_nothing_falsely() {
+    for name in ["noise-1pct", "4xx-storm", "shared-outage"] {
+        let s = runs(name);
+        assert_eq!(false_ejections(&s), 0, "{name}: {s:#?}");
+    }
+    let s = runs("shared-outage");
+    assert!(restore(&s) <= 6 * SEC, "{s:#?}");
+    assert!(s.iter().all(|x| x.max_out <= 0.5), "max-ejection holds: {s:#?}");
+}
+
+#[test]
+fn a_periodic_fault_costs_at_most_fifty_calls_and_restores_within_ten_seconds() {
+    let s = runs("periodic");
+    assert!(s.iter().all(|x| x.failed <= 50), "{s:#?}");
+    assert!(restore(&s) <= 10 * SEC, "{s:#?}");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_scorecard() {
+    let s = scenarios().into_iter().find(|s| s.name == "periodic").unwrap();
+    assert_eq!(run(&s, 9), run(&s, 9));
+}
