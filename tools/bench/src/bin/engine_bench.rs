@@ -41,13 +41,17 @@ fn main() {
     let mut engine = Engine::new(Policy::default());
     let mut out: Vec<Decision> = Vec::with_capacity(1024);
     let (mut transitions, mut pool_events) = (0u64, 0u64);
+    let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
     let cpu0 = cpu_seconds();
     let wall0 = std::time::Instant::now();
     for (i, (t, s)) in input.iter().enumerate() {
         engine.apply(*t, s, &mut out);
         for d in out.drain(..) {
             match d {
-                Decision::Endpoint(_) => transitions += 1,
+                Decision::Endpoint(h) => {
+                    transitions += 1;
+                    *codes.entry(h.reason_code).or_default() += 1;
+                }
                 Decision::Pool(_) => pool_events += 1,
             }
         }
@@ -74,6 +78,8 @@ fn main() {
     );
     println!("  per signal          {:.0} ns", cpu * 1e9 / input.len() as f64);
     println!("  decisions           {transitions} transitions, {pool_events} pool events");
+    let by_code: Vec<String> = codes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+    println!("  by reason           {}", by_code.join(", "));
     println!(
         "  engine heap         {} bytes = {:.0} bytes per endpoint",
         state_bytes,
