@@ -415,9 +415,11 @@ fn records_of_the_previous_versions_decode_with_the_new_fields_defaulted() {
     assert_eq!(decode_signal(&bytes).unwrap(), Signal::Call(c));
 
     let v1 = Schema::parse_str(include_str!("../../../schemas/policy_change.v1.avsc")).unwrap();
-    let mut policy = Policy::default();
-    policy.version = 4;
-    policy.min_volume = 20;
+    let policy = Policy {
+        version: 4,
+        min_volume: 20,
+        ..Policy::default()
+    };
     let change = PolicyChange {
         change_id: "pc-1".into(),
         pool: "p".into(),
