@@ -93,11 +93,14 @@ pub struct Tracker {
     pub consecutive_hard: u32,
     /// Ids of the current run of failures, newest last, at most [`MAX_TRIGGERS`].
     pub failure_ids: Vec<String>,
-    /// How many isolations in a row (k of the 30 s × 2^k backoff).
+    /// Isolations in a row, each ejected soon after a readmission (k + 1 of the 30 s × 2^k
+    /// backoff); 1 for a first ejection.
     pub isolations: u32,
+    /// When the current (or last) ejection began: the minimum isolation counts from here.
     pub last_isolated_at: Option<Micros>,
+    /// When the router's trial call is due (`retry_at`), or a cooldown ends.
     pub isolated_until: Option<Micros>,
-    /// The isolation has expired; the next outcome is the trial.
+    /// The isolation has expired: the next call is the router's trial.
     pub trial_open: bool,
     pub ramp_until: Option<Micros>,
     ttft_us: [u32; TTFT_SAMPLES],
