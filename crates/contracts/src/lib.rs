@@ -22,7 +22,7 @@ pub mod view;
 
 pub use codec::{decode, decode_signal, encode, encode_signal, CodecError, Record, SchemaKind};
 pub use types::*;
-pub use validate::{validate_signal, ValidationError};
+pub use validate::{validate_name, validate_signal, ValidationError};
 
 /// Kafka topic names (BRIEF.md, "Contracts"). Their record keys are described in [`keys`].
 pub mod topics {

@@ -36,7 +36,8 @@ fn bad(field: &'static str, message: impl Into<String>) -> ValidationError {
     }
 }
 
-fn name(field: &'static str, v: &str) -> Result<(), ValidationError> {
+/// A name (pool, endpoint, id): not blank, at most [`MAX_NAME_LEN`] bytes, no control characters.
+pub fn validate_name(field: &'static str, v: &str) -> Result<(), ValidationError> {
     if v.trim().is_empty() {
         return Err(bad(field, "must not be empty"));
     }
@@ -88,10 +89,10 @@ fn timestamp(field: &'static str, t: Micros, reference: Option<Micros>) -> Resul
 pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(), ValidationError> {
     match signal {
         Signal::Call(c) => {
-            name("event_id", &c.event_id)?;
-            name("pool", &c.pool)?;
-            name("endpoint", &c.endpoint)?;
-            name("gateway", &c.gateway)?;
+            validate_name("event_id", &c.event_id)?;
+            validate_name("pool", &c.pool)?;
+            validate_name("endpoint", &c.endpoint)?;
+            validate_name("gateway", &c.gateway)?;
             timestamp("occurred_at", c.occurred_at, reference)?;
             status(c.http_status)?;
             duration("latency_us", c.latency_us)?;
@@ -118,7 +119,7 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
                 }
             }
             if let Some(m) = &c.model {
-                name("model", m)?;
+                validate_name("model", m)?;
             }
             if let Some(r) = c.retry_after_ms {
                 if !(0..=MAX_POLICY_SPAN_MS).contains(&r) {
@@ -130,10 +131,10 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
             }
         }
         Signal::Probe(p) => {
-            name("probe_id", &p.probe_id)?;
-            name("pool", &p.pool)?;
-            name("endpoint", &p.endpoint)?;
-            name("prober", &p.prober)?;
+            validate_name("probe_id", &p.probe_id)?;
+            validate_name("pool", &p.pool)?;
+            validate_name("endpoint", &p.endpoint)?;
+            validate_name("prober", &p.prober)?;
             timestamp("occurred_at", p.occurred_at, reference)?;
             status(p.http_status)?;
             duration("latency_us", p.latency_us)?;
@@ -150,28 +151,28 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
                 ));
             }
             for d in &p.dependencies {
-                name("dependencies.name", &d.name)?;
+                validate_name("dependencies.name", &d.name)?;
             }
             if p.detail.len() > MAX_DETAIL_LEN {
                 return Err(bad("detail", format!("longer than {MAX_DETAIL_LEN} bytes")));
             }
         }
         Signal::Tick(t) => {
-            name("ticker", &t.ticker)?;
+            validate_name("ticker", &t.ticker)?;
             timestamp("emitted_at", t.emitted_at, None)?;
         }
         Signal::Override(o) => {
-            name("override_id", &o.override_id)?;
-            name("pool", &o.pool)?;
-            name("endpoint", &o.endpoint)?;
-            name("actor", &o.actor)?;
-            name("reason", &o.reason)?;
+            validate_name("override_id", &o.override_id)?;
+            validate_name("pool", &o.pool)?;
+            validate_name("endpoint", &o.endpoint)?;
+            validate_name("actor", &o.actor)?;
+            validate_name("reason", &o.reason)?;
             timestamp("issued_at", o.issued_at, reference)?;
         }
         Signal::Policy(p) => {
-            name("change_id", &p.change_id)?;
-            name("pool", &p.pool)?;
-            name("actor", &p.actor)?;
+            validate_name("change_id", &p.change_id)?;
+            validate_name("pool", &p.pool)?;
+            validate_name("actor", &p.actor)?;
             timestamp("issued_at", p.issued_at, reference)?;
             validate_policy(&p.policy)?;
         }
