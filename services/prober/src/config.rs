@@ -350,6 +350,15 @@ address = "127.0.0.1:9101"
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        let t = parse(include_str!("../../../deploy/prober/targets.toml")).unwrap();
+        assert_eq!(t.len(), 4);
+        assert!(t
+            .iter()
+            .any(|t| t.kind == Kind::Completion && t.daily_token_budget == Some(200_000)));
+    }
+
+    #[test]
     fn errors_name_the_line_and_the_field() {
         let cases = [
             (

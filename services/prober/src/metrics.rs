@@ -28,7 +28,9 @@ impl Default for Metrics {
             "Probes run, by kind and outcome class.",
             probes.clone(),
         );
-        let lateness = m::histogram(&[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0]);
+        let lateness = m::histogram(&[
+            0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.5, 1.0,
+        ]);
         r.register(
             "vitals_prober_start_lateness_seconds",
             "Time between a probe's scheduled start and its start.",

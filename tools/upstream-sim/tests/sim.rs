@@ -427,4 +427,6 @@ fn a_configuration_error_names_the_line_and_the_field() {
     )
     .unwrap();
     assert_eq!(ok.endpoints[0].behaviour.ttft_ms, 900);
+    let shipped = SimConfig::from_toml(include_str!("../../../deploy/upstream-sim/sim.toml")).unwrap();
+    assert_eq!(shipped.endpoints.len(), 2);
 }
