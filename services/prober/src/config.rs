@@ -29,6 +29,9 @@ pub struct Defaults {
     pub interval_ms: u64,
     /// Interval while the endpoint is suspect, unhealthy or recovering (adaptive cadence).
     pub fast_interval_ms: u64,
+    /// Interval while the endpoint is healthy and gateway calls reach it (its calls are
+    /// evidence already); 0: three times `interval_ms`.
+    pub traffic_interval_ms: u64,
     pub timeout_ms: u64,
 }
 
@@ -37,6 +40,7 @@ impl Default for Defaults {
         Defaults {
             interval_ms: 5_000,
             fast_interval_ms: 1_000,
+            traffic_interval_ms: 0,
             timeout_ms: 2_000,
         }
     }
@@ -72,6 +76,7 @@ pub struct TargetSpec {
     pub fresh_connection: bool,
     pub interval_ms: Option<u64>,
     pub fast_interval_ms: Option<u64>,
+    pub traffic_interval_ms: Option<u64>,
     pub timeout_ms: Option<u64>,
     /// `completion`: the model to ask, the tokens to ask for (reasoning models fail with 1), and
     /// the tokens a day this target may spend.
@@ -112,6 +117,7 @@ pub struct Target {
     pub fresh_connection: bool,
     pub interval: Duration,
     pub fast_interval: Duration,
+    pub traffic_interval: Duration,
     pub timeout: Duration,
     pub model: String,
     pub max_tokens: u32,
@@ -143,6 +149,7 @@ impl Target {
             && self.fresh_connection == other.fresh_connection
             && self.interval == other.interval
             && self.fast_interval == other.fast_interval
+            && self.traffic_interval == other.traffic_interval
             && self.timeout == other.timeout
             && self.model == other.model
             && self.max_tokens == other.max_tokens
@@ -213,6 +220,16 @@ pub fn parse(text: &str) -> Result<Vec<Target>, ConfigError> {
         let interval = spec.interval_ms.unwrap_or(d.interval_ms);
         let fast = spec.fast_interval_ms.unwrap_or(d.fast_interval_ms).min(interval);
         let timeout = spec.timeout_ms.unwrap_or(d.timeout_ms);
+        let traffic = match spec.traffic_interval_ms.unwrap_or(d.traffic_interval_ms) {
+            0 => interval.saturating_mul(3).min(3_600_000),
+            t => t,
+        };
+        if traffic < interval || traffic > 3_600_000 {
+            return Err(err(
+                "traffic_interval_ms",
+                format!("{traffic} ms must be within interval_ms ({interval} ms)..=3600000"),
+            ));
+        }
         if !(100..=3_600_000).contains(&interval) {
             return Err(err("interval_ms", format!("{interval} ms is not within 100..=3600000")));
         }
@@ -303,6 +320,7 @@ pub fn parse(text: &str) -> Result<Vec<Target>, ConfigError> {
             fresh_connection: spec.fresh_connection,
             interval: Duration::from_millis(interval),
             fast_interval: Duration::from_millis(fast),
+            traffic_interval: Duration::from_millis(traffic),
             timeout: Duration::from_millis(timeout),
             model: spec.model.clone().unwrap_or_default(),
             max_tokens: spec.max_tokens,
@@ -344,6 +362,7 @@ address = "127.0.0.1:9101"
         assert_eq!(t.len(), 2);
         assert_eq!(t[0].interval, Duration::from_millis(2000));
         assert_eq!(t[0].fast_interval, Duration::from_millis(1000));
+        assert_eq!(t[0].traffic_interval, Duration::from_millis(6000));
         assert_eq!(t[0].method, "GET");
         assert!(t[0].status_passes(204) && !t[0].status_passes(301));
         assert_eq!(t[1].address, "127.0.0.1:9101");

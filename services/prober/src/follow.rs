@@ -1,5 +1,6 @@
-//! The health view from the compacted state topic: every partition read from its beginning (the
-//! latest state of every endpoint), then followed. No consumer group: every instance reads all.
+//! The health view from Kafka, with no consumer group (every instance reads everything): the
+//! compacted state topic from its beginning (the latest state of every endpoint), then followed;
+//! and the call outcomes on the signals topic from its end.
 
 use crate::metrics::Metrics;
 use crate::view::HealthView;
@@ -8,7 +9,71 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use vitals_contracts::{decode, EndpointState};
+use vitals_contracts::codec::peek_kind;
+use vitals_contracts::{decode, decode_signal, EndpointState, SchemaKind, Signal};
+
+/// Assign every partition of `topic` at `from`; false if the topic has none (yet).
+fn assign_all(consumer: &BaseConsumer, topic: &str, from: Offset) -> bool {
+    match consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
+        Ok(md) => {
+            let mut tpl = TopicPartitionList::new();
+            for t in md.topics().iter().filter(|t| t.name() == topic) {
+                for p in t.partitions() {
+                    let _ = tpl.add_partition_offset(topic, p.id(), from);
+                }
+            }
+            tpl.count() > 0 && consumer.assign(&tpl).is_ok()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, topic = %topic, "metadata");
+            false
+        }
+    }
+}
+
+/// Follow the gateways' call outcomes on the signals topic (from its end): which endpoints carry
+/// traffic, and which get first-token times from it. Probe results (ours) are skipped by their
+/// schema fingerprint before any decoding.
+pub fn follow_traffic(
+    config: ClientConfig,
+    topic: String,
+    view: Arc<HealthView>,
+    cancel: CancellationToken,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let consumer: BaseConsumer = match config.create() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create the traffic consumer");
+                return;
+            }
+        };
+        let mut assigned = false;
+        while !cancel.is_cancelled() {
+            if !assigned {
+                assigned = assign_all(&consumer, &topic, Offset::End);
+                if !assigned {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                continue;
+            }
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    let Some(p) = m.payload() else { continue };
+                    if peek_kind(p) != Ok(SchemaKind::CallOutcome) {
+                        continue;
+                    }
+                    if let Ok(Signal::Call(c)) = decode_signal(p) {
+                        let with_ttft = c.ttft_us.is_some() && c.outcome == vitals_contracts::OutcomeClass::Success;
+                        view.saw_call(&c.pool, &c.endpoint, with_ttft);
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "traffic consumer"),
+                None => {}
+            }
+        }
+    })
+}
 
 pub fn follow(
     config: ClientConfig,
@@ -28,24 +93,9 @@ pub fn follow(
         let mut assigned = false;
         while !cancel.is_cancelled() {
             if !assigned {
-                match consumer.fetch_metadata(Some(&topic), Duration::from_secs(5)) {
-                    Ok(md) => {
-                        let mut tpl = TopicPartitionList::new();
-                        for t in md.topics().iter().filter(|t| t.name() == topic) {
-                            for p in t.partitions() {
-                                let _ = tpl.add_partition_offset(&topic, p.id(), Offset::Beginning);
-                            }
-                        }
-                        if tpl.count() > 0 && consumer.assign(&tpl).is_ok() {
-                            assigned = true;
-                        } else {
-                            std::thread::sleep(Duration::from_millis(500));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, topic = %topic, "state topic metadata");
-                        std::thread::sleep(Duration::from_millis(500));
-                    }
+                assigned = assign_all(&consumer, &topic, Offset::Beginning);
+                if !assigned {
+                    std::thread::sleep(Duration::from_millis(500));
                 }
                 continue;
             }

@@ -11,6 +11,7 @@ pub struct Metrics {
     pub configured_targets: Gauge,
     pub fast_endpoints: Gauge,
     pub budget_skipped: Counter,
+    pub covered_skipped: Counter,
     pub budget_left: Gauge,
     pub reloads: Family<Labels, Counter>,
     pub heartbeats: Counter,
@@ -67,6 +68,11 @@ impl Default for Metrics {
             "vitals_prober_budget_skipped",
             "Synthetic completions skipped because their target's daily token budget was spent.",
         );
+        let covered_skipped = counter(
+            &mut r,
+            "vitals_prober_covered_skipped",
+            "Synthetic completions skipped because recent gateway calls brought first-token times.",
+        );
         let budget_left = gauge(
             &mut r,
             "vitals_prober_budget_tokens_left",
@@ -93,6 +99,7 @@ impl Default for Metrics {
             configured_targets,
             fast_endpoints,
             budget_skipped,
+            covered_skipped,
             budget_left,
             reloads,
             heartbeats,

@@ -1,6 +1,8 @@
 //! The schedule: one task per owned target, probing at its interval (its fast interval while the
-//! endpoint is suspect, unhealthy or recovering), first probes spread over the interval, never
-//! two probes of one target in flight, a completion's tokens within the target's daily budget.
+//! endpoint is suspect, unhealthy or recovering; its traffic interval while it is healthy and
+//! carries gateway calls), first probes spread over the interval, never two probes of one target
+//! in flight, a completion's tokens within the target's daily budget, and no synthetic
+//! completion while real calls bring first-token times.
 
 use crate::config::{Kind, Target};
 use crate::metrics::Metrics;
@@ -156,6 +158,11 @@ pub fn result(ctx: &Context, t: &Target, o: &Observation, at: Micros, interval: 
 
 async fn probe_once(ctx: &Context, t: &Target, interval: Duration) {
     let at = now_us();
+    if t.kind == Kind::Completion && ctx.view.ttft_covered(&t.pool, &t.endpoint, interval) {
+        // Real calls bring first-token times already: no need to pay for a synthetic one.
+        ctx.metrics.covered_skipped.inc();
+        return;
+    }
     if t.kind == Kind::Completion && !ctx.may_spend(t, at) {
         ctx.metrics.budget_skipped.inc();
         return;
@@ -185,7 +192,15 @@ async fn run_target(t: Target, ctx: Arc<Context>, cancel: CancellationToken, pre
         let _ = p.await;
     }
     let mut fast = ctx.view.fast(&t.pool, &t.endpoint);
-    let interval_now = |fast: bool| if fast { t.fast_interval } else { t.interval };
+    let interval_now = |fast: bool| {
+        if fast {
+            t.fast_interval
+        } else if ctx.view.carries_traffic(&t.pool, &t.endpoint, t.interval) {
+            t.traffic_interval
+        } else {
+            t.interval
+        }
+    };
     let mut next = Instant::now() + offset(&t.id, interval_now(*fast.borrow()));
     let mut last_start: Option<Instant> = None;
     let mut seq = 0u64;

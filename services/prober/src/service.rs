@@ -54,6 +54,11 @@ pub struct Config {
     /// How often the targets file is looked at for changes.
     #[arg(long, env = "VITALS_PROBER_RELOAD_POLL_MS", default_value_t = 1000)]
     pub reload_poll_ms: u64,
+    /// Follow the gateways' calls on the signals topic: healthy endpoints that carry traffic are
+    /// probed at their traffic interval, and synthetic completions are skipped while real calls
+    /// bring first-token times.
+    #[arg(long, env = "VITALS_PROBER_FOLLOW_TRAFFIC", default_value_t = true, action = clap::ArgAction::Set)]
+    pub follow_traffic: bool,
     /// Time for probes in flight to finish at shutdown.
     #[arg(long, env = "VITALS_PROBER_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
@@ -193,6 +198,14 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         stop_threads.clone(),
     );
 
+    let traffic_thread = cfg.follow_traffic.then(|| {
+        crate::follow::follow_traffic(
+            vitals_runtime::kafka::consumer(&cfg.kafka, &view_group, &[]),
+            cfg.signals_topic.clone(),
+            view.clone(),
+            stop_threads.clone(),
+        )
+    });
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
         .await
         .with_context(|| format!("binding {}", cfg.http_addr))?;
@@ -240,6 +253,9 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let _ = tokio::task::spawn_blocking(move || {
         let _ = shard_thread.join();
         let _ = view_thread.join();
+        if let Some(t) = traffic_thread {
+            let _ = t.join();
+        }
     })
     .await;
     reload.abort();

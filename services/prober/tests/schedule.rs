@@ -226,3 +226,46 @@ async fn completions_stop_when_the_daily_token_budget_is_spent() {
     r.scheduler.stop().await;
     r.sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_healthy_endpoint_with_gateway_traffic_is_probed_slower_and_its_completions_are_covered() {
+    let mut r = rig(Behaviour {
+        ttft_ms: 5,
+        tokens: 1,
+        ..Behaviour::default()
+    })
+    .await;
+    let addr = r.sim.addr("e0").unwrap();
+    let t = parse(&format!(
+        "[defaults]\ninterval_ms = 300\nfast_interval_ms = 300\ntraffic_interval_ms = 1500\ntimeout_ms = 200\n\
+         [[target]]\nid = \"h\"\npool = \"p\"\nendpoint = \"busy\"\nkind = \"http\"\nurl = \"http://{addr}/health\"\n\
+         [[target]]\nid = \"c\"\npool = \"p\"\nendpoint = \"busy\"\nkind = \"completion\"\nurl = \"http://{addr}/v1/chat/completions\"\nmodel = \"m\"\n"
+    ))
+    .unwrap();
+    // Gateway calls with first-token times every 50 ms, for 3 s.
+    let view = r.view.clone();
+    let feeder = tokio::spawn(async move {
+        for _ in 0..60 {
+            view.saw_call("p", "busy", true);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    r.scheduler.reconcile(&t, |_| true);
+    let busy = collect(&mut r.rx, Duration::from_millis(2_500)).await;
+    let health = busy.iter().filter(|p| p.probe_id.contains("/h/")).count();
+    let completions = busy.iter().filter(|p| p.probe_id.contains("/c/")).count();
+    assert!(
+        health <= 3,
+        "{health} health probes in 2.5 s at the 1.5 s traffic interval"
+    );
+    assert_eq!(completions, 0, "real calls bring first tokens: no synthetic completion");
+    assert!(r.metrics.covered_skipped.get() >= 1);
+    feeder.await.unwrap();
+    // The calls stop: completions come back at the plain interval.
+    let idle = collect(&mut r.rx, Duration::from_millis(2_500)).await;
+    let completions = idle.iter().filter(|p| p.probe_id.contains("/c/")).count();
+    assert!(completions >= 3, "{completions} completions after the traffic stopped");
+    r.scheduler.stop().await;
+    r.sim.shutdown().await;
+}

@@ -245,6 +245,82 @@ async fn configuration_errors_reloads_and_heartbeats() {
     sim.shutdown().await;
 }
 
+/// The gateways' calls on the signals topic reach the prober: while they bring first-token
+/// times for an endpoint, its synthetic completions are skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_calls_on_the_signals_topic_cover_synthetic_completions() {
+    let sim = sim(1).await;
+    let topics = Topics::create(&unique("traffic"), 1, Stamp::LogAppendTime).await;
+    let config = temp("traffic");
+    let addr = sim.addr("e0").unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[[target]]\nid = \"c\"\npool = \"p\"\nendpoint = \"busy\"\nkind = \"completion\"\nurl = \"http://{addr}/v1/chat/completions\"\nmodel = \"m\"\ninterval_ms = 300\nfast_interval_ms = 300\ntimeout_ms = 250\n"
+        ),
+    )
+    .unwrap();
+    let seen = follow(&topics.signals);
+    let p = start_prober(&config, "t", &topics, &unique("shards"));
+    ready(&p).await;
+    let s = seen.clone();
+    wait_until("completions before any traffic", Duration::from_secs(20), || {
+        let n = s.lock().unwrap().len();
+        async move { n >= 2 }
+    })
+    .await;
+    let producer = vitals_testkit::producer();
+    let mut quiet_from = None;
+    for i in 0..40 {
+        let call = Signal::Call(vitals_contracts::CallOutcome {
+            event_id: format!("call-{i}"),
+            pool: "p".into(),
+            endpoint: "busy".into(),
+            gateway: "gw".into(),
+            occurred_at: now_us(),
+            outcome: OutcomeClass::Success,
+            http_status: Some(200),
+            latency_us: 900_000,
+            ttft_us: Some(300_000),
+            tpot_us: None,
+            attributes: Default::default(),
+            model: None,
+            retry_after_ms: None,
+        });
+        let bytes = vitals_contracts::encode_signal(&call).unwrap();
+        producer
+            .send(
+                rdkafka::producer::FutureRecord::to(&topics.signals)
+                    .key("p")
+                    .payload(&bytes),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        if i == 15 {
+            quiet_from = Some(now_us());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (from, to) = (quiet_from.unwrap(), now_us());
+    let during = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.occurred_at >= from && r.occurred_at <= to)
+        .count();
+    assert_eq!(during, 0, "completions while calls brought first tokens");
+    let s = seen.clone();
+    wait_until("completions again once the calls stop", Duration::from_secs(10), || {
+        let n = s.lock().unwrap().iter().filter(|r| r.occurred_at > to).count();
+        async move { n >= 2 }
+    })
+    .await;
+    drop(p);
+    let _ = std::fs::remove_file(&config);
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_endpoint_is_ejected_and_the_fast_cadence_brings_it_back() {
     let sim = sim(1).await;
