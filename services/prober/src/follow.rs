@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::codec::peek_kind;
-use vitals_contracts::{decode, decode_signal, EndpointState, SchemaKind, Signal};
+use vitals_contracts::{decode, decode_signal, EndpointState, OutcomeClass, SchemaKind, Signal};
 
 /// Assign every partition of `topic` at `from`; false if the topic has none (yet).
 fn assign_all(consumer: &BaseConsumer, topic: &str, from: Offset) -> bool {
@@ -31,6 +31,44 @@ fn assign_all(consumer: &BaseConsumer, topic: &str, from: Offset) -> bool {
     }
 }
 
+/// Read every partition of `topic` from `from` until `cancel`, handing each payload to `each`.
+fn follow_topic(
+    config: ClientConfig,
+    topic: String,
+    from: Offset,
+    mut each: impl FnMut(&[u8]) + Send + 'static,
+    cancel: CancellationToken,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let consumer: BaseConsumer = match config.create() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, topic = %topic, "cannot create a consumer");
+                return;
+            }
+        };
+        let mut assigned = false;
+        while !cancel.is_cancelled() {
+            if !assigned {
+                assigned = assign_all(&consumer, &topic, from);
+                if !assigned {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                continue;
+            }
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    if let Some(p) = m.payload() {
+                        each(p);
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, topic = %topic, "consumer"),
+                None => {}
+            }
+        }
+    })
+}
+
 /// Follow the gateways' call outcomes on the signals topic (from its end): which endpoints carry
 /// traffic, and which get first-token times from it. Probe results (ours) are skipped by their
 /// schema fingerprint before any decoding.
@@ -40,41 +78,20 @@ pub fn follow_traffic(
     view: Arc<HealthView>,
     cancel: CancellationToken,
 ) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let consumer: BaseConsumer = match config.create() {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot create the traffic consumer");
-                return;
-            }
-        };
-        let mut assigned = false;
-        while !cancel.is_cancelled() {
-            if !assigned {
-                assigned = assign_all(&consumer, &topic, Offset::End);
-                if !assigned {
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                continue;
-            }
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    let Some(p) = m.payload() else { continue };
-                    if peek_kind(p) != Ok(SchemaKind::CallOutcome) {
-                        continue;
-                    }
-                    if let Ok(Signal::Call(c)) = decode_signal(p) {
-                        let with_ttft = c.ttft_us.is_some() && c.outcome == vitals_contracts::OutcomeClass::Success;
-                        view.saw_call(&c.pool, &c.endpoint, with_ttft);
-                    }
-                }
-                Some(Err(e)) => tracing::warn!(error = %e, "traffic consumer"),
-                None => {}
-            }
+    let each = move |p: &[u8]| {
+        if peek_kind(p) != Ok(SchemaKind::CallOutcome) {
+            return;
         }
-    })
+        if let Ok(Signal::Call(c)) = decode_signal(p) {
+            let with_ttft = c.ttft_us.is_some() && c.outcome == OutcomeClass::Success;
+            view.saw_call(&c.pool, &c.endpoint, with_ttft);
+        }
+    };
+    follow_topic(config, topic, Offset::End, each, cancel)
 }
 
+/// Follow the compacted state topic from its beginning: every endpoint's latest state, then
+/// each change.
 pub fn follow(
     config: ClientConfig,
     topic: String,
@@ -82,33 +99,11 @@ pub fn follow(
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let consumer: BaseConsumer = match config.create() {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot create the state consumer");
-                return;
-            }
-        };
-        let mut assigned = false;
-        while !cancel.is_cancelled() {
-            if !assigned {
-                assigned = assign_all(&consumer, &topic, Offset::Beginning);
-                if !assigned {
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                continue;
-            }
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    if let Some(state) = m.payload().and_then(|p| decode::<EndpointState>(p).ok()) {
-                        view.set(&state.pool, &state.endpoint, state.state);
-                        metrics.fast_endpoints.set(view.fast_count() as i64);
-                    }
-                }
-                Some(Err(e)) => tracing::warn!(error = %e, "state consumer"),
-                None => {}
-            }
+    let each = move |p: &[u8]| {
+        if let Ok(state) = decode::<EndpointState>(p) {
+            view.set(&state.pool, &state.endpoint, state.state);
+            metrics.fast_endpoints.set(view.fast_count() as i64);
         }
-    })
+    };
+    follow_topic(config, topic, Offset::Beginning, each, cancel)
 }

@@ -167,14 +167,24 @@ fn request(client: &reqwest::Client, t: &Target, method: &str) -> reqwest::Reque
         .fold(client.request(method, &t.address), |r, (k, v)| r.header(k, v))
 }
 
-async fn http(client: &reqwest::Client, t: &Target, started: Instant) -> Observation {
-    let r = match request(client, t, &t.method).send().await {
-        Ok(r) => r,
-        Err(e) => return transport(&e, started),
-    };
+/// Send a request and read its answer: (status, body), or what went wrong on the way.
+async fn fetch(
+    client: &reqwest::Client,
+    t: &Target,
+    method: &str,
+    started: Instant,
+) -> Result<(u16, Vec<u8>), Observation> {
+    let r = request(client, t, method)
+        .send()
+        .await
+        .map_err(|e| transport(&e, started))?;
     let status = r.status().as_u16();
-    let bytes = match body(r, started, status).await {
-        Ok(b) => b,
+    Ok((status, body(r, started, status).await?))
+}
+
+async fn http(client: &reqwest::Client, t: &Target, started: Instant) -> Observation {
+    let (status, bytes) = match fetch(client, t, &t.method, started).await {
+        Ok(answer) => answer,
         Err(o) => return o,
     };
     if !t.status_passes(status) {
@@ -233,13 +243,8 @@ fn dependencies(bytes: &[u8]) -> Option<Vec<DependencyReport>> {
 /// on them (a critical one down ejects). A document is a success whatever its status (a 503 that
 /// explains itself); without one, the status decides.
 async fn deep_health(client: &reqwest::Client, t: &Target, started: Instant) -> Observation {
-    let r = match request(client, t, "GET").send().await {
-        Ok(r) => r,
-        Err(e) => return transport(&e, started),
-    };
-    let status = r.status().as_u16();
-    let bytes = match body(r, started, status).await {
-        Ok(b) => b,
+    let (status, bytes) = match fetch(client, t, "GET", started).await {
+        Ok(answer) => answer,
         Err(o) => return o,
     };
     match dependencies(&bytes) {
