@@ -1,0 +1,88 @@
+//! The reporter against the real broker, and against none.
+
+use rdkafka::Message;
+use std::time::Duration;
+use vitals_contracts::{decode_signal, OutcomeClass, Signal};
+use vitals_reporter::{CallResult, CallTimer, Config, Reporter};
+use vitals_testkit::{brokers, read_n, unique, Stamp, Topics};
+
+fn outcome(i: usize) -> vitals_contracts::CallOutcome {
+    let mut t = CallTimer::start(format!("pool-{}", i % 3), format!("ep-{}", i % 7));
+    t.first_token();
+    t.finish(
+        "gw-test",
+        format!("call-{i}"),
+        CallResult::Status(if i.is_multiple_of(10) { 503 } else { 200 }),
+        None,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_outcomes_reach_the_signals_topic_keyed_by_pool() {
+    let topics = Topics::create(&unique("reporter"), 3, Stamp::LogAppendTime).await;
+    let mut cfg = Config::new(brokers());
+    cfg.topic = topics.signals.clone();
+    let reporter = Reporter::new(cfg).unwrap();
+    for i in 0..1_000 {
+        reporter.report(outcome(i));
+    }
+    assert!(reporter.flush(Duration::from_secs(20)));
+    let c = reporter.counters();
+    assert_eq!(
+        (c.reported, c.delivered, c.dropped_queue_full),
+        (1_000, 1_000, 0),
+        "{c:?}"
+    );
+    let messages = read_n(&topics.signals, 1_000, Duration::from_secs(30)).await;
+    let mut errors = 0;
+    for m in &messages {
+        let Ok(Signal::Call(call)) = decode_signal(m.payload().unwrap()) else {
+            panic!("not a call outcome")
+        };
+        assert_eq!(m.key().unwrap(), call.pool.as_bytes(), "keyed by pool");
+        assert_eq!(call.gateway, "gw-test");
+        assert!(call.ttft_us.is_some());
+        errors += (call.outcome == OutcomeClass::ServerError) as usize;
+    }
+    assert_eq!(errors, 100);
+    assert!(reporter.close(Duration::from_secs(5)));
+}
+
+/// No broker at all: every report returns at once, what cannot be held is dropped and counted,
+/// and what is held stays within the two queues' bounds.
+#[test]
+fn with_kafka_down_reports_never_block_and_what_is_held_stays_bounded() {
+    let mut cfg = Config::new("127.0.0.1:1");
+    cfg.queue_capacity = 1_000;
+    cfg.producer_queue_messages = 2_000;
+    cfg.kafka_options = vec![("message.timeout.ms".into(), "2000".into())];
+    let reporter = Reporter::new(cfg).unwrap();
+    for i in 0..100_000 {
+        reporter.report(outcome(i));
+    }
+    let c = reporter.counters();
+    assert_eq!(c.reported + c.dropped_queue_full, 100_000, "{c:?}");
+    assert!(c.dropped_queue_full > 0, "the queue filled: {c:?}");
+    // Wait for the worker to move what it accepted into the producer (or drop it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = reporter.counters();
+        let held = c.reported - c.dropped_producer_full - c.dropped_invalid - c.delivered - c.delivery_failed;
+        if held <= 2_000 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still holding {held}: {c:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = reporter.counters();
+    assert!(c.dropped_producer_full > 0, "{c:?}");
+    assert_eq!(c.delivered, 0);
+    // Nothing can be delivered: flush gives up after its timeout, and the messages time out.
+    assert!(!reporter.flush(Duration::from_millis(500)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while reporter.counters().delivery_failed == 0 {
+        assert!(std::time::Instant::now() < deadline, "messages never timed out");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reporter.close(Duration::from_secs(3));
+}
