@@ -1,0 +1,174 @@
+//! Filling a [`HealthView`] from Kafka: a cold start from the compacted state topic (read to its
+//! end), then the changes topic followed from a little before the cold start began (so nothing
+//! written meanwhile is missed; `seq` drops what the state already had).
+
+use crate::HealthView;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vitals_contracts::codec::peek_kind;
+use vitals_contracts::{decode, EndpointState, HealthChanged, PoolHealthChanged, SchemaKind};
+
+/// Where the topics are.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub brokers: String,
+    /// Extra librdkafka settings (security); they win over the defaults.
+    pub kafka_options: Vec<(String, String)>,
+    pub state_topic: String,
+    pub changes_topic: String,
+}
+
+impl Config {
+    pub fn new(brokers: impl Into<String>) -> Config {
+        Config {
+            brokers: brokers.into(),
+            kafka_options: Vec::new(),
+            state_topic: vitals_contracts::topics::HEALTH_STATE.to_owned(),
+            changes_topic: vitals_contracts::topics::HEALTH_CHANGES.to_owned(),
+        }
+    }
+
+    fn consumer(&self) -> Result<BaseConsumer, KafkaError> {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("group.id", "vitals-healthview")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed");
+        for (k, v) in &self.kafka_options {
+            c.set(k, v);
+        }
+        c.create()
+    }
+}
+
+/// A view being kept current by a background thread.
+pub struct Follower {
+    pub view: Arc<HealthView>,
+    /// How long the cold start took.
+    pub cold_start: Duration,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn partitions(c: &BaseConsumer, topic: &str) -> Result<Vec<i32>, KafkaError> {
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
+}
+
+fn apply(view: &HealthView, payload: &[u8]) {
+    match peek_kind(payload) {
+        Ok(SchemaKind::HealthChanged) => {
+            if let Ok(h) = decode::<HealthChanged>(payload) {
+                view.apply_change(&h);
+            }
+        }
+        Ok(SchemaKind::PoolHealthChanged) => {
+            if let Ok(p) = decode::<PoolHealthChanged>(payload) {
+                view.apply_pool(&p);
+            }
+        }
+        Ok(SchemaKind::EndpointState) => {
+            if let Ok(s) = decode::<EndpointState>(payload) {
+                view.apply_state(&s);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Load the state topic to its end, then follow the changes topic in the background.
+pub fn follow(cfg: Config) -> Result<Follower, KafkaError> {
+    let started = Instant::now();
+    let since_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+        - 60_000;
+    let view = Arc::new(HealthView::new());
+    // Cold start: every partition of the state topic from its beginning to its high watermark.
+    let state = cfg.consumer()?;
+    let mut ends = std::collections::HashMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions(&state, &cfg.state_topic)? {
+        let (low, high) = state.fetch_watermarks(&cfg.state_topic, p, Duration::from_secs(10))?;
+        if high > low {
+            ends.insert(p, high);
+            tpl.add_partition_offset(&cfg.state_topic, p, Offset::Beginning)?;
+        }
+    }
+    if !ends.is_empty() {
+        state.assign(&tpl)?;
+        while !ends.is_empty() {
+            match state.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    if let Some(p) = m.payload() {
+                        apply(&view, p);
+                    }
+                    if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
+                        ends.remove(&m.partition());
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
+    }
+    drop(state);
+    let cold_start = started.elapsed();
+    // Then the changes, from a minute before the cold start began.
+    let changes = cfg.consumer()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions(&changes, &cfg.changes_topic)? {
+        tpl.add_partition_offset(&cfg.changes_topic, p, Offset::Offset(since_ms))?;
+    }
+    let tpl = changes.offsets_for_times(tpl, Duration::from_secs(10))?;
+    let mut from = TopicPartitionList::new();
+    for e in tpl.elements() {
+        let offset = match e.offset() {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::End,
+        };
+        from.add_partition_offset(e.topic(), e.partition(), offset)?;
+    }
+    changes.assign(&from)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let (view, stop) = (view.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("vitals-healthview".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(Ok(m)) = changes.poll(Duration::from_millis(100)) {
+                        if let Some(p) = m.payload() {
+                            apply(&view, p);
+                        }
+                    }
+                }
+            })
+            .map_err(|e| KafkaError::ClientCreation(e.to_string()))?
+    };
+    Ok(Follower {
+        view,
+        cold_start,
+        stop,
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,324 @@
+//! `vitals-healthview`: what a router links. It holds the health of every endpoint — started from
+//! the compacted state topic, kept current from the changes topic — and picks an endpoint of a
+//! pool by weight. Per-endpoint `seq` drops duplicates and detects gaps; the slow-start ramp is
+//! computed locally from `ramp_ms` and the transition's time; pool events give panic mode (spread
+//! over every endpoint).
+
+mod follow;
+
+pub use follow::{follow, Config, Follower};
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+use vitals_contracts::{EndpointState, HealthChanged, HealthState, Micros, PoolHealthChanged};
+
+#[derive(Debug, Clone)]
+struct Endpoint {
+    name: String,
+    state: HealthState,
+    weight: f64,
+    ramp_ms: i64,
+    since: Micros,
+    seq: i64,
+}
+
+impl Endpoint {
+    /// The weight now: a recovering endpoint ramps from its weight to 1 over `ramp_ms`.
+    fn weight_at(&self, now: Micros) -> f64 {
+        if self.ramp_ms <= 0 || self.weight >= 1.0 {
+            return self.weight;
+        }
+        let done = (now.saturating_sub(self.since) as f64 / (self.ramp_ms as f64 * 1000.0)).clamp(0.0, 1.0);
+        self.weight + (1.0 - self.weight) * done
+    }
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    endpoints: Vec<Endpoint>,
+    index: HashMap<String, usize>,
+    panic: bool,
+    correlated_outage: bool,
+    seq: i64,
+}
+
+impl Pool {
+    fn endpoint(&mut self, name: &str) -> &mut Endpoint {
+        let i = match self.index.get(name) {
+            Some(i) => *i,
+            None => {
+                self.endpoints.push(Endpoint {
+                    name: name.to_owned(),
+                    state: HealthState::Healthy,
+                    weight: 1.0,
+                    ramp_ms: 0,
+                    since: 0,
+                    seq: -1,
+                });
+                self.index.insert(name.to_owned(), self.endpoints.len() - 1);
+                self.endpoints.len() - 1
+            }
+        };
+        &mut self.endpoints[i]
+    }
+}
+
+/// What applying one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The next event of the endpoint.
+    Next,
+    /// Newer than the next: events were missed (the state it carries is still the latest).
+    Gap,
+    /// Seen already (a republished event): dropped.
+    Duplicate,
+}
+
+/// Counters of what the view has seen.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub applied: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub gaps: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct HealthView {
+    pools: RwLock<HashMap<String, Pool>>,
+    pub counters: Counters,
+}
+
+thread_local! {
+    /// Seeded per thread from a process-wide counter, so that threads do not pick in step.
+    static RNG: Cell<u64> = Cell::new({
+        static SEEDS: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+        SEEDS.fetch_add(0x6a09_e667_f3bc_c909, Ordering::Relaxed) | 1
+    });
+}
+
+/// A fast per-thread random number (xorshift64*): picks need spread, not secrecy.
+fn random() -> u64 {
+    RNG.with(|r| {
+        let mut x = r.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        r.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    })
+}
+
+impl HealthView {
+    pub fn new() -> HealthView {
+        HealthView::default()
+    }
+
+    /// An endpoint's state from the compacted state topic (a cold start): kept only if newer.
+    pub fn apply_state(&self, s: &EndpointState) {
+        let mut pools = self.pools.write().expect("view lock");
+        let ep = pools.entry(s.pool.clone()).or_default().endpoint(&s.endpoint);
+        if s.seq > ep.seq || ep.seq < 0 {
+            ep.state = s.state;
+            ep.weight = s.weight;
+            ep.ramp_ms = s.ramp_ms;
+            ep.since = s.since;
+            ep.seq = s.seq;
+        }
+    }
+
+    /// A transition from the changes topic.
+    pub fn apply_change(&self, h: &HealthChanged) -> Applied {
+        let mut pools = self.pools.write().expect("view lock");
+        let ep = pools.entry(h.pool.clone()).or_default().endpoint(&h.endpoint);
+        let applied = if h.seq <= ep.seq {
+            Applied::Duplicate
+        } else if ep.seq >= 0 && h.seq > ep.seq + 1 {
+            Applied::Gap
+        } else {
+            Applied::Next
+        };
+        if applied != Applied::Duplicate {
+            ep.state = h.to_state;
+            ep.weight = h.weight;
+            ep.ramp_ms = h.ramp_ms;
+            ep.since = h.stream_time;
+            ep.seq = h.seq;
+        }
+        let c = match applied {
+            Applied::Next => &self.counters.applied,
+            Applied::Gap => &self.counters.gaps,
+            Applied::Duplicate => &self.counters.duplicates,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        applied
+    }
+
+    /// A pool decision: panic mode and correlated outage.
+    pub fn apply_pool(&self, p: &PoolHealthChanged) {
+        let mut pools = self.pools.write().expect("view lock");
+        let pool = pools.entry(p.pool.clone()).or_default();
+        if p.seq > pool.seq {
+            pool.seq = p.seq;
+            pool.panic = p.panic;
+            pool.correlated_outage = p.correlated_outage;
+        }
+    }
+
+    /// An endpoint's weight at `now` (µs since the epoch).
+    pub fn weight(&self, pool: &str, endpoint: &str, now: Micros) -> Option<f64> {
+        let pools = self.pools.read().expect("view lock");
+        let p = pools.get(pool)?;
+        p.index.get(endpoint).map(|i| p.endpoints[*i].weight_at(now))
+    }
+
+    pub fn state(&self, pool: &str, endpoint: &str) -> Option<HealthState> {
+        let pools = self.pools.read().expect("view lock");
+        let p = pools.get(pool)?;
+        p.index.get(endpoint).map(|i| p.endpoints[*i].state)
+    }
+
+    pub fn panic(&self, pool: &str) -> bool {
+        self.pools.read().expect("view lock").get(pool).is_some_and(|p| p.panic)
+    }
+
+    /// An endpoint of `pool` chosen by weight at `now`; in panic mode any endpoint, uniformly.
+    /// None if the pool is unknown or every weight is 0.
+    pub fn pick(&self, pool: &str, now: Micros) -> Option<String> {
+        let pools = self.pools.read().expect("view lock");
+        let p = pools.get(pool)?;
+        if p.endpoints.is_empty() {
+            return None;
+        }
+        if p.panic {
+            let i = (random() % p.endpoints.len() as u64) as usize;
+            return Some(p.endpoints[i].name.clone());
+        }
+        let total: f64 = p.endpoints.iter().map(|e| e.weight_at(now)).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut x = (random() >> 11) as f64 / (1u64 << 53) as f64 * total;
+        for e in &p.endpoints {
+            let w = e.weight_at(now);
+            if x < w {
+                return Some(e.name.clone());
+            }
+            x -= w;
+        }
+        p.endpoints
+            .iter()
+            .rev()
+            .find(|e| e.weight_at(now) > 0.0)
+            .map(|e| e.name.clone())
+    }
+
+    /// Endpoints known, over every pool.
+    pub fn len(&self) -> usize {
+        self.pools
+            .read()
+            .expect("view lock")
+            .values()
+            .map(|p| p.endpoints.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vitals_contracts::Evidence;
+
+    fn change(ep: &str, seq: i64, to: HealthState, weight: f64, ramp_ms: i64, at: Micros) -> HealthChanged {
+        HealthChanged {
+            transition_id: format!("p/{ep}/{seq}"),
+            pool: "p".into(),
+            endpoint: ep.into(),
+            seq,
+            from_state: HealthState::Healthy,
+            to_state: to,
+            weight,
+            ramp_ms,
+            retry_at: None,
+            reason_code: "ejected".into(),
+            reason: String::new(),
+            evidence: Evidence::default(),
+            policy_version: 0,
+            trigger_ids: vec![],
+            stream_time: at,
+        }
+    }
+
+    #[test]
+    fn duplicates_are_dropped_and_gaps_counted() {
+        let v = HealthView::new();
+        assert_eq!(
+            v.apply_change(&change("a", 1, HealthState::Unhealthy, 0.0, 0, 10)),
+            Applied::Next
+        );
+        assert_eq!(
+            v.apply_change(&change("a", 1, HealthState::Unhealthy, 0.0, 0, 10)),
+            Applied::Duplicate
+        );
+        assert_eq!(
+            v.apply_change(&change("a", 3, HealthState::Healthy, 1.0, 0, 30)),
+            Applied::Gap
+        );
+        assert_eq!(
+            v.apply_change(&change("a", 2, HealthState::Recovering, 0.1, 0, 20)),
+            Applied::Duplicate
+        );
+        assert_eq!(v.state("p", "a"), Some(HealthState::Healthy));
+        assert_eq!(v.counters.gaps.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_recovering_endpoint_ramps_locally() {
+        let v = HealthView::new();
+        v.apply_change(&change("a", 1, HealthState::Recovering, 0.1, 30_000, 1_000_000));
+        let w = |t| v.weight("p", "a", t).unwrap();
+        assert!((w(1_000_000) - 0.1).abs() < 1e-9);
+        assert!((w(16_000_000) - 0.55).abs() < 1e-9);
+        assert!((w(40_000_000) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn picks_follow_the_weights_and_panic_spreads_over_all() {
+        let v = HealthView::new();
+        v.apply_change(&change("a", 1, HealthState::Healthy, 1.0, 0, 0));
+        v.apply_change(&change("b", 1, HealthState::Degraded, 0.25, 0, 0));
+        v.apply_change(&change("c", 1, HealthState::Unhealthy, 0.0, 0, 0));
+        let mut counts: HashMap<String, u32> = HashMap::new();
+        for _ in 0..50_000 {
+            *counts.entry(v.pick("p", 0).unwrap()).or_default() += 1;
+        }
+        let share = |e: &str| f64::from(counts.get(e).copied().unwrap_or(0)) / 50_000.0;
+        assert!((share("a") - 0.8).abs() < 0.02, "{counts:?}");
+        assert!((share("b") - 0.2).abs() < 0.02, "{counts:?}");
+        assert_eq!(share("c"), 0.0);
+        v.apply_pool(&PoolHealthChanged {
+            pool: "p".into(),
+            seq: 1,
+            endpoints: 3,
+            healthy: 0,
+            ejected: 1,
+            healthy_fraction: 0.0,
+            panic: true,
+            correlated_outage: false,
+            reason: String::new(),
+            policy_version: 0,
+            stream_time: 0,
+        });
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..1_000 {
+            seen.insert(v.pick("p", 0).unwrap());
+        }
+        assert_eq!(seen.len(), 3, "panic mode spreads over every endpoint");
+        assert_eq!(v.pick("nope", 0), None);
+    }
+}

@@ -1,0 +1,98 @@
+//! The view filled from the real broker: a cold start from the state topic, then live changes.
+
+use rdkafka::producer::FutureRecord;
+use std::time::Duration;
+use vitals_contracts::{encode, EndpointState, Evidence, HealthChanged, HealthState, PoolHealthChanged};
+use vitals_healthview::{follow, Config};
+use vitals_testkit::{brokers, producer, unique, wait_until, Stamp, Topics};
+
+fn change(pool: &str, ep: &str, seq: i64, to: HealthState, weight: f64) -> HealthChanged {
+    HealthChanged {
+        transition_id: format!("{pool}/{ep}/{seq}"),
+        pool: pool.into(),
+        endpoint: ep.into(),
+        seq,
+        from_state: HealthState::Healthy,
+        to_state: to,
+        weight,
+        ramp_ms: 0,
+        retry_at: None,
+        reason_code: "ejected".into(),
+        reason: String::new(),
+        evidence: Evidence::default(),
+        policy_version: 0,
+        trigger_ids: vec![],
+        stream_time: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_start_from_the_state_topic_then_live_changes() {
+    let topics = Topics::create(&unique("view"), 2, Stamp::LogAppendTime).await;
+    let p = producer();
+    for i in 0..2_000 {
+        let s = EndpointState::first_seen(&format!("pool-{}", i % 20), &format!("ep-{i}"), 1, 0);
+        let bytes = encode(&s).unwrap();
+        let key = format!("{}/{}", s.pool, s.endpoint);
+        p.send(
+            FutureRecord::to(&topics.state).key(&key).payload(&bytes),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    }
+    let before = encode(&change("pool-0", "ep-0", 1, HealthState::Unhealthy, 0.0)).unwrap();
+    p.send(
+        FutureRecord::to(&topics.changes).key("pool-0/ep-0").payload(&before),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let mut cfg = Config::new(brokers());
+    cfg.state_topic = topics.state.clone();
+    cfg.changes_topic = topics.changes.clone();
+    let f = tokio::task::spawn_blocking(move || follow(cfg)).await.unwrap().unwrap();
+    assert_eq!(f.view.len(), 2_000, "every endpoint from the state topic");
+    eprintln!("cold start of 2,000 endpoints: {:?}", f.cold_start);
+    let view = f.view.clone();
+    wait_until("the change written before the start", Duration::from_secs(10), || {
+        let s = view.state("pool-0", "ep-0");
+        async move { s == Some(HealthState::Unhealthy) }
+    })
+    .await;
+    // Live: a readmission and a pool in panic.
+    let after = encode(&change("pool-0", "ep-0", 2, HealthState::Recovering, 0.1)).unwrap();
+    p.send(
+        FutureRecord::to(&topics.changes).key("pool-0/ep-0").payload(&after),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let panic = encode(&PoolHealthChanged {
+        pool: "pool-1".into(),
+        seq: 1,
+        endpoints: 100,
+        healthy: 10,
+        ejected: 50,
+        healthy_fraction: 0.1,
+        panic: true,
+        correlated_outage: true,
+        reason: String::new(),
+        policy_version: 0,
+        stream_time: 1,
+    })
+    .unwrap();
+    p.send(
+        FutureRecord::to(&topics.changes).key("pool-1").payload(&panic),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let view = f.view.clone();
+    wait_until("live changes", Duration::from_secs(10), || {
+        let ok = view.state("pool-0", "ep-0") == Some(HealthState::Recovering) && view.panic("pool-1");
+        async move { ok }
+    })
+    .await;
+    assert!(f.view.pick("pool-2", 0).unwrap().starts_with("ep-"));
+}
