@@ -1,0 +1,402 @@
+//! `vitals-router`: a small OpenAI-compatible reverse proxy that routes every request with the
+//! vitals health view, streams the answer through (SSE, no buffering), measures each call and
+//! reports it with the reporter, and retries once on another endpoint when a connection is
+//! refused. A starting point for teams without a gateway, and the proof that the loop closes.
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use vitals_healthview::HealthView;
+use vitals_reporter::{CallResult, CallTimer, Reporter};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub name: String,
+    /// Base URL: requests go to `{url}/v1/chat/completions`.
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    /// Models this pool serves (the request's `model`); default: the pool's name.
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(rename = "upstream")]
+    pub upstreams: Vec<Upstream>,
+}
+
+/// The routes file (TOML).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Routes {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The gateway name in every reported call.
+    #[serde(default = "default_gateway")]
+    pub gateway: String,
+    #[serde(rename = "pool")]
+    pub pools: Vec<PoolConfig>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8081))
+}
+
+fn default_gateway() -> String {
+    "vitals-router".into()
+}
+
+impl Routes {
+    pub fn parse(text: &str) -> anyhow::Result<Routes> {
+        let r: Routes = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut models = HashMap::new();
+        for p in &r.pools {
+            vitals_contracts::validate_name("pool", &p.name)
+                .map_err(|e| anyhow::anyhow!("pool {:?}: {}", p.name, e.message))?;
+            if p.upstreams.is_empty() {
+                anyhow::bail!("pool {:?} has no upstream", p.name);
+            }
+            for u in &p.upstreams {
+                reqwest::Url::parse(&u.url)
+                    .map_err(|e| anyhow::anyhow!("pool {:?} upstream {:?}: url: {e}", p.name, u.name))?;
+            }
+            for m in p.models.iter().chain(std::iter::once(&p.name)) {
+                if let Some(other) = models.insert(m.clone(), p.name.clone()) {
+                    if other != p.name {
+                        anyhow::bail!("model {m:?} is served by pools {other:?} and {:?}", p.name);
+                    }
+                }
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// The router's shared state.
+pub struct Proxy {
+    routes: Routes,
+    by_model: HashMap<String, usize>,
+    view: Arc<HealthView>,
+    reporter: Arc<Reporter>,
+    client: reqwest::Client,
+    ids: AtomicU64,
+    boot: u64,
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+impl Proxy {
+    pub fn new(routes: Routes, view: Arc<HealthView>, reporter: Arc<Reporter>) -> anyhow::Result<Proxy> {
+        let mut by_model = HashMap::new();
+        for (i, p) in routes.pools.iter().enumerate() {
+            by_model.insert(p.name.clone(), i);
+            for m in &p.models {
+                by_model.insert(m.clone(), i);
+            }
+        }
+        Ok(Proxy {
+            routes,
+            by_model,
+            view,
+            reporter,
+            client: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true)
+                .build()?,
+            ids: AtomicU64::new(0),
+            boot: now_us() as u64,
+        })
+    }
+
+    fn id(&self) -> String {
+        format!(
+            "{}-{:x}-{}",
+            self.routes.gateway,
+            self.boot,
+            self.ids.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// An upstream of `pool` by the view's weights (an endpoint the view does not know yet
+    /// weighs 1); in panic mode any, uniformly; never `exclude`.
+    fn choose<'a>(&self, pool: &'a PoolConfig, exclude: Option<&str>) -> Option<&'a Upstream> {
+        let now = now_us();
+        let candidates: Vec<&Upstream> = pool
+            .upstreams
+            .iter()
+            .filter(|u| Some(u.name.as_str()) != exclude)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let r = random();
+        if self.view.panic(&pool.name) {
+            return Some(candidates[(r % candidates.len() as u64) as usize]);
+        }
+        let weights: Vec<f64> = candidates
+            .iter()
+            .map(|u| self.view.weight(&pool.name, &u.name, now).unwrap_or(1.0))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut x = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
+        for (u, w) in candidates.iter().zip(&weights) {
+            if x < *w {
+                return Some(u);
+            }
+            x -= w;
+        }
+        candidates
+            .into_iter()
+            .zip(weights)
+            .rev()
+            .find(|(_, w)| *w > 0.0)
+            .map(|(u, _)| u)
+    }
+}
+
+fn random() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static S: Cell<u64> = Cell::new({
+            static SEEDS: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+            SEEDS.fetch_add(0x6a09_e667_f3bc_c909, Ordering::Relaxed) | 1
+        });
+    }
+    S.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    })
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(serde_json::json!({"error": {"message": message.into(), "type": "vitals_router"}})),
+    )
+        .into_response()
+}
+
+/// A streamed answer passed through while it is measured: the first content token, the end, a
+/// broken stream, or a client that went away (dropped before the end) — reported once.
+struct Metered {
+    inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    timer: Option<CallTimer>,
+    status: u16,
+    id: String,
+    proxy: Arc<Proxy>,
+    retry_after_ms: Option<i64>,
+}
+
+impl Metered {
+    fn report(&mut self, result: CallResult) {
+        if let Some(t) = self.timer.take() {
+            let o = t.finish(
+                &self.proxy.routes.gateway,
+                std::mem::take(&mut self.id),
+                result,
+                self.retry_after_ms,
+            );
+            self.proxy.reporter.report(o);
+        }
+    }
+}
+
+/// Whether an SSE chunk carries a non-empty `content` delta.
+fn has_content(chunk: &[u8]) -> bool {
+    let needle = b"\"content\":\"";
+    chunk
+        .windows(needle.len() + 1)
+        .any(|w| &w[..needle.len()] == needle && w[needle.len()] != b'"')
+}
+
+impl Stream for Metered {
+    type Item = reqwest::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let next = self.inner.as_mut().poll_next(cx);
+        match &next {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if has_content(chunk) {
+                    if let Some(t) = self.timer.as_mut() {
+                        t.first_token();
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => self.report(CallResult::Dropped),
+            Poll::Ready(None) => {
+                let status = self.status;
+                self.report(CallResult::Status(status));
+            }
+            Poll::Pending => {}
+        }
+        next
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        self.report(CallResult::Cancelled);
+    }
+}
+
+async fn completions(State(p): State<Arc<Proxy>>, headers: HeaderMap, body: Bytes) -> Response {
+    let model = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["model"].as_str().map(str::to_owned));
+    let Some(model) = model else {
+        return error(StatusCode::BAD_REQUEST, "the body must be JSON with a model");
+    };
+    let Some(&i) = p.by_model.get(&model) else {
+        return error(StatusCode::NOT_FOUND, format!("no pool serves model {model:?}"));
+    };
+    let pool = &p.routes.pools[i];
+    let mut refused: Option<String> = None;
+    for _ in 0..2 {
+        let Some(up) = p.choose(pool, refused.as_deref()) else {
+            break;
+        };
+        let mut timer = CallTimer::start(pool.name.clone(), up.name.clone());
+        let mut req = p
+            .client
+            .post(format!("{}/v1/chat/completions", up.url.trim_end_matches('/')))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        if let Some(auth) = headers.get(header::AUTHORIZATION) {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let result = if e.is_connect() {
+                    CallResult::ConnectError
+                } else if e.is_timeout() {
+                    CallResult::Timeout
+                } else {
+                    CallResult::Dropped
+                };
+                p.reporter.report(timer.finish(&p.routes.gateway, p.id(), result, None));
+                if result == CallResult::ConnectError {
+                    // Nothing was sent: one more try on another endpoint.
+                    refused = Some(up.name.clone());
+                    continue;
+                }
+                return error(StatusCode::BAD_GATEWAY, format!("upstream {}: {e}", up.name));
+            }
+        };
+        let status = resp.status().as_u16();
+        let retry_after_ms = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map(|s| s * 1000);
+        let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+        let streaming = content_type
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut out = if streaming {
+            let metered = Metered {
+                inner: Box::pin(resp.bytes_stream()),
+                timer: Some(timer),
+                status,
+                id: p.id(),
+                proxy: p.clone(),
+                retry_after_ms,
+            };
+            Response::new(Body::from_stream(metered))
+        } else {
+            let bytes = resp.bytes().await;
+            let result = match &bytes {
+                Ok(_) => {
+                    timer.first_token();
+                    CallResult::Status(status)
+                }
+                Err(_) => CallResult::Dropped,
+            };
+            p.reporter
+                .report(timer.finish(&p.routes.gateway, p.id(), result, retry_after_ms));
+            match bytes {
+                Ok(b) => Response::new(Body::from(b)),
+                Err(e) => return error(StatusCode::BAD_GATEWAY, format!("upstream {}: {e}", up.name)),
+            }
+        };
+        *out.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        if let Some(ct) = content_type {
+            out.headers_mut().insert(header::CONTENT_TYPE, ct);
+        }
+        out.headers_mut().insert(
+            "x-vitals-endpoint",
+            up.name.parse().unwrap_or(header::HeaderValue::from_static("?")),
+        );
+        return out;
+    }
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("no endpoint of pool {} can take the call", pool.name),
+    )
+}
+
+pub fn router(p: Arc<Proxy>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .with_state(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_seen_in_a_chunk_only_when_it_is_not_empty() {
+        assert!(!has_content(
+            br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(has_content(br#"data: {"choices":[{"delta":{"content":"tok "}}]}"#));
+        assert!(!has_content(b"data: [DONE]"));
+    }
+
+    #[test]
+    fn routes_are_checked() {
+        let ok = "[[pool]]\nname = \"llm\"\nmodels = [\"gpt\"]\n[[pool.upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:9101\"\n";
+        assert_eq!(Routes::parse(ok).unwrap().pools[0].upstreams.len(), 1);
+        assert!(Routes::parse("[[pool]]\nname = \"llm\"\nupstream = []\n")
+            .unwrap_err()
+            .to_string()
+            .contains("no upstream"));
+        let twice = format!(
+            "{ok}[[pool]]\nname = \"other\"\nmodels = [\"gpt\"]\n[[pool.upstream]]\nname = \"b\"\nurl = \"http://x\"\n"
+        );
+        assert!(Routes::parse(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("served by pools"));
+    }
+}

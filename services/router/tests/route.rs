@@ -1,0 +1,157 @@
+//! The router in-process against the simulator and the real broker: streams pass through,
+//! calls are reported, a refused connection is retried on another endpoint, and an endpoint the
+//! health view says is out gets no calls.
+
+use futures::StreamExt;
+use rdkafka::producer::FutureRecord;
+use rdkafka::Message;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use vitals_contracts::{decode_signal, encode, Evidence, HealthChanged, HealthState, OutcomeClass, Signal};
+use vitals_router::{router, Proxy, Routes};
+use vitals_testkit::{brokers, producer, read_n, unique, wait_until, Stamp, Topics};
+use vitals_upstream_sim::{Behaviour, Sim, SimConfig};
+
+/// Send `n` streamed completions; returns how many each endpoint served, and checks each stream
+/// arrived whole.
+async fn load(port: u16, n: usize) -> BTreeMap<String, usize> {
+    let client = reqwest::Client::new();
+    let mut served = BTreeMap::new();
+    for _ in 0..n {
+        let r = client
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .json(&serde_json::json!({"model": "gpt-sim", "stream": true, "max_tokens": 3, "messages": []}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let ep = r.headers()["x-vitals-endpoint"].to_str().unwrap().to_owned();
+        let mut body = Vec::new();
+        let mut s = r.bytes_stream();
+        while let Some(c) = s.next().await {
+            body.extend_from_slice(&c.unwrap());
+        }
+        let text = String::from_utf8(body).unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert_eq!(text.matches("\"content\":\"tok \"").count(), 3);
+        *served.entry(ep).or_default() += 1;
+    }
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_pass_through_calls_are_reported_and_an_ejected_endpoint_gets_none() {
+    let mut sc = SimConfig::healthy(2, 1);
+    for e in &mut sc.endpoints {
+        e.behaviour.ttft_ms = 30;
+    }
+    let sim = Sim::start(sc).await.unwrap();
+    let topics = Topics::create(&unique("router"), 1, Stamp::LogAppendTime).await;
+    let mut routes = String::from("gateway = \"router-test\"\n[[pool]]\nname = \"llm\"\nmodels = [\"gpt-sim\"]\n");
+    for (name, addr) in sim.endpoints() {
+        routes.push_str(&format!(
+            "[[pool.upstream]]\nname = \"{name}\"\nurl = \"http://{addr}\"\n"
+        ));
+    }
+    let routes = Routes::parse(&routes).unwrap();
+    let mut rc = vitals_reporter::Config::new(brokers());
+    rc.topic = topics.signals.clone();
+    let reporter = Arc::new(vitals_reporter::Reporter::new(rc).unwrap());
+    let mut vc = vitals_healthview::Config::new(brokers());
+    vc.state_topic = topics.state.clone();
+    vc.changes_topic = topics.changes.clone();
+    let follower = tokio::task::spawn_blocking(move || vitals_healthview::follow(vc))
+        .await
+        .unwrap()
+        .unwrap();
+    let view = follower.view.clone();
+    let proxy = Arc::new(Proxy::new(routes, view.clone(), reporter.clone()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router(proxy)).await });
+
+    let served = load(port, 30).await;
+    assert!(
+        served.get("e0").is_some_and(|n| *n > 3) && served.get("e1").is_some_and(|n| *n > 3),
+        "{served:?}"
+    );
+    // e0 refuses connections: every call still succeeds, on e1.
+    sim.set(
+        "e0",
+        Behaviour {
+            refuse: true,
+            ..Behaviour::default()
+        },
+    )
+    .unwrap();
+    let served = load(port, 20).await;
+    assert_eq!(served.get("e1"), Some(&20), "{served:?}");
+    let r = reporter.clone();
+    assert!(tokio::task::spawn_blocking(move || r.flush(Duration::from_secs(10)))
+        .await
+        .unwrap());
+    let c = reporter.counters();
+    let messages = read_n(&topics.signals, c.delivered as usize, Duration::from_secs(20)).await;
+    let mut by_class: BTreeMap<(String, OutcomeClass), usize> = BTreeMap::new();
+    for m in &messages {
+        let Ok(Signal::Call(call)) = decode_signal(m.payload().unwrap()) else {
+            panic!("a call")
+        };
+        assert_eq!(call.gateway, "router-test");
+        if call.outcome == OutcomeClass::Success {
+            let ttft = call.ttft_us.unwrap();
+            assert!((30_000..200_000).contains(&ttft), "first token measured: {ttft} µs");
+        }
+        *by_class.entry((call.endpoint.clone(), call.outcome)).or_default() += 1;
+    }
+    assert_eq!(
+        messages.len(),
+        50 + by_class
+            .get(&("e0".into(), OutcomeClass::ConnectError))
+            .copied()
+            .unwrap_or(0)
+    );
+    assert!(
+        by_class.contains_key(&("e0".into(), OutcomeClass::ConnectError)),
+        "{by_class:?}"
+    );
+    // The view says e0 is out (weight 0): healed or not, it gets no calls.
+    let out = HealthChanged {
+        transition_id: "llm/e0/1".into(),
+        pool: "llm".into(),
+        endpoint: "e0".into(),
+        seq: 1,
+        from_state: HealthState::Healthy,
+        to_state: HealthState::Unhealthy,
+        weight: 0.0,
+        ramp_ms: 0,
+        retry_at: None,
+        reason_code: "ejected".into(),
+        reason: String::new(),
+        evidence: Evidence::default(),
+        policy_version: 0,
+        trigger_ids: vec![],
+        stream_time: 1,
+    };
+    producer()
+        .send(
+            FutureRecord::to(&topics.changes)
+                .key("llm/e0")
+                .payload(&encode(&out).unwrap()),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let v = view.clone();
+    wait_until("the view has e0 out", Duration::from_secs(10), || {
+        let w = v.weight("llm", "e0", 2);
+        async move { w == Some(0.0) }
+    })
+    .await;
+    sim.set("e0", Behaviour::default()).unwrap();
+    let served = load(port, 20).await;
+    assert_eq!(served.get("e1"), Some(&20), "{served:?}");
+    drop(follower);
+    sim.shutdown().await;
+}
