@@ -202,6 +202,18 @@ impl Tracker {
         self.window.rate(now, us(policy.bucket_ms))
     }
 
+    /// Successes and failures over the most recent third of the window: a fault 10 s old is a
+    /// tenth of a 30 s window still full of the calls before it.
+    pub fn recent_rate(&self, now: Micros, policy: &Policy) -> Rate {
+        self.window.rate_last(now, us(policy.bucket_ms), recent_buckets(policy))
+    }
+
+    /// Per-class counts over the most recent third of the window.
+    pub fn recent_totals(&self, now: Micros, policy: &Policy) -> Totals {
+        self.window
+            .totals_last(now, us(policy.bucket_ms), recent_buckets(policy))
+    }
+
     /// Record an outcome: window, counters, score. `class` is the effective class (a success
     /// slower than `slow_call_ms` to its first token arrives here as a timeout).
     /// Returns the window's counts after recording.
@@ -598,6 +610,14 @@ impl Tracker {
         self.ttft_outlier = false;
     }
 
+    /// Kept serving through a suspected shared outage: judged on what happens from now on, not
+    /// on the outage's window (its latest successes still count).
+    pub fn forget_outage(&mut self, now: Micros) {
+        let successes = self.consecutive_successes;
+        self.reset_for_recovery(now);
+        self.consecutive_successes = successes;
+    }
+
     /// The `q` percentile of the recent first tokens, in ms, once there are at least `min`.
     pub fn ttft_p(&self, q: f64, min: usize) -> Option<f64> {
         if (self.ttft_len as usize) < min {
@@ -609,6 +629,11 @@ impl Tracker {
 
 pub fn buckets(policy: &Policy) -> usize {
     (policy.window_ms / policy.bucket_ms).max(1) as usize
+}
+
+/// The buckets of the most recent third of the window.
+fn recent_buckets(policy: &Policy) -> u32 {
+    (buckets(policy) as u32).div_ceil(3)
 }
 
 /// Milliseconds to microseconds, saturating: a policy or probe value can never wrap stream time

@@ -543,11 +543,8 @@ impl PoolState {
         }
         // Over the most recent third of the window, like the peer comparison: a storm that
         // began 5 s ago is a small share of a 30 s window.
-        let recent = (buckets(policy) as u32).div_ceil(3);
-        let counts = t.window.totals_last(now, us(policy.bucket_ms), recent);
-        let limited = counts.get(OutcomeClass::RateLimited);
-        let rate = t.window.rate_last(now, us(policy.bucket_ms), recent);
-        let all = rate.counted() + limited;
+        let limited = t.recent_totals(now, policy).get(OutcomeClass::RateLimited);
+        let all = t.recent_rate(now, policy).counted() + limited;
         let by_run = i32::from(t.consecutive_rate_limited) >= policy.hard_break_after;
         let by_share = all >= policy.min_volume as u64 && limited as f64 >= policy.rate_limited_share * all as f64;
         if !(by_run || by_share) || !self.may_eject() {
@@ -634,7 +631,8 @@ impl PoolState {
                 );
                 let mut reason = reason;
                 if t.failure_outlier {
-                    let (own, peers, n) = self.recent_failures(name);
+                    let own = t.recent_rate(now, policy);
+                    let (peers, n) = self.peer_failures(name);
                     reason.push_str(&format!(
                         "; last {} s: {} of {} calls failed, its {n} peers {} of {}",
                         policy.window_ms / 3000,
@@ -667,9 +665,8 @@ impl PoolState {
             // is judged on what happens from now on, not on the outage's window.
             self.set_refused(name, false);
             let t = self.endpoints.get_mut(name).expect("known endpoint");
+            t.forget_outage(now);
             let successes = t.consecutive_successes;
-            t.reset_for_recovery(now);
-            t.consecutive_successes = successes;
             if state == HealthState::Degraded && !t.degradable(&self.policy) {
                 return Some(Change::new(
                     HealthState::Healthy,
@@ -837,14 +834,9 @@ impl PoolState {
         };
     }
 
-    /// The failures of `name` and of its peers in rotation over the most recent third of the
-    /// window (a fault 10 s old is a tenth of a 30 s window still full of the calls before it),
-    /// with the number of peers.
-    fn recent_failures(&self, name: &str) -> (Rate, Rate, u32) {
-        let policy = &self.policy;
-        let recent = (buckets(policy) as u32).div_ceil(3);
-        let bucket_us = us(policy.bucket_ms);
-        let own = self.endpoints[name].window.rate_last(self.now, bucket_us, recent);
+    /// The recent failures (see [`Tracker::recent_rate`]) of the peers of `name` in rotation,
+    /// pooled, with the number of peers.
+    fn peer_failures(&self, name: &str) -> (Rate, u32) {
         let mut peers = (Rate::default(), 0u32);
         for (n, p) in &self.endpoints {
             let routable = matches!(
@@ -852,13 +844,13 @@ impl PoolState {
                 HealthState::Healthy | HealthState::Suspect | HealthState::Degraded | HealthState::Recovering
             );
             if n.as_str() != name && routable && p.forced.is_none() {
-                let r = p.window.rate_last(self.now, bucket_us, recent);
+                let r = p.recent_rate(self.now, &self.policy);
                 peers.0.ok += r.ok;
                 peers.0.failed += r.failed;
                 peers.1 += 1;
             }
         }
-        (own, peers.0, peers.1)
+        peers
     }
 
     /// Whether the failure rate of `name` lies significantly above its peers': the lower Wilson
@@ -868,14 +860,12 @@ impl PoolState {
     /// own counts come first, so a healthy endpoint never looks at its peers.
     fn check_failure_outlier(&mut self, name: &str) {
         let policy = &self.policy;
-        let bucket_us = us(policy.bucket_ms);
-        let recent = (buckets(policy) as u32).div_ceil(3);
-        let own = self.endpoints[name].window.rate_last(self.now, bucket_us, recent);
+        let own = self.endpoints[name].recent_rate(self.now, policy);
         let margin = policy.peer_failure_margin;
         let z = policy.peer_failure_z;
         let mut outlier = false;
         if own.failed >= 3 && own.failure_rate() > margin && wilson(own.failed, own.counted(), z).0 > margin {
-            let (own, peers, n) = self.recent_failures(name);
+            let (peers, n) = self.peer_failures(name);
             if n >= 2 {
                 let low = wilson(own.failed, own.counted(), z).0;
                 let high = wilson(peers.failed, peers.counted(), z).1;
@@ -1026,9 +1016,7 @@ impl PoolState {
                 // through it are judged on what they do from now on, not on the outage's window
                 // (they were ejected on it seconds after an outage ended, their latest calls fine).
                 for t in self.endpoints.values_mut().filter(|t| t.eject_refused) {
-                    let successes = t.consecutive_successes;
-                    t.reset_for_recovery(now);
-                    t.consecutive_successes = successes;
+                    t.forget_outage(now);
                 }
             }
             self.rearm_now();

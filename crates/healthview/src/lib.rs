@@ -110,6 +110,31 @@ fn random() -> u64 {
     })
 }
 
+/// The index of one of `n` choices: uniformly when `uniform`, else by `weight` (None if every
+/// weight is 0). Weights are computed on the fly: a pick allocates nothing.
+fn weighted(n: usize, weight: impl Fn(usize) -> f64, uniform: bool) -> Option<usize> {
+    if n == 0 {
+        return None;
+    }
+    let r = random();
+    if uniform {
+        return Some((r % n as u64) as usize);
+    }
+    let total: f64 = (0..n).map(&weight).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let mut x = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
+    for i in 0..n {
+        let w = weight(i);
+        if x < w {
+            return Some(i);
+        }
+        x -= w;
+    }
+    (0..n).rev().find(|&i| weight(i) > 0.0)
+}
+
 impl HealthView {
     pub fn new() -> HealthView {
         HealthView::default()
@@ -188,30 +213,20 @@ impl HealthView {
     pub fn pick(&self, pool: &str, now: Micros) -> Option<String> {
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool)?;
-        if p.endpoints.is_empty() {
-            return None;
-        }
-        if p.panic {
-            let i = (random() % p.endpoints.len() as u64) as usize;
-            return Some(p.endpoints[i].name.clone());
-        }
-        let total: f64 = p.endpoints.iter().map(|e| e.weight_at(now)).sum();
-        if total <= 0.0 {
-            return None;
-        }
-        let mut x = (random() >> 11) as f64 / (1u64 << 53) as f64 * total;
-        for e in &p.endpoints {
-            let w = e.weight_at(now);
-            if x < w {
-                return Some(e.name.clone());
-            }
-            x -= w;
-        }
-        p.endpoints
-            .iter()
-            .rev()
-            .find(|e| e.weight_at(now) > 0.0)
-            .map(|e| e.name.clone())
+        let i = weighted(p.endpoints.len(), |i| p.endpoints[i].weight_at(now), p.panic)?;
+        Some(p.endpoints[i].name.clone())
+    }
+
+    /// One of `candidates` (endpoints of `pool`, e.g. a router's configured upstreams) chosen
+    /// the same way, as its index; one the view does not know yet weighs 1.
+    pub fn choose(&self, pool: &str, candidates: &[&str], now: Micros) -> Option<usize> {
+        let pools = self.pools.read().expect("view lock");
+        let p = pools.get(pool);
+        let weight = |i: usize| {
+            p.and_then(|p| p.index.get(candidates[i]).map(|j| &p.endpoints[*j]))
+                .map_or(1.0, |e| e.weight_at(now))
+        };
+        weighted(candidates.len(), weight, p.is_some_and(|p| p.panic))
     }
 
     /// Endpoints known, over every pool.

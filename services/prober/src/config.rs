@@ -100,8 +100,27 @@ struct File {
     targets: Vec<toml::Spanned<TargetSpec>>,
 }
 
-/// A checked target, with every default applied.
+/// A body assertion: a regular expression, equal to another when its pattern is.
 #[derive(Debug, Clone)]
+pub struct Pattern(pub regex::Regex);
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl std::ops::Deref for Pattern {
+    type Target = regex::Regex;
+
+    fn deref(&self) -> &regex::Regex {
+        &self.0
+    }
+}
+
+/// A checked target, with every default applied. Two equal targets probe the same way: a
+/// reload that leaves a target equal keeps its schedule.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     pub id: String,
     pub pool: String,
@@ -112,7 +131,7 @@ pub struct Target {
     pub method: String,
     pub headers: Vec<(String, String)>,
     pub expect_status: Vec<u16>,
-    pub body_regex: Option<regex::Regex>,
+    pub body_regex: Option<Pattern>,
     pub body_json: Option<(String, serde_json::Value)>,
     pub fresh_connection: bool,
     pub interval: Duration,
@@ -132,28 +151,6 @@ impl Target {
         } else {
             self.expect_status.contains(&status)
         }
-    }
-
-    /// The same probing: a reload that changes nothing else keeps the target's schedule.
-    pub fn same_as(&self, other: &Target) -> bool {
-        self.id == other.id
-            && self.pool == other.pool
-            && self.endpoint == other.endpoint
-            && self.kind == other.kind
-            && self.address == other.address
-            && self.method == other.method
-            && self.headers == other.headers
-            && self.expect_status == other.expect_status
-            && self.body_regex.as_ref().map(regex::Regex::as_str) == other.body_regex.as_ref().map(regex::Regex::as_str)
-            && self.body_json == other.body_json
-            && self.fresh_connection == other.fresh_connection
-            && self.interval == other.interval
-            && self.fast_interval == other.fast_interval
-            && self.traffic_interval == other.traffic_interval
-            && self.timeout == other.timeout
-            && self.model == other.model
-            && self.max_tokens == other.max_tokens
-            && self.daily_token_budget == other.daily_token_budget
     }
 }
 
@@ -288,7 +285,7 @@ pub fn parse(text: &str) -> Result<Vec<Target>, ConfigError> {
         let body_regex = spec
             .body_regex
             .as_deref()
-            .map(regex::Regex::new)
+            .map(|r| regex::Regex::new(r).map(Pattern))
             .transpose()
             .map_err(|e| err("body_regex", e.to_string()))?;
         let body_json = match (&spec.body_json_pointer, &spec.body_equals) {

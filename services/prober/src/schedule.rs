@@ -5,6 +5,7 @@
 //! completion while real calls bring first-token times.
 
 use crate::config::{Kind, Target};
+use crate::fnv;
 use crate::metrics::Metrics;
 use crate::probe::{Clients, Observation};
 use crate::sink::Sink;
@@ -94,16 +95,6 @@ fn now_us() -> Micros {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as Micros)
-}
-
-fn fnv(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.iter().chain(&[0u8]) {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
 }
 
 /// Where in its interval a target's probes fall: spread by its id, so that targets with one
@@ -259,9 +250,7 @@ impl Scheduler {
         let mut previous: HashMap<String, JoinHandle<()>> = HashMap::new();
         let ids: Vec<String> = self.running.keys().cloned().collect();
         for id in ids {
-            let keep = wanted
-                .get(id.as_str())
-                .is_some_and(|t| t.same_as(&self.running[&id].target));
+            let keep = wanted.get(id.as_str()).is_some_and(|t| **t == self.running[&id].target);
             if !keep {
                 let r = self.running.remove(&id).expect("listed above");
                 r.cancel.cancel();

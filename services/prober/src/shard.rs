@@ -16,10 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The shard of a target: stable for its id, whichever instance computes it.
 pub fn shard_of(id: &str, shards: u32) -> u32 {
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (h % u64::from(shards.max(1))) as u32
+    (crate::fnv(&[id.as_bytes()]) % u64::from(shards.max(1))) as u32
 }
 
 /// The shards this instance owns, and how many there are.

@@ -139,59 +139,15 @@ impl Proxy {
     /// An upstream of `pool` by the view's weights (an endpoint the view does not know yet
     /// weighs 1); in panic mode any, uniformly; never `exclude`.
     fn choose<'a>(&self, pool: &'a PoolConfig, exclude: Option<&str>) -> Option<&'a Upstream> {
-        let now = now_us();
         let candidates: Vec<&Upstream> = pool
             .upstreams
             .iter()
             .filter(|u| Some(u.name.as_str()) != exclude)
             .collect();
-        if candidates.is_empty() {
-            return None;
-        }
-        let r = random();
-        if self.view.panic(&pool.name) {
-            return Some(candidates[(r % candidates.len() as u64) as usize]);
-        }
-        let weights: Vec<f64> = candidates
-            .iter()
-            .map(|u| self.view.weight(&pool.name, &u.name, now).unwrap_or(1.0))
-            .collect();
-        let total: f64 = weights.iter().sum();
-        if total <= 0.0 {
-            return None;
-        }
-        let mut x = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
-        for (u, w) in candidates.iter().zip(&weights) {
-            if x < *w {
-                return Some(u);
-            }
-            x -= w;
-        }
-        candidates
-            .into_iter()
-            .zip(weights)
-            .rev()
-            .find(|(_, w)| *w > 0.0)
-            .map(|(u, _)| u)
+        let names: Vec<&str> = candidates.iter().map(|u| u.name.as_str()).collect();
+        let i = self.view.choose(&pool.name, &names, now_us())?;
+        Some(candidates[i])
     }
-}
-
-fn random() -> u64 {
-    use std::cell::Cell;
-    thread_local! {
-        static S: Cell<u64> = Cell::new({
-            static SEEDS: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
-            SEEDS.fetch_add(0x6a09_e667_f3bc_c909, Ordering::Relaxed) | 1
-        });
-    }
-    S.with(|s| {
-        let mut x = s.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    })
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
