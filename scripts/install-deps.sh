@@ -22,3 +22,7 @@ if ! python3 -c 'import schemathesis' 2>/dev/null; then
   echo "[deps] pip install schemathesis (API fuzz test)" >&2
   python3 -m pip install -q --root-user-action=ignore 'schemathesis>=4.32,<5'
 fi
+if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
+  echo "[deps] pip install confluent-kafka (the Python examples)" >&2
+  python3 -m pip install -q --root-user-action=ignore 'confluent-kafka>=2.3,<3'
+fi

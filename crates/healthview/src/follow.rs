@@ -2,7 +2,7 @@
 //! end), then the changes topic followed from a little before the cold start began (so nothing
 //! written meanwhile is missed; `seq` drops what the state already had).
 
-use crate::HealthView;
+use crate::{Applied, HealthView};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -74,16 +74,30 @@ fn partitions(c: &BaseConsumer, topic: &str) -> Result<Vec<i32>, KafkaError> {
         .collect())
 }
 
-fn apply(view: &HealthView, payload: &[u8]) {
+/// What the follower applied, as it happens (for a caller that logs or reacts to changes).
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// An endpoint's transition, new to the view (duplicates are not reported).
+    Change(&'a HealthChanged, Applied),
+    /// A pool decision, new to the view.
+    Pool(&'a PoolHealthChanged),
+}
+
+fn apply(view: &HealthView, payload: &[u8], listener: &dyn Fn(Event<'_>)) {
     match peek_kind(payload) {
         Ok(SchemaKind::HealthChanged) => {
             if let Ok(h) = decode::<HealthChanged>(payload) {
-                view.apply_change(&h);
+                let applied = view.apply_change(&h);
+                if applied != Applied::Duplicate {
+                    listener(Event::Change(&h, applied));
+                }
             }
         }
         Ok(SchemaKind::PoolHealthChanged) => {
             if let Ok(p) = decode::<PoolHealthChanged>(payload) {
-                view.apply_pool(&p);
+                if view.apply_pool(&p) {
+                    listener(Event::Pool(&p));
+                }
             }
         }
         Ok(SchemaKind::EndpointState) => {
@@ -97,6 +111,12 @@ fn apply(view: &HealthView, payload: &[u8]) {
 
 /// Load the state topic to its end, then follow the changes topic in the background.
 pub fn follow(cfg: Config) -> Result<Follower, KafkaError> {
+    follow_with(cfg, |_| {})
+}
+
+/// [`follow`], calling `listener` (on the follower's thread) for every change it applies after
+/// the cold start.
+pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -> Result<Follower, KafkaError> {
     let started = Instant::now();
     let since_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -120,7 +140,7 @@ pub fn follow(cfg: Config) -> Result<Follower, KafkaError> {
             match state.poll(Duration::from_millis(500)) {
                 Some(Ok(m)) => {
                     if let Some(p) = m.payload() {
-                        apply(&view, p);
+                        apply(&view, p, &|_| {});
                     }
                     if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
                         ends.remove(&m.partition());
@@ -158,7 +178,7 @@ pub fn follow(cfg: Config) -> Result<Follower, KafkaError> {
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(Ok(m)) = changes.poll(Duration::from_millis(100)) {
                         if let Some(p) = m.payload() {
-                            apply(&view, p);
+                            apply(&view, p, &listener);
                         }
                     }
                 }

@@ -6,7 +6,7 @@
 
 mod follow;
 
-pub use follow::{follow, Config, Follower};
+pub use follow::{follow, follow_with, Config, Event, Follower};
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -180,15 +180,17 @@ impl HealthView {
         applied
     }
 
-    /// A pool decision: panic mode and correlated outage.
-    pub fn apply_pool(&self, p: &PoolHealthChanged) {
+    /// A pool decision: panic mode and correlated outage. Returns whether it was new.
+    pub fn apply_pool(&self, p: &PoolHealthChanged) -> bool {
         let mut pools = self.pools.write().expect("view lock");
         let pool = pools.entry(p.pool.clone()).or_default();
         if p.seq > pool.seq {
             pool.seq = p.seq;
             pool.panic = p.panic;
             pool.correlated_outage = p.correlated_outage;
+            return true;
         }
+        false
     }
 
     /// An endpoint's weight at `now` (µs since the epoch).
@@ -206,6 +208,15 @@ impl HealthView {
 
     pub fn panic(&self, pool: &str) -> bool {
         self.pools.read().expect("view lock").get(pool).is_some_and(|p| p.panic)
+    }
+
+    /// Whether the processor sees the whole pool failing together.
+    pub fn correlated_outage(&self, pool: &str) -> bool {
+        self.pools
+            .read()
+            .expect("view lock")
+            .get(pool)
+            .is_some_and(|p| p.correlated_outage)
     }
 
     /// An endpoint of `pool` chosen by weight at `now`; in panic mode any endpoint, uniformly.

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The demo: one command that shows vitals working, on a fresh machine.
+#
+#   scripts/demo.sh            # about four minutes
+#   scripts/demo.sh --check    # the same, exiting 1 if a fault is missed or does not heal (CI)
+#
+# It brings up the local stack (Kafka + Postgres), builds and starts the processor, the API, the
+# upstream simulator (deploy/demo/sim.toml: pools "chat" and "batch"), the prober
+# (deploy/demo/targets.toml) and the router (deploy/demo/routes.toml), then runs vitals-demo:
+# load through the router, the fault timeline of deploy/demo/timeline.toml on the simulator,
+# every transition printed as it happens, and a summary table per fault. The services stop at
+# the end (Ctrl-C stops everything early); the stack keeps running (scripts/stack.sh down).
+# Logs: target/demo/*.log.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+say() { echo "[demo] $*" >&2; }
+
+# Every port the demo listens on must be free: an earlier demo or scripts/run.sh would answer
+# in its place.
+for port in 8080 8090 9310 9311 9312 9313 9321 9322 9464 9465; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    say "port $port is in use (is scripts/run.sh or another demo running?); stop it first"
+    exit 1
+  fi
+done
+
+scripts/install-deps.sh
+scripts/stack.sh up
+export VITALS_KAFKA_BROKERS=${VITALS_KAFKA_BROKERS:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
+export VITALS_DATABASE_URL=${VITALS_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
+reader_url=${VITALS_API_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
+say "building (release; the first build takes several minutes)"
+cargo build --release -q -p vitals-processor -p vitals-api -p vitals-prober -p vitals-router \
+  -p vitals-upstream-sim -p vitals-demo
+
+logs=target/demo
+mkdir -p "$logs"
+pids=()
+cleanup() {
+  ((${#pids[@]})) && kill -TERM "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start NAME COMMAND...: in the background, its output in target/demo/NAME.log.
+start() {
+  local name=$1
+  shift
+  "$@" >"$logs/$name.log" 2>&1 &
+  pids+=("$!")
+}
+
+# ready NAME URL: wait (up to 60 s) until URL answers 2xx; show the log if the service died.
+ready() {
+  local name=$1 url=$2 pid=${pids[-1]}
+  for _ in $(seq 1 300); do
+    curl -fsS -o /dev/null "$url" 2>/dev/null && { say "$name is up ($url)"; return; }
+    if ! kill -0 "$pid" 2>/dev/null; then
+      say "$name exited; the end of $logs/$name.log:"
+      tail -n 20 "$logs/$name.log" >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
+  say "$name did not come up within 60 s (see $logs/$name.log)"
+  exit 1
+}
+
+start processor target/release/vitals-processor
+ready processor http://127.0.0.1:9464/readyz
+start api target/release/vitals-api --database-url "$reader_url"
+ready api http://127.0.0.1:8080/readyz
+start upstream-sim target/release/vitals-upstream-sim --config deploy/demo/sim.toml
+ready upstream-sim http://127.0.0.1:9310/endpoints
+start prober target/release/vitals-prober --config deploy/demo/targets.toml --name demo-prober
+ready prober http://127.0.0.1:9465/readyz
+start router target/release/vitals-router --config deploy/demo/routes.toml
+ready router http://127.0.0.1:8090/healthz
+
+say "the services run; logs in $logs/. Playing the timeline of deploy/demo/timeline.toml"
+target/release/vitals-demo --routes deploy/demo/routes.toml --timeline deploy/demo/timeline.toml \
+  --api http://127.0.0.1:8080 --router http://127.0.0.1:8090 --sim-admin http://127.0.0.1:9310 "$@"
