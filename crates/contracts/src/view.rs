@@ -202,6 +202,28 @@ pub enum SignalItem {
     Probe(ProbeItem),
 }
 
+impl From<c::CallOutcome> for CallItem {
+    /// The JSON form of a call report (what HTTP ingest takes); the inverse of
+    /// [`SignalItem::into_signal`] for a call with its id and time.
+    fn from(o: c::CallOutcome) -> CallItem {
+        CallItem {
+            event_id: Some(o.event_id),
+            pool: o.pool,
+            endpoint: o.endpoint,
+            gateway: o.gateway,
+            occurred_at: DateTime::from_timestamp_micros(o.occurred_at),
+            outcome: o.outcome.into(),
+            http_status: o.http_status,
+            latency_us: o.latency_us,
+            ttft_us: o.ttft_us,
+            tpot_us: o.tpot_us,
+            attributes: o.attributes,
+            model: o.model,
+            retry_after_ms: o.retry_after_ms,
+        }
+    }
+}
+
 impl SignalItem {
     /// The contract record: `id` names it when the item has no id of its own, `now` (µs) dates it
     /// when it has no time.
@@ -253,6 +275,28 @@ impl SignalItem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_survives_its_json_form() {
+        let o = c::CallOutcome {
+            event_id: "id-1".into(),
+            pool: "p".into(),
+            endpoint: "e".into(),
+            gateway: "g".into(),
+            occurred_at: 1_700_000_000_123_456,
+            outcome: c::OutcomeClass::RateLimited,
+            http_status: Some(429),
+            latency_us: 5,
+            ttft_us: None,
+            tpot_us: Some(3),
+            attributes: [("k".to_owned(), "v".to_owned())].into(),
+            model: Some("m".into()),
+            retry_after_ms: Some(2_000),
+        };
+        let json = serde_json::to_string(&SignalItem::Call(o.clone().into())).unwrap();
+        let back: SignalItem = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.into_signal(|_| unreachable!(), 0), c::Signal::Call(o));
+    }
 
     fn json<T: Serialize>(v: T) -> String {
         serde_json::to_value(v).unwrap().as_str().unwrap().to_owned()

@@ -6,8 +6,12 @@
 //! Kafka producer keyed by pool. When the queue is full, or the producer's own bounded queue is
 //! (Kafka down), the outcome is dropped and counted: memory stays bounded whatever happens.
 //! [`Reporter::flush`] at shutdown delivers what is queued. [`CallTimer`] measures a call for the
-//! caller (start → first token → end) and classifies its outcome.
+//! caller (start → first token → end) and classifies its outcome; [`Reporter::start_call`] also
+//! watches the first token's deadline and reports a slow first token as a timeout the moment the
+//! deadline passes, instead of when the call ends. Gateways that cannot reach Kafka report over
+//! HTTP ingest instead ([`Config::http`]): batched, retried while the API is away, bounded.
 
+mod http;
 mod timer;
 
 pub use timer::{CallResult, CallTimer};
@@ -16,12 +20,13 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
-use vitals_contracts::{encode, CallOutcome};
+use std::time::{Duration, Instant};
+use vitals_contracts::{encode, CallOutcome, OutcomeClass};
 
 /// How a reporter connects and how much it may hold.
 #[derive(Debug, Clone)]
@@ -34,12 +39,30 @@ pub struct Config {
     pub topic: String,
     /// Outcomes waiting to be encoded; beyond, `report` drops and counts.
     pub queue_capacity: usize,
-    /// Encoded outcomes the producer may hold while Kafka is slow or down; beyond, dropped and
-    /// counted.
+    /// Encoded outcomes the producer (or the HTTP sender) may hold while the transport is slow
+    /// or down; beyond, dropped and counted.
     pub producer_queue_messages: u32,
+    /// Report over HTTP ingest instead of Kafka.
+    pub http: Option<HttpIngest>,
+}
+
+/// The fallback transport: the API's `POST /v1/signals`.
+#[derive(Debug, Clone)]
+pub struct HttpIngest {
+    /// The API's base URL, e.g. `http://vitals-api:8080`.
+    pub url: String,
+    /// A writer token.
+    pub token: Option<String>,
+    /// Reports per request (the API takes at most 1,000 by default).
+    pub batch_items: usize,
+    /// How long a report may wait for others to share its request.
+    pub linger: Duration,
+    /// Time one request may take.
+    pub timeout: Duration,
 }
 
 impl Config {
+    /// Report to Kafka at `brokers`.
     pub fn new(brokers: impl Into<String>) -> Config {
         Config {
             brokers: brokers.into(),
@@ -47,6 +70,21 @@ impl Config {
             topic: vitals_contracts::topics::SIGNALS.to_owned(),
             queue_capacity: 65_536,
             producer_queue_messages: 100_000,
+            http: None,
+        }
+    }
+
+    /// Report over HTTP ingest to the API at `url`, with a writer `token`.
+    pub fn http(url: impl Into<String>, token: Option<String>) -> Config {
+        Config {
+            http: Some(HttpIngest {
+                url: url.into(),
+                token,
+                batch_items: 500,
+                linger: Duration::from_millis(50),
+                timeout: Duration::from_secs(10),
+            }),
+            ..Config::new("")
         }
     }
 }
@@ -57,6 +95,8 @@ pub enum Error {
     Config(String),
     #[error("cannot create the Kafka producer: {0}")]
     Kafka(#[from] KafkaError),
+    #[error("cannot create the HTTP client: {0}")]
+    Http(String),
 }
 
 /// What happened to the outcomes reported so far.
@@ -72,8 +112,17 @@ pub struct Counters {
     pub dropped_invalid: AtomicU64,
     /// Confirmed by the broker.
     pub delivered: AtomicU64,
-    /// Failed after retries (Kafka unreachable for longer than the message timeout).
+    /// Failed after retries (Kafka unreachable for longer than the message timeout), or refused
+    /// by the API for good (a bad token).
     pub delivery_failed: AtomicU64,
+    /// Slow first tokens reported when their deadline passed.
+    pub early_reports: AtomicU64,
+    /// Final reports not sent because the call's slow first token was reported already.
+    pub superseded: AtomicU64,
+    /// HTTP ingest requests sent again (the API away, busy, or some items not confirmed).
+    pub retries: AtomicU64,
+    /// The last delivery error, for operators.
+    last_error: Mutex<Option<String>>,
 }
 
 /// A point-in-time copy of the counters.
@@ -85,9 +134,43 @@ pub struct Snapshot {
     pub dropped_invalid: u64,
     pub delivered: u64,
     pub delivery_failed: u64,
+    pub early_reports: u64,
+    pub superseded: u64,
+    pub retries: u64,
+}
+
+impl Snapshot {
+    /// The counters in the Prometheus text format (`vitals_reporter_*`), for a gateway's
+    /// `/metrics`.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::from(
+            "# HELP vitals_reporter_reports_total Call reports by what became of them.\n# TYPE vitals_reporter_reports_total counter\n",
+        );
+        for (result, v) in [
+            ("reported", self.reported),
+            ("delivered", self.delivered),
+            ("dropped_queue_full", self.dropped_queue_full),
+            ("dropped_producer_full", self.dropped_producer_full),
+            ("dropped_invalid", self.dropped_invalid),
+            ("delivery_failed", self.delivery_failed),
+            ("early", self.early_reports),
+            ("superseded", self.superseded),
+        ] {
+            out.push_str(&format!("vitals_reporter_reports_total{{result=\"{result}\"}} {v}\n"));
+        }
+        out.push_str(&format!(
+            "# HELP vitals_reporter_retries_total HTTP ingest requests sent again.\n# TYPE vitals_reporter_retries_total counter\nvitals_reporter_retries_total {}\n",
+            self.retries
+        ));
+        out
+    }
 }
 
 impl Counters {
+    fn error(&self, e: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Snapshot {
@@ -97,6 +180,9 @@ impl Counters {
             dropped_invalid: g(&self.dropped_invalid),
             delivered: g(&self.delivered),
             delivery_failed: g(&self.delivery_failed),
+            early_reports: g(&self.early_reports),
+            superseded: g(&self.superseded),
+            retries: g(&self.retries),
         }
     }
 }
@@ -120,9 +206,75 @@ impl ProducerContext for Deliveries {
 /// How long the worker sleeps when the queue is empty.
 const IDLE: Duration = Duration::from_millis(1);
 
+/// Outcomes travel by value: the channel's slots are allocated once, so `report` allocates
+/// nothing (a boxed outcome cost the caller a malloc, contended by the worker's frees).
+#[allow(clippy::large_enum_variant)]
 enum Msg {
-    Outcome(Box<CallOutcome>),
+    Outcome(CallOutcome),
+    Watch(Box<Due>),
     Flush(Duration, SyncSender<bool>),
+}
+
+/// A watched first token: the report to send if it has not come by `at`.
+struct Due {
+    at: Instant,
+    state: Arc<AtomicU8>,
+    report: CallOutcome,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, o: &Due) -> bool {
+        self.at == o.at
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, o: &Due) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Due {
+    /// The earliest deadline first (a max-heap of reversed times).
+    fn cmp(&self, o: &Due) -> std::cmp::Ordering {
+        o.at.cmp(&self.at)
+    }
+}
+
+/// Where encoded reports go: Kafka, or HTTP ingest.
+trait Sink: Send {
+    /// Take one report (or drop it and count why).
+    fn send(&mut self, o: CallOutcome, counters: &Counters);
+    /// Called on every turn of the worker: send what is due.
+    fn tick(&mut self, _counters: &Counters) {}
+    /// Deliver what is held, up to `timeout`; whether everything was.
+    fn flush(&mut self, timeout: Duration, counters: &Counters) -> bool;
+}
+
+struct KafkaSink {
+    producer: ThreadedProducer<Deliveries>,
+    topic: String,
+}
+
+impl Sink for KafkaSink {
+    fn send(&mut self, o: CallOutcome, counters: &Counters) {
+        let bytes = match encode(&o) {
+            Ok(b) => b,
+            Err(_) => {
+                counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let record = BaseRecord::to(&self.topic).key(o.pool.as_bytes()).payload(&bytes);
+        if let Err((e, _)) = self.producer.send(record) {
+            // The producer's queue is full (Kafka slow or down): drop rather than grow.
+            counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
+            counters.error(format!("Kafka: {e}"));
+        }
+    }
+
+    fn flush(&mut self, timeout: Duration, _: &Counters) -> bool {
+        self.producer.flush(timeout).is_ok()
+    }
 }
 
 /// The reporter. Cheap to share (`Arc<Reporter>`); `report` takes `&self`.
@@ -134,31 +286,40 @@ pub struct Reporter {
 
 impl Reporter {
     pub fn new(cfg: Config) -> Result<Reporter, Error> {
-        if cfg.queue_capacity == 0 || cfg.topic.is_empty() || cfg.brokers.is_empty() {
-            return Err(Error::Config(
-                "brokers and topic must be set and queue_capacity above 0".into(),
-            ));
+        if cfg.queue_capacity == 0 || cfg.topic.is_empty() {
+            return Err(Error::Config("topic must be set and queue_capacity above 0".into()));
         }
         let counters = Arc::new(Counters::default());
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &cfg.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("compression.type", "lz4")
-            .set("queue.buffering.max.messages", cfg.producer_queue_messages.to_string())
-            .set("message.timeout.ms", "30000");
-        for (k, v) in &cfg.kafka_options {
-            c.set(k, v);
-        }
-        let producer: ThreadedProducer<Deliveries> = c.create_with_context(Deliveries(counters.clone()))?;
+        let sink: Box<dyn Sink> = match &cfg.http {
+            Some(h) => Box::new(http::HttpSink::new(h.clone(), cfg.producer_queue_messages as usize)?),
+            None => {
+                if cfg.brokers.is_empty() {
+                    return Err(Error::Config("brokers must be set (or HTTP ingest chosen)".into()));
+                }
+                let mut c = ClientConfig::new();
+                c.set("bootstrap.servers", &cfg.brokers)
+                    .set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    .set("linger.ms", "5")
+                    .set("compression.type", "lz4")
+                    .set("queue.buffering.max.messages", cfg.producer_queue_messages.to_string())
+                    .set("message.timeout.ms", "30000");
+                for (k, v) in &cfg.kafka_options {
+                    c.set(k, v);
+                }
+                Box::new(KafkaSink {
+                    producer: c.create_with_context(Deliveries(counters.clone()))?,
+                    topic: cfg.topic.clone(),
+                })
+            }
+        };
         let (tx, rx) = mpsc::sync_channel(cfg.queue_capacity);
         let worker = {
             let counters = counters.clone();
-            let topic = cfg.topic.clone();
+            let watch_capacity = cfg.queue_capacity;
             std::thread::Builder::new()
                 .name("vitals-reporter".into())
-                .spawn(move || work(rx, producer, topic, counters))
+                .spawn(move || work(rx, sink, counters, watch_capacity))
                 .map_err(|e| Error::Config(format!("cannot start the reporter thread: {e}")))?
         };
         Ok(Reporter {
@@ -168,10 +329,10 @@ impl Reporter {
         })
     }
 
-    /// Queue an outcome for Kafka. Never blocks; when the queue is full the outcome is dropped
-    /// and counted.
+    /// Queue an outcome. Never blocks; when the queue is full the outcome is dropped and
+    /// counted.
     pub fn report(&self, outcome: CallOutcome) {
-        match self.tx.try_send(Msg::Outcome(Box::new(outcome))) {
+        match self.tx.try_send(Msg::Outcome(outcome)) {
             Ok(()) => self.counters.reported.fetch_add(1, Ordering::Relaxed),
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.counters.dropped_queue_full.fetch_add(1, Ordering::Relaxed)
@@ -179,12 +340,78 @@ impl Reporter {
         };
     }
 
+    /// Start measuring a call whose first token is due within `ttft_deadline`. If none has come
+    /// by then, a timeout (`attributes["vitals.early"] = "ttft_deadline"`, latency = the
+    /// deadline) is reported at that moment, with `id`, and the call's own report is skipped
+    /// when it ends ([`Reporter::finish`]). Never blocks; when the queue is full the call is
+    /// measured without the early report.
+    pub fn start_call(
+        &self,
+        pool: impl Into<String>,
+        endpoint: impl Into<String>,
+        gateway: &str,
+        id: impl Into<String>,
+        ttft_deadline: Duration,
+    ) -> CallTimer {
+        let mut t = CallTimer::start(pool, endpoint);
+        let state = Arc::new(AtomicU8::new(timer::WAITING));
+        let report = CallOutcome {
+            event_id: id.into(),
+            pool: t.pool.clone(),
+            endpoint: t.endpoint.clone(),
+            gateway: gateway.to_owned(),
+            occurred_at: t.started_at_us,
+            outcome: OutcomeClass::Timeout,
+            http_status: None,
+            latency_us: ttft_deadline.as_micros() as i64,
+            ttft_us: None,
+            tpot_us: None,
+            attributes: [("vitals.early".to_owned(), "ttft_deadline".to_owned())].into(),
+            model: None,
+            retry_after_ms: None,
+        };
+        let due = Due {
+            at: t.started() + ttft_deadline,
+            state: state.clone(),
+            report,
+        };
+        if self.tx.try_send(Msg::Watch(Box::new(due))).is_ok() {
+            t.watch = Some(state);
+        }
+        t
+    }
+
+    /// Report a measured call as it ended, unless its slow first token was reported already.
+    pub fn finish(
+        &self,
+        timer: CallTimer,
+        gateway: &str,
+        id: impl Into<String>,
+        result: CallResult,
+        retry_after_ms: Option<i64>,
+    ) {
+        if timer.settle() {
+            self.report(timer.finish(gateway, id, result, retry_after_ms));
+        } else {
+            self.counters.superseded.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn counters(&self) -> Snapshot {
         self.counters.snapshot()
     }
 
+    /// The last delivery error (Kafka's or the API's), if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.counters
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Wait (up to `timeout`) until everything reported so far is delivered or has failed.
-    /// Returns whether the producer's queue emptied in time.
+    /// Returns whether the transport's queue emptied in time.
     pub fn flush(&self, timeout: Duration) -> bool {
         let (ack, done) = mpsc::sync_channel(1);
         if self.tx.send(Msg::Flush(timeout, ack)).is_err() {
@@ -205,11 +432,26 @@ impl Reporter {
     }
 }
 
-fn work(rx: Receiver<Msg>, producer: ThreadedProducer<Deliveries>, topic: String, counters: Arc<Counters>) {
+fn work(rx: Receiver<Msg>, mut sink: Box<dyn Sink>, counters: Arc<Counters>, watch_capacity: usize) {
+    let mut due: BinaryHeap<Due> = BinaryHeap::new();
     loop {
+        // Slow first tokens whose deadline passed are reported now, once.
+        let now = Instant::now();
+        while due.peek().is_some_and(|d| d.at <= now) {
+            let d = due.pop().expect("peeked");
+            if d.state
+                .compare_exchange(timer::WAITING, timer::EARLY, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                counters.early_reports.fetch_add(1, Ordering::Relaxed);
+                counters.reported.fetch_add(1, Ordering::Relaxed);
+                sink.send(d.report, &counters);
+            }
+        }
+        sink.tick(&counters);
         // The worker never parks on the channel: a parked receiver makes every `report` wake it
         // (a futex call of several µs on the caller's path). It sleeps a millisecond when the
-        // queue is empty instead; the producer lingers longer than that anyway.
+        // queue is empty instead; the transports linger longer than that anyway.
         let msg = match rx.try_recv() {
             Ok(m) => m,
             Err(TryRecvError::Empty) => {
@@ -219,25 +461,24 @@ fn work(rx: Receiver<Msg>, producer: ThreadedProducer<Deliveries>, topic: String
             Err(TryRecvError::Disconnected) => break,
         };
         match msg {
-            Msg::Outcome(o) => {
-                let bytes = match encode(o.as_ref()) {
-                    Ok(b) => b,
-                    Err(_) => {
-                        counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                };
-                let record = BaseRecord::to(&topic).key(o.pool.as_bytes()).payload(&bytes);
-                if producer.send(record).is_err() {
-                    // The producer's queue is full (Kafka slow or down): drop rather than grow.
-                    counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
+            Msg::Outcome(o) => sink.send(o, &counters),
+            Msg::Watch(d) => {
+                // Bounded: calls that ended leave their entries behind until the deadline; clear
+                // them when full, and watch no more if still full (the calls report at their end).
+                if due.len() >= watch_capacity {
+                    due.retain(|d| d.state.load(Ordering::Acquire) == timer::WAITING);
+                }
+                if due.len() < watch_capacity {
+                    due.push(*d);
+                } else {
+                    d.state.store(timer::DONE, Ordering::Release);
                 }
             }
             Msg::Flush(timeout, ack) => {
-                let ok = producer.flush(timeout).is_ok();
+                let ok = sink.flush(timeout, &counters);
                 let _ = ack.try_send(ok);
             }
         }
     }
-    let _ = producer.flush(Duration::from_secs(5));
+    sink.flush(Duration::from_secs(5), &counters);
 }

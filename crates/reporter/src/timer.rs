@@ -1,5 +1,7 @@
 //! Measuring a call for the caller: start, first token, end, and the outcome class.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use vitals_contracts::{CallOutcome, OutcomeClass};
 
@@ -37,14 +39,21 @@ impl CallResult {
     }
 }
 
+/// A watched call's first token: still awaited, come (or the call ended), or reported late.
+pub(crate) const WAITING: u8 = 0;
+pub(crate) const DONE: u8 = 1;
+pub(crate) const EARLY: u8 = 2;
+
 /// One call being measured.
 #[derive(Debug, Clone)]
 pub struct CallTimer {
-    pool: String,
-    endpoint: String,
+    pub(crate) pool: String,
+    pub(crate) endpoint: String,
     started: Instant,
-    started_at_us: i64,
+    pub(crate) started_at_us: i64,
     first_token: Option<Instant>,
+    /// Set when the reporter watches the first token's deadline ([`crate::Reporter::start_call`]).
+    pub(crate) watch: Option<Arc<AtomicU8>>,
 }
 
 impl CallTimer {
@@ -57,12 +66,31 @@ impl CallTimer {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as i64),
             first_token: None,
+            watch: None,
         }
+    }
+
+    /// When the call started.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// The first content token arrived (the first call wins).
     pub fn first_token(&mut self) {
         self.first_token.get_or_insert_with(Instant::now);
+        self.settle();
+    }
+
+    /// The call's own report is still due: no early report of a slow first token went out (and
+    /// none will now).
+    pub(crate) fn settle(&self) -> bool {
+        match &self.watch {
+            None => true,
+            Some(w) => match w.compare_exchange(WAITING, DONE, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => true,
+                Err(now) => now == DONE,
+            },
+        }
     }
 
     /// The call ended: its outcome, with an id unique to this gateway.

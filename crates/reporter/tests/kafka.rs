@@ -86,3 +86,42 @@ fn with_kafka_down_reports_never_block_and_what_is_held_stays_bounded() {
     }
     reporter.close(Duration::from_secs(3));
 }
+
+/// A watched call whose first token is late is reported as a timeout when the deadline passes —
+/// while the call is still running — and its own report at the end is skipped; a call whose
+/// first token comes in time is reported once, at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_token_is_reported_when_its_deadline_passes() {
+    let topics = Topics::create(&unique("reporter_early"), 1, Stamp::LogAppendTime).await;
+    let mut cfg = Config::new(brokers());
+    cfg.topic = topics.signals.clone();
+    let reporter = Reporter::new(cfg).unwrap();
+    let deadline = Duration::from_millis(100);
+    let mut fast = reporter.start_call("p", "fast", "gw", "fast-1", deadline);
+    fast.first_token();
+    reporter.finish(fast, "gw", "fast-1", CallResult::Status(200), None);
+    let slow = reporter.start_call("p", "slow", "gw", "slow-1", deadline);
+    // The slow call has not ended (it is finished below): its early report is on the topic.
+    let messages = read_n(&topics.signals, 2, Duration::from_secs(30)).await;
+    let calls: Vec<_> = messages
+        .iter()
+        .map(|m| match decode_signal(m.payload().unwrap()) {
+            Ok(Signal::Call(c)) => c,
+            other => panic!("not a call: {other:?}"),
+        })
+        .collect();
+    let early = calls.iter().find(|c| c.endpoint == "slow").expect("the early report");
+    assert_eq!(early.outcome, OutcomeClass::Timeout);
+    assert_eq!(early.event_id, "slow-1");
+    assert_eq!(early.latency_us, 100_000);
+    assert_eq!(
+        early.attributes.get("vitals.early").map(String::as_str),
+        Some("ttft_deadline")
+    );
+    let ok = calls.iter().find(|c| c.endpoint == "fast").expect("the fast call");
+    assert_eq!(ok.outcome, OutcomeClass::Success);
+    reporter.finish(slow, "gw", "slow-1-end", CallResult::Status(200), None);
+    assert!(reporter.flush(Duration::from_secs(10)));
+    let c = reporter.counters();
+    assert_eq!((c.early_reports, c.superseded, c.delivered), (1, 1, 2), "{c:?}");
+}

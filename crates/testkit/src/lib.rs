@@ -335,6 +335,35 @@ pub fn start_processor(topics: &Topics, group: &str, schema: &str, extra: &[&str
     Service::start("vitals-processor", group, &args)
 }
 
+/// Start the API binary on `topics` and `schema` (read with the reader role), listening on
+/// `port`, with `tokens` (`name:role:secret`); returns once it answers `/healthz`.
+pub async fn start_api(topics: &Topics, schema: &str, port: u16, tokens: &[&str]) -> Service {
+    let mut args: Vec<String> = [
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+        "--db-schema",
+        schema,
+        "--database-url",
+        &reader_url(),
+        "--brokers",
+        &brokers(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for t in tokens {
+        args.extend(["--token".to_string(), t.to_string()]);
+    }
+    args.extend(topics.args());
+    let api = Service::start("vitals-api", &format!("api-{schema}"), &args);
+    let log = api.log.display().to_string();
+    wait_until(&format!("the API up ({log})"), Duration::from_secs(30), || async move {
+        http_get(port, "/healthz").await.is_some()
+    })
+    .await;
+    api
+}
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

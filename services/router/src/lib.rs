@@ -36,6 +36,10 @@ pub struct PoolConfig {
     /// Models this pool serves (the request's `model`); default: the pool's name.
     #[serde(default)]
     pub models: Vec<String>,
+    /// A first token later than this is reported as a timeout the moment the deadline passes
+    /// (the call itself goes on); without it, a slow call is reported when it ends.
+    #[serde(default)]
+    pub ttft_deadline_ms: Option<u64>,
     #[serde(rename = "upstream")]
     pub upstreams: Vec<Upstream>,
 }
@@ -172,13 +176,13 @@ struct Metered {
 impl Metered {
     fn report(&mut self, result: CallResult) {
         if let Some(t) = self.timer.take() {
-            let o = t.finish(
+            self.proxy.reporter.finish(
+                t,
                 &self.proxy.routes.gateway,
                 std::mem::take(&mut self.id),
                 result,
                 self.retry_after_ms,
             );
-            self.proxy.reporter.report(o);
         }
     }
 }
@@ -237,7 +241,17 @@ async fn completions(State(p): State<Arc<Proxy>>, headers: HeaderMap, body: Byte
         let Some(up) = p.choose(pool, refused.as_deref()) else {
             break;
         };
-        let mut timer = CallTimer::start(pool.name.clone(), up.name.clone());
+        let id = p.id();
+        let mut timer = match pool.ttft_deadline_ms {
+            Some(ms) => p.reporter.start_call(
+                pool.name.clone(),
+                up.name.clone(),
+                &p.routes.gateway,
+                id.clone(),
+                Duration::from_millis(ms),
+            ),
+            None => CallTimer::start(pool.name.clone(), up.name.clone()),
+        };
         let mut req = p
             .client
             .post(format!("{}/v1/chat/completions", up.url.trim_end_matches('/')))
@@ -256,7 +270,7 @@ async fn completions(State(p): State<Arc<Proxy>>, headers: HeaderMap, body: Byte
                 } else {
                     CallResult::Dropped
                 };
-                p.reporter.report(timer.finish(&p.routes.gateway, p.id(), result, None));
+                p.reporter.finish(timer, &p.routes.gateway, id, result, None);
                 if result == CallResult::ConnectError {
                     // Nothing was sent: one more try on another endpoint.
                     refused = Some(up.name.clone());
@@ -282,7 +296,7 @@ async fn completions(State(p): State<Arc<Proxy>>, headers: HeaderMap, body: Byte
                 inner: Box::pin(resp.bytes_stream()),
                 timer: Some(timer),
                 status,
-                id: p.id(),
+                id,
                 proxy: p.clone(),
                 retry_after_ms,
             };
@@ -296,8 +310,7 @@ async fn completions(State(p): State<Arc<Proxy>>, headers: HeaderMap, body: Byte
                 }
                 Err(_) => CallResult::Dropped,
             };
-            p.reporter
-                .report(timer.finish(&p.routes.gateway, p.id(), result, retry_after_ms));
+            p.reporter.finish(timer, &p.routes.gateway, id, result, retry_after_ms);
             match bytes {
                 Ok(b) => Response::new(Body::from(b)),
                 Err(e) => return error(StatusCode::BAD_GATEWAY, format!("upstream {}: {e}", up.name)),
@@ -323,7 +336,27 @@ pub fn router(p: Arc<Proxy>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/metrics", axum::routing::get(metrics))
         .with_state(p)
+}
+
+/// The reporter's counters and the health view's, in the Prometheus text format.
+async fn metrics(State(p): State<Arc<Proxy>>) -> Response {
+    let mut out = p.reporter.counters().prometheus();
+    let c = &p.view.counters;
+    out.push_str("# HELP vitals_healthview_events_total Health changes by what the view did with them.\n");
+    out.push_str("# TYPE vitals_healthview_events_total counter\n");
+    for (kind, v) in [("applied", &c.applied), ("duplicate", &c.duplicates), ("gap", &c.gaps)] {
+        out.push_str(&format!(
+            "vitals_healthview_events_total{{kind=\"{kind}\"}} {}\n",
+            v.load(Ordering::Relaxed)
+        ));
+    }
+    out.push_str(&format!(
+        "# HELP vitals_healthview_endpoints Endpoints the view knows.\n# TYPE vitals_healthview_endpoints gauge\nvitals_healthview_endpoints {}\n",
+        p.view.len()
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use vitals_contracts::{decode_signal, encode, Evidence, HealthChanged, HealthState, OutcomeClass, Signal};
+use vitals_reporter::Reporter;
 use vitals_router::{router, Proxy, Routes};
-use vitals_testkit::{brokers, producer, read_n, unique, wait_until, Stamp, Topics};
+use vitals_testkit::{brokers, http_get, producer, read_n, unique, wait_until, Stamp, Topics};
 use vitals_upstream_sim::{Behaviour, Sim, SimConfig};
 
 /// Send `n` streamed completions; returns how many each endpoint served, and checks each stream
@@ -40,6 +41,27 @@ async fn load(port: u16, n: usize) -> BTreeMap<String, usize> {
     served
 }
 
+/// The router on `routes` (TOML), reporting to and following `topics`: its port, reporter and
+/// health view.
+async fn serve(routes: &str, topics: &Topics) -> (u16, Arc<Reporter>, vitals_healthview::Follower) {
+    let routes = Routes::parse(routes).unwrap();
+    let mut rc = vitals_reporter::Config::new(brokers());
+    rc.topic = topics.signals.clone();
+    let reporter = Arc::new(Reporter::new(rc).unwrap());
+    let mut vc = vitals_healthview::Config::new(brokers());
+    vc.state_topic = topics.state.clone();
+    vc.changes_topic = topics.changes.clone();
+    let follower = tokio::task::spawn_blocking(move || vitals_healthview::follow(vc))
+        .await
+        .unwrap()
+        .unwrap();
+    let proxy = Arc::new(Proxy::new(routes, follower.view.clone(), reporter.clone()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router(proxy)).await });
+    (port, reporter, follower)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_pass_through_calls_are_reported_and_an_ejected_endpoint_gets_none() {
     let mut sc = SimConfig::healthy(2, 1);
@@ -54,22 +76,8 @@ async fn streams_pass_through_calls_are_reported_and_an_ejected_endpoint_gets_no
             "[[pool.upstream]]\nname = \"{name}\"\nurl = \"http://{addr}\"\n"
         ));
     }
-    let routes = Routes::parse(&routes).unwrap();
-    let mut rc = vitals_reporter::Config::new(brokers());
-    rc.topic = topics.signals.clone();
-    let reporter = Arc::new(vitals_reporter::Reporter::new(rc).unwrap());
-    let mut vc = vitals_healthview::Config::new(brokers());
-    vc.state_topic = topics.state.clone();
-    vc.changes_topic = topics.changes.clone();
-    let follower = tokio::task::spawn_blocking(move || vitals_healthview::follow(vc))
-        .await
-        .unwrap()
-        .unwrap();
+    let (port, reporter, follower) = serve(&routes, &topics).await;
     let view = follower.view.clone();
-    let proxy = Arc::new(Proxy::new(routes, view.clone(), reporter.clone()).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, router(proxy)).await });
 
     let served = load(port, 30).await;
     assert!(
@@ -153,5 +161,46 @@ async fn streams_pass_through_calls_are_reported_and_an_ejected_endpoint_gets_no
     let served = load(port, 20).await;
     assert_eq!(served.get("e1"), Some(&20), "{served:?}");
     drop(follower);
+    sim.shutdown().await;
+}
+
+/// A pool with a first-token deadline: a call whose first token is late still streams whole to
+/// its user, but is reported as a timeout when the deadline passes, once; /metrics says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_token_is_reported_at_the_pools_deadline() {
+    let mut sc = SimConfig::healthy(1, 1);
+    sc.endpoints[0].behaviour.ttft_ms = 400;
+    let sim = Sim::start(sc).await.unwrap();
+    let topics = Topics::create(&unique("router_ttft"), 1, Stamp::LogAppendTime).await;
+    let (name, addr) = &sim.endpoints()[0];
+    let routes = format!(
+        "gateway = \"router-ttft\"\n[[pool]]\nname = \"llm\"\nmodels = [\"gpt-sim\"]\nttft_deadline_ms = 100\n[[pool.upstream]]\nname = \"{name}\"\nurl = \"http://{addr}\"\n"
+    );
+    let (port, reporter, _follower) = serve(&routes, &topics).await;
+    let served = load(port, 3).await;
+    assert_eq!(served.get("e0"), Some(&3), "every call served whole");
+    let r = reporter.clone();
+    assert!(tokio::task::spawn_blocking(move || r.flush(Duration::from_secs(10)))
+        .await
+        .unwrap());
+    let messages = read_n(&topics.signals, 3, Duration::from_secs(20)).await;
+    for m in &messages {
+        let Ok(Signal::Call(call)) = decode_signal(m.payload().unwrap()) else {
+            panic!("a call")
+        };
+        assert_eq!((call.outcome, call.latency_us), (OutcomeClass::Timeout, 100_000));
+        assert_eq!(
+            call.attributes.get("vitals.early").map(String::as_str),
+            Some("ttft_deadline")
+        );
+    }
+    let metrics = http_get(port, "/metrics").await.unwrap();
+    for line in [
+        "vitals_reporter_reports_total{result=\"early\"} 3",
+        "vitals_reporter_reports_total{result=\"superseded\"} 3",
+        "vitals_reporter_reports_total{result=\"delivered\"} 3",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     sim.shutdown().await;
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use vitals_contracts::{decode_signal, encode, CallOutcome, OutcomeClass, Signal};
-use vitals_testkit::{brokers, free_port, http_get, reader_url, unique, wait_until, Service, Stamp, Topics};
+use vitals_testkit::{brokers, free_port, unique, wait_until, Stamp, Topics};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -168,30 +168,7 @@ async fn the_examples_report_follow_and_ingest() {
 
     // curl: the API ingests a batch item by item.
     let port = free_port();
-    let mut args: Vec<String> = [
-        "--http-addr",
-        &format!("127.0.0.1:{port}"),
-        "--db-schema",
-        &name,
-        "--database-url",
-        &reader_url(),
-        "--brokers",
-        &b,
-        "--token",
-        "gw:writer:examples-writer-secret-01",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(topics.args());
-    let api = Service::start("vitals-api", "examples-api", &args);
-    let log = api.log.clone();
-    wait_until(
-        &format!("API up ({})", log.display()),
-        Duration::from_secs(30),
-        || async move { http_get(port, "/healthz").await.is_some() },
-    )
-    .await;
+    let _api = vitals_testkit::start_api(&topics, &name, port, &["gw:writer:examples-writer-secret-01"]).await;
     let api_url = format!("http://127.0.0.1:{port}");
     let out = run(
         "examples/curl-ingest.sh",
