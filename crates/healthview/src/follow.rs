@@ -1,6 +1,9 @@
 //! Filling a [`HealthView`] from Kafka: a cold start from the compacted state topic (read to its
 //! end), then the changes topic followed from a little before the cold start began (so nothing
-//! written meanwhile is missed; `seq` drops what the state already had).
+//! written meanwhile is missed; `seq` drops what the state already had). A gap in an endpoint's
+//! `seq` means changes were missed: the state topic is read again (at most once per
+//! `reread_after_gap`). Every record on the changes topic, the processor's ticks included, says
+//! the processor is alive (the view's freshness).
 
 use crate::{Applied, HealthView};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -21,6 +24,12 @@ pub struct Config {
     pub kafka_options: Vec<(String, String)>,
     pub state_topic: String,
     pub changes_topic: String,
+    /// Silence of the processor after which the view is stale (routes as last known).
+    pub stale_after: Duration,
+    /// Silence after which the view fails open (routes to every endpoint).
+    pub open_after: Duration,
+    /// The least time between two re-reads of the state topic after gaps.
+    pub reread_after_gap: Duration,
 }
 
 impl Config {
@@ -30,6 +39,9 @@ impl Config {
             kafka_options: Vec::new(),
             state_topic: vitals_contracts::topics::HEALTH_STATE.to_owned(),
             changes_topic: vitals_contracts::topics::HEALTH_CHANGES.to_owned(),
+            stale_after: Duration::from_secs(15),
+            open_after: Duration::from_secs(60),
+            reread_after_gap: Duration::from_secs(10),
         }
     }
 
@@ -83,7 +95,8 @@ pub enum Event<'a> {
     Pool(&'a PoolHealthChanged),
 }
 
-fn apply(view: &HealthView, payload: &[u8], listener: &dyn Fn(Event<'_>)) {
+/// Apply one record; whether it revealed a gap.
+fn apply(view: &HealthView, payload: &[u8], listener: &dyn Fn(Event<'_>)) -> bool {
     match peek_kind(payload) {
         Ok(SchemaKind::HealthChanged) => {
             if let Ok(h) = decode::<HealthChanged>(payload) {
@@ -91,6 +104,7 @@ fn apply(view: &HealthView, payload: &[u8], listener: &dyn Fn(Event<'_>)) {
                 if applied != Applied::Duplicate {
                     listener(Event::Change(&h, applied));
                 }
+                return applied == Applied::Gap;
             }
         }
         Ok(SchemaKind::PoolHealthChanged) => {
@@ -107,6 +121,46 @@ fn apply(view: &HealthView, payload: &[u8], listener: &dyn Fn(Event<'_>)) {
         }
         _ => {}
     }
+    false
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Every partition of the state topic, from its beginning to its high watermark, into `view`.
+fn load_state(cfg: &Config, view: &HealthView) -> Result<(), KafkaError> {
+    let state = cfg.consumer()?;
+    let mut ends = std::collections::HashMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions(&state, &cfg.state_topic)? {
+        let (low, high) = state.fetch_watermarks(&cfg.state_topic, p, Duration::from_secs(10))?;
+        if high > low {
+            ends.insert(p, high);
+            tpl.add_partition_offset(&cfg.state_topic, p, Offset::Beginning)?;
+        }
+    }
+    if ends.is_empty() {
+        return Ok(());
+    }
+    state.assign(&tpl)?;
+    while !ends.is_empty() {
+        match state.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                if let Some(p) = m.payload() {
+                    apply(view, p, &|_| {});
+                }
+                if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
+                    ends.remove(&m.partition());
+                }
+            }
+            Some(Err(e)) => return Err(e),
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// Load the state topic to its end, then follow the changes topic in the background.
@@ -122,36 +176,10 @@ pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
         - 60_000;
-    let view = Arc::new(HealthView::new());
+    let view = Arc::new(HealthView::with_staleness(cfg.stale_after, cfg.open_after));
     // Cold start: every partition of the state topic from its beginning to its high watermark.
-    let state = cfg.consumer()?;
-    let mut ends = std::collections::HashMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions(&state, &cfg.state_topic)? {
-        let (low, high) = state.fetch_watermarks(&cfg.state_topic, p, Duration::from_secs(10))?;
-        if high > low {
-            ends.insert(p, high);
-            tpl.add_partition_offset(&cfg.state_topic, p, Offset::Beginning)?;
-        }
-    }
-    if !ends.is_empty() {
-        state.assign(&tpl)?;
-        while !ends.is_empty() {
-            match state.poll(Duration::from_millis(500)) {
-                Some(Ok(m)) => {
-                    if let Some(p) = m.payload() {
-                        apply(&view, p, &|_| {});
-                    }
-                    if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
-                        ends.remove(&m.partition());
-                    }
-                }
-                Some(Err(e)) => return Err(e),
-                None => {}
-            }
-        }
-    }
-    drop(state);
+    load_state(&cfg, &view)?;
+    view.heard(now_us());
     let cold_start = started.elapsed();
     // Then the changes, from a minute before the cold start began.
     let changes = cfg.consumer()?;
@@ -175,11 +203,22 @@ pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -
         std::thread::Builder::new()
             .name("vitals-healthview".into())
             .spawn(move || {
+                let mut gap = false;
+                let mut reread = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(Ok(m)) = changes.poll(Duration::from_millis(100)) {
+                        view.heard(now_us());
                         if let Some(p) = m.payload() {
-                            apply(&view, p, &listener);
+                            gap |= apply(&view, p, &listener);
                         }
+                    }
+                    // Changes were missed: the state topic has the latest of every endpoint.
+                    if gap && reread.elapsed() >= cfg.reread_after_gap {
+                        if load_state(&cfg, &view).is_ok() {
+                            view.counters.rereads.fetch_add(1, Ordering::Relaxed);
+                            gap = false;
+                        }
+                        reread = Instant::now();
                     }
                 }
             })

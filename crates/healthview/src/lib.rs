@@ -2,21 +2,25 @@
 //! the compacted state topic, kept current from the changes topic — and picks an endpoint of a
 //! pool by weight. Per-endpoint `seq` drops duplicates and detects gaps; the slow-start ramp is
 //! computed locally from `ramp_ms` and the transition's time; pool events give panic mode (spread
-//! over every endpoint).
+//! over every endpoint). A view that hears nothing from the processor (no change, no tick) for
+//! `stale_after` is *stale* and keeps routing as last known; after `open_after` it *fails open*
+//! and spreads over every endpoint, as in panic mode.
 
 mod follow;
 
 pub use follow::{follow, follow_with, Config, Event, Follower};
 
+use rustc_hash::FxHashMap as HashMap;
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 use vitals_contracts::{EndpointState, HealthChanged, HealthState, Micros, PoolHealthChanged};
 
 #[derive(Debug, Clone)]
 struct Endpoint {
-    name: String,
+    /// Shared with every pick that returns it: a pick copies a pointer, not the name.
+    name: Arc<str>,
     state: HealthState,
     weight: f64,
     ramp_ms: i64,
@@ -50,7 +54,7 @@ impl Pool {
             Some(i) => *i,
             None => {
                 self.endpoints.push(Endpoint {
-                    name: name.to_owned(),
+                    name: Arc::from(name),
                     state: HealthState::Healthy,
                     weight: 1.0,
                     ramp_ms: 0,
@@ -82,12 +86,45 @@ pub struct Counters {
     pub applied: AtomicU64,
     pub duplicates: AtomicU64,
     pub gaps: AtomicU64,
+    /// Times the state topic was read again after a gap.
+    pub rereads: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+/// How current the view is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// The processor was heard from within `stale_after`.
+    Fresh,
+    /// Silent for longer: picks go on as last known.
+    Stale,
+    /// Silent for longer than `open_after`: picks spread over every endpoint.
+    Open,
+}
+
+impl Freshness {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Freshness::Fresh => "fresh",
+            Freshness::Stale => "stale",
+            Freshness::Open => "open",
+        }
+    }
+}
+
+#[derive(Debug)]
 pub struct HealthView {
     pools: RwLock<HashMap<String, Pool>>,
     pub counters: Counters,
+    /// When the processor was last heard from (µs; 0: the view is not followed, always fresh).
+    heard: AtomicI64,
+    stale_after_us: i64,
+    open_after_us: i64,
+}
+
+impl Default for HealthView {
+    fn default() -> Self {
+        HealthView::with_staleness(Duration::from_secs(15), Duration::from_secs(60))
+    }
 }
 
 thread_local! {
@@ -110,8 +147,30 @@ fn random() -> u64 {
     })
 }
 
+/// The index of one of `weights` chosen in proportion to its weight, by the random number `r`
+/// (None if every weight is 0). This is the view's choice: weighted random, which needs no state
+/// per pool, so picks only read (smooth weighted round robin writes per pick; power of two
+/// choices by weight strays from the weights: see healthview-bench).
+pub fn select_weighted(weights: &[f64], r: u64) -> Option<usize> {
+    let total: f64 = weights.iter().sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let mut x = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
+    for (i, w) in weights.iter().enumerate() {
+        if x < *w {
+            return Some(i);
+        }
+        x -= w;
+    }
+    weights.iter().rposition(|w| *w > 0.0)
+}
+
+/// Pools up to this size are picked from with the weights on the stack.
+const STACK: usize = 32;
+
 /// The index of one of `n` choices: uniformly when `uniform`, else by `weight` (None if every
-/// weight is 0). Weights are computed on the fly: a pick allocates nothing.
+/// weight is 0). Each weight is computed once; pools of up to 32 endpoints allocate nothing.
 fn weighted(n: usize, weight: impl Fn(usize) -> f64, uniform: bool) -> Option<usize> {
     if n == 0 {
         return None;
@@ -120,24 +179,50 @@ fn weighted(n: usize, weight: impl Fn(usize) -> f64, uniform: bool) -> Option<us
     if uniform {
         return Some((r % n as u64) as usize);
     }
-    let total: f64 = (0..n).map(&weight).sum();
-    if total <= 0.0 {
-        return None;
-    }
-    let mut x = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
-    for i in 0..n {
-        let w = weight(i);
-        if x < w {
-            return Some(i);
+    if n <= STACK {
+        let mut w = [0.0; STACK];
+        for (i, slot) in w[..n].iter_mut().enumerate() {
+            *slot = weight(i);
         }
-        x -= w;
+        select_weighted(&w[..n], r)
+    } else {
+        select_weighted(&(0..n).map(weight).collect::<Vec<_>>(), r)
     }
-    (0..n).rev().find(|&i| weight(i) > 0.0)
 }
 
 impl HealthView {
     pub fn new() -> HealthView {
         HealthView::default()
+    }
+
+    /// A view that is stale after `stale_after` without a word from the processor, and fails
+    /// open after `open_after`.
+    pub fn with_staleness(stale_after: Duration, open_after: Duration) -> HealthView {
+        HealthView {
+            pools: RwLock::default(),
+            counters: Counters::default(),
+            heard: AtomicI64::new(0),
+            stale_after_us: stale_after.as_micros() as i64,
+            open_after_us: open_after.max(stale_after).as_micros() as i64,
+        }
+    }
+
+    /// The processor was heard from at `now` (a change or a tick on the changes topic).
+    pub fn heard(&self, now: Micros) {
+        self.heard.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// How current the view is at `now`.
+    pub fn freshness(&self, now: Micros) -> Freshness {
+        let heard = self.heard.load(Ordering::Relaxed);
+        let silent = now.saturating_sub(heard);
+        if heard == 0 || silent <= self.stale_after_us {
+            Freshness::Fresh
+        } else if silent <= self.open_after_us {
+            Freshness::Stale
+        } else {
+            Freshness::Open
+        }
     }
 
     /// An endpoint's state from the compacted state topic (a cold start): kept only if newer.
@@ -219,25 +304,27 @@ impl HealthView {
             .is_some_and(|p| p.correlated_outage)
     }
 
-    /// An endpoint of `pool` chosen by weight at `now`; in panic mode any endpoint, uniformly.
-    /// None if the pool is unknown or every weight is 0.
-    pub fn pick(&self, pool: &str, now: Micros) -> Option<String> {
+    /// An endpoint of `pool` chosen by weight at `now`; in panic mode, or when the view has
+    /// failed open, any endpoint, uniformly. None if the pool is unknown or every weight is 0.
+    pub fn pick(&self, pool: &str, now: Micros) -> Option<Arc<str>> {
+        let open = self.freshness(now) == Freshness::Open;
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool)?;
-        let i = weighted(p.endpoints.len(), |i| p.endpoints[i].weight_at(now), p.panic)?;
+        let i = weighted(p.endpoints.len(), |i| p.endpoints[i].weight_at(now), p.panic || open)?;
         Some(p.endpoints[i].name.clone())
     }
 
     /// One of `candidates` (endpoints of `pool`, e.g. a router's configured upstreams) chosen
     /// the same way, as its index; one the view does not know yet weighs 1.
     pub fn choose(&self, pool: &str, candidates: &[&str], now: Micros) -> Option<usize> {
+        let open = self.freshness(now) == Freshness::Open;
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool);
         let weight = |i: usize| {
             p.and_then(|p| p.index.get(candidates[i]).map(|j| &p.endpoints[*j]))
                 .map_or(1.0, |e| e.weight_at(now))
         };
-        weighted(candidates.len(), weight, p.is_some_and(|p| p.panic))
+        weighted(candidates.len(), weight, open || p.is_some_and(|p| p.panic))
     }
 
     /// Endpoints known, over every pool.
@@ -259,6 +346,29 @@ impl HealthView {
 mod tests {
     use super::*;
     use vitals_contracts::Evidence;
+
+    #[test]
+    fn a_silent_processor_makes_the_view_stale_then_open() {
+        let v = HealthView::with_staleness(Duration::from_secs(15), Duration::from_secs(60));
+        v.apply_change(&change("a", 1, HealthState::Healthy, 1.0, 0, 0));
+        v.apply_change(&change("b", 1, HealthState::Unhealthy, 0.0, 0, 0));
+        let s = 1_000_000;
+        assert_eq!(v.freshness(s + 100_000_000), Freshness::Fresh, "never followed: fresh");
+        v.heard(s);
+        assert_eq!(v.freshness(s + 15_000_000), Freshness::Fresh);
+        assert_eq!(v.freshness(s + 15_000_001), Freshness::Stale);
+        // Stale: as last known, b (weight 0) gets nothing.
+        for _ in 0..200 {
+            assert_eq!(v.pick("p", s + 30_000_000).as_deref(), Some("a"));
+        }
+        assert_eq!(v.freshness(s + 60_000_001), Freshness::Open);
+        let picked: std::collections::BTreeSet<usize> = (0..200)
+            .filter_map(|_| v.choose("p", &["a", "b"], s + 61_000_000))
+            .collect();
+        assert_eq!(picked.len(), 2, "failed open: every endpoint");
+        v.heard(s + 61_000_000);
+        assert_eq!(v.freshness(s + 61_000_000), Freshness::Fresh);
+    }
 
     fn change(ep: &str, seq: i64, to: HealthState, weight: f64, ramp_ms: i64, at: Micros) -> HealthChanged {
         HealthChanged {
@@ -319,9 +429,9 @@ mod tests {
         v.apply_change(&change("a", 1, HealthState::Healthy, 1.0, 0, 0));
         v.apply_change(&change("b", 1, HealthState::Degraded, 0.25, 0, 0));
         v.apply_change(&change("c", 1, HealthState::Unhealthy, 0.0, 0, 0));
-        let mut counts: HashMap<String, u32> = HashMap::new();
+        let mut counts: std::collections::HashMap<String, u32> = Default::default();
         for _ in 0..50_000 {
-            *counts.entry(v.pick("p", 0).unwrap()).or_default() += 1;
+            *counts.entry(v.pick("p", 0).unwrap().to_string()).or_default() += 1;
         }
         let share = |e: &str| f64::from(counts.get(e).copied().unwrap_or(0)) / 50_000.0;
         assert!((share("a") - 0.8).abs() < 0.02, "{counts:?}");

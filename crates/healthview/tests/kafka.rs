@@ -3,7 +3,7 @@
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use vitals_contracts::{encode, EndpointState, Evidence, HealthChanged, HealthState, PoolHealthChanged};
-use vitals_healthview::{follow, Config};
+use vitals_healthview::{follow, Config, Freshness};
 use vitals_testkit::{brokers, producer, unique, wait_until, Stamp, Topics};
 
 fn change(pool: &str, ep: &str, seq: i64, to: HealthState, weight: f64) -> HealthChanged {
@@ -95,4 +95,80 @@ async fn a_cold_start_from_the_state_topic_then_live_changes() {
     })
     .await;
     assert!(f.view.pick("pool-2", 0).unwrap().starts_with("ep-"));
+}
+
+/// A gap in an endpoint's `seq` makes the follower read the state topic again: what it had
+/// missed (here, an endpoint written to the state topic after the cold start) is in the view.
+/// A tick on the changes topic keeps the view fresh, and silence makes it stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_rereads_the_state_topic_and_ticks_keep_the_view_fresh() {
+    let topics = Topics::create(&unique("view_gap"), 1, Stamp::LogAppendTime).await;
+    let p = producer();
+    let send = |topic: String, key: &'static str, bytes: Vec<u8>| {
+        let p = p.clone();
+        async move {
+            p.send(
+                FutureRecord::to(&topic).key(key).payload(&bytes),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let mut cfg = Config::new(brokers());
+    cfg.state_topic = topics.state.clone();
+    cfg.changes_topic = topics.changes.clone();
+    cfg.stale_after = Duration::from_millis(300);
+    cfg.open_after = Duration::from_secs(60);
+    cfg.reread_after_gap = Duration::ZERO;
+    let f = tokio::task::spawn_blocking(move || follow(cfg)).await.unwrap().unwrap();
+    let view = f.view.clone();
+    send(
+        topics.changes.clone(),
+        "p/a",
+        encode(&change("p", "a", 1, HealthState::Unhealthy, 0.0)).unwrap(),
+    )
+    .await;
+    // Written to the state topic only: the view learns of it when it reads the state again.
+    let missed = EndpointState::first_seen("p", "b", 7, 0);
+    send(topics.state.clone(), "p/b", encode(&missed).unwrap()).await;
+    send(
+        topics.changes.clone(),
+        "p/a",
+        encode(&change("p", "a", 3, HealthState::Recovering, 0.1)).unwrap(),
+    )
+    .await;
+    let v = view.clone();
+    wait_until("the state re-read after the gap", Duration::from_secs(20), || {
+        let known = v.state("p", "b").is_some() && v.counters.rereads.load(std::sync::atomic::Ordering::Relaxed) >= 1;
+        async move { known }
+    })
+    .await;
+    assert_eq!(view.counters.gaps.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(view.state("p", "a"), Some(HealthState::Recovering));
+
+    // Silence: stale. A tick: fresh again.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64
+    };
+    let v = view.clone();
+    wait_until("stale after 300 ms of silence", Duration::from_secs(10), || {
+        let f = v.freshness(now());
+        async move { f == Freshness::Stale }
+    })
+    .await;
+    let tick = vitals_contracts::Tick {
+        ticker: "test".into(),
+        emitted_at: now(),
+    };
+    send(topics.changes.clone(), "tick", encode(&tick).unwrap()).await;
+    let v = view.clone();
+    wait_until("fresh after a tick", Duration::from_secs(10), || {
+        let f = v.freshness(now());
+        async move { f == Freshness::Fresh }
+    })
+    .await;
 }

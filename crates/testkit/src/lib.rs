@@ -311,7 +311,7 @@ impl Drop for Service {
 }
 
 /// Start the processor binary on `topics` with its own group and schema, as the owner role, and
-/// no topic creation; by default no ticks and an ephemeral HTTP port, unless `extra` (appended)
+/// no topic creation; by default no ticks (on either topic) and an ephemeral HTTP port, unless `extra` (appended)
 /// sets them.
 pub fn start_processor(topics: &Topics, group: &str, schema: &str, extra: &[&str]) -> Service {
     let mut args: Vec<String> = ["--brokers", &brokers(), "--database-url", &database_url()]
@@ -324,7 +324,11 @@ pub fn start_processor(topics: &Topics, group: &str, schema: &str, extra: &[&str
         ("--db-schema", schema),
         ("--create-topics", "false"),
     ];
-    let defaults = [("--tick-interval-ms", "0"), ("--http-addr", "127.0.0.1:0")];
+    let defaults = [
+        ("--tick-interval-ms", "0"),
+        ("--view-tick-interval-ms", "0"),
+        ("--http-addr", "127.0.0.1:0"),
+    ];
     for (flag, value) in fixed
         .into_iter()
         .chain(defaults.into_iter().filter(|(f, _)| !extra.contains(f)))

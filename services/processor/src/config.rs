@@ -43,6 +43,11 @@ pub struct Config {
     /// Ticks move stream time so that silence is detected.
     #[arg(long, env = "VITALS_TICK_INTERVAL_MS", default_value_t = 1_000)]
     pub tick_interval_ms: u64,
+    /// Period of the tick records this processor writes to every partition of the changes
+    /// topic while it is ready and no partition is stalled (0: none). Routers' health views
+    /// take a silence of several periods as a processor that stopped, and fail open.
+    #[arg(long, env = "VITALS_VIEW_TICK_INTERVAL_MS", default_value_t = 5_000)]
+    pub view_tick_interval_ms: u64,
     /// Address of the health and metrics endpoint.
     #[arg(long, env = "VITALS_HTTP_ADDR", default_value = "127.0.0.1:9464")]
     pub http_addr: SocketAddr,
@@ -73,6 +78,7 @@ impl std::fmt::Debug for Config {
             .field("batch_max_ms", &self.batch_max_ms)
             .field("snapshot_every", &self.snapshot_every)
             .field("tick_interval_ms", &self.tick_interval_ms)
+            .field("view_tick_interval_ms", &self.view_tick_interval_ms)
             .field("http_addr", &self.http_addr)
             .finish_non_exhaustive()
     }

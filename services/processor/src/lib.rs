@@ -94,6 +94,25 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             cfg.topics.signals_topic.clone(),
             every,
             name,
+            || true,
+            cancel.clone(),
+        );
+        tasks.spawn(async move {
+            fut.await;
+            Ok(())
+        });
+    }
+    if cfg.view_tick_interval_ms > 0 {
+        let name = format!("processor-{}", std::process::id());
+        let every = Duration::from_millis(cfg.view_tick_interval_ms);
+        let (ready, progress) = (ready.clone(), progress.clone());
+        let alive = move || ready.load(std::sync::atomic::Ordering::Relaxed) && progress.stalled().is_empty();
+        let fut = ticker::run(
+            producer.clone(),
+            cfg.topics.changes_topic.clone(),
+            every,
+            name,
+            alive,
             cancel.clone(),
         );
         tasks.spawn(async move {

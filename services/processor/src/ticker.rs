@@ -1,13 +1,22 @@
-//! Writes a Tick record to every partition of the signals topic at a fixed period. The broker
-//! stamps each with its append time, which moves the partition's stream time forward, so an
-//! endpoint that goes silent is noticed even when nothing else arrives.
+//! Writes a Tick record to every partition of a topic at a fixed period. On the signals topic the
+//! broker stamps each with its append time, which moves the partition's stream time forward, so
+//! an endpoint that goes silent is noticed even when nothing else arrives. On the changes topic
+//! ticks say the processor is alive and keeping up (they are written only while `alive`), so a
+//! router's health view can tell a quiet pool from a processor that stopped.
 
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::{encode, Tick};
 
-pub async fn run(producer: FutureProducer, topic: String, every: Duration, name: String, cancel: CancellationToken) {
+pub async fn run(
+    producer: FutureProducer,
+    topic: String,
+    every: Duration,
+    name: String,
+    alive: impl Fn() -> bool,
+    cancel: CancellationToken,
+) {
     let mut interval = tokio::time::interval(every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut partitions = 0i32;
@@ -29,6 +38,9 @@ pub async fn run(producer: FutureProducer, topic: String, every: Duration, name:
                 }
                 other => tracing::debug!(?other, "ticker cannot read topic metadata"),
             }
+        }
+        if !alive() {
+            continue;
         }
         let now_us = chrono::Utc::now().timestamp_micros();
         let Ok(payload) = encode(&Tick {

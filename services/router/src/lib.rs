@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use vitals_healthview::HealthView;
+use vitals_healthview::{Freshness, HealthView};
 use vitals_reporter::{CallResult, CallTimer, Reporter};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -352,6 +352,19 @@ async fn metrics(State(p): State<Arc<Proxy>>) -> Response {
             v.load(Ordering::Relaxed)
         ));
     }
+    let fresh = p.view.freshness(now_us());
+    out.push_str("# HELP vitals_healthview_freshness 1 for the view's current freshness (fresh: the processor was heard from; stale: routing as last known; open: routing to every endpoint).\n# TYPE vitals_healthview_freshness gauge\n");
+    for f in [Freshness::Fresh, Freshness::Stale, Freshness::Open] {
+        out.push_str(&format!(
+            "vitals_healthview_freshness{{state=\"{}\"}} {}\n",
+            f.as_str(),
+            u8::from(f == fresh)
+        ));
+    }
+    out.push_str(&format!(
+        "# HELP vitals_healthview_rereads_total State topic re-reads after gaps.\n# TYPE vitals_healthview_rereads_total counter\nvitals_healthview_rereads_total {}\n",
+        c.rereads.load(Ordering::Relaxed)
+    ));
     out.push_str(&format!(
         "# HELP vitals_healthview_endpoints Endpoints the view knows.\n# TYPE vitals_healthview_endpoints gauge\nvitals_healthview_endpoints {}\n",
         p.view.len()

@@ -24,6 +24,13 @@ struct Config {
     changes_topic: String,
     #[arg(long, env = "VITALS_STATE_TOPIC", default_value = vitals_contracts::topics::HEALTH_STATE)]
     state_topic: String,
+    /// Seconds without a change or a tick from the processor after which the health view is
+    /// stale (it routes as last known).
+    #[arg(long, env = "VITALS_ROUTER_STALE_AFTER_SECS", default_value_t = 15)]
+    stale_after_secs: u64,
+    /// Seconds of silence after which the view fails open: every endpoint takes calls.
+    #[arg(long, env = "VITALS_ROUTER_FAIL_OPEN_AFTER_SECS", default_value_t = 60)]
+    fail_open_after_secs: u64,
 }
 
 #[tokio::main]
@@ -42,6 +49,8 @@ async fn main() -> anyhow::Result<()> {
         vc.kafka_options = options;
         vc.state_topic = cfg.state_topic.clone();
         vc.changes_topic = cfg.changes_topic.clone();
+        vc.stale_after = Duration::from_secs(cfg.stale_after_secs);
+        vc.open_after = Duration::from_secs(cfg.fail_open_after_secs);
         let follower = tokio::task::spawn_blocking(move || vitals_healthview::follow(vc)).await??;
         tracing::info!(endpoints = follower.view.len(), cold_start = ?follower.cold_start, "health view loaded");
         let listen = routes.listen;

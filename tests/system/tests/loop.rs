@@ -35,7 +35,12 @@ async fn a_refusing_endpoint_is_routed_around_and_comes_back_after_it_heals() {
     let topics = Topics::create(&unique("loop"), 2, Stamp::LogAppendTime).await;
     let schema = unique("loop");
     let db = vitals_testkit::migrated_schema(&schema).await;
-    let _processor = vitals_testkit::start_processor(&topics, &unique("loop_proc"), &schema, &[]);
+    let _processor = vitals_testkit::start_processor(
+        &topics,
+        &unique("loop_proc"),
+        &schema,
+        &["--view-tick-interval-ms", "1000"],
+    );
     let dir = std::env::temp_dir();
     // The prober: a health probe per endpoint.
     let prober_cfg = dir.join(format!("{}.toml", unique("loop_prober")));

@@ -1,0 +1,106 @@
+//! A frozen processor: its ticks on the changes topic stop, a router's health view goes stale and
+//! then fails open (every endpoint, even an ejected one, takes calls again); when the processor
+//! thaws, the view is fresh and routes by weight again.
+
+use std::process::Command;
+use std::time::Duration;
+use vitals_healthview::{follow, Config, Freshness};
+use vitals_testkit::{brokers, unique, wait_until, Stamp, Topics};
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_processor_makes_the_view_fail_open_and_a_thawed_one_fresh_again() {
+    let name = unique("frozen");
+    let topics = Topics::create(&name, 2, Stamp::LogAppendTime).await;
+    let db = vitals_testkit::migrated_schema(&name).await;
+    let processor = vitals_testkit::start_processor(&topics, &name, &name, &["--view-tick-interval-ms", "200"]);
+    let pid = processor.child.id();
+    let mut cfg = Config::new(brokers());
+    cfg.state_topic = topics.state.clone();
+    cfg.changes_topic = topics.changes.clone();
+    cfg.stale_after = Duration::from_secs(1);
+    cfg.open_after = Duration::from_secs(2);
+    let f = tokio::task::spawn_blocking(move || follow(cfg)).await.unwrap().unwrap();
+    let view = f.view.clone();
+    // An ejected endpoint the view knows: weight 0.
+    view.apply_change(&vitals_contracts::HealthChanged {
+        transition_id: "p/out/1".into(),
+        pool: "p".into(),
+        endpoint: "out".into(),
+        seq: 1,
+        from_state: vitals_contracts::HealthState::Healthy,
+        to_state: vitals_contracts::HealthState::Unhealthy,
+        weight: 0.0,
+        ramp_ms: 0,
+        retry_at: None,
+        reason_code: "ejected".into(),
+        reason: String::new(),
+        evidence: Default::default(),
+        policy_version: 0,
+        trigger_ids: vec![],
+        stream_time: 1,
+    });
+    let freshness = |want: Freshness| {
+        let v = view.clone();
+        move || {
+            let f = v.freshness(now());
+            async move { f == want }
+        }
+    };
+    // The processor ticks once it is ready: the view stays fresh past several stale periods.
+    wait_until(
+        "the view fresh from ticks",
+        Duration::from_secs(60),
+        freshness(Freshness::Fresh),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(view.freshness(now()), Freshness::Fresh, "ticks keep it fresh");
+    for _ in 0..200 {
+        assert_eq!(
+            view.choose("p", &["in", "out"], now()),
+            Some(0),
+            "by weight: never the ejected one"
+        );
+    }
+
+    signal(pid, "-STOP");
+    wait_until(
+        "the view failed open",
+        Duration::from_secs(30),
+        freshness(Freshness::Open),
+    )
+    .await;
+    let picks: std::collections::BTreeSet<usize> = (0..200)
+        .filter_map(|_| view.choose("p", &["in", "out"], now()))
+        .collect();
+    assert_eq!(picks.len(), 2, "failed open: the ejected endpoint takes calls too");
+
+    signal(pid, "-CONT");
+    wait_until(
+        "fresh again after the thaw",
+        Duration::from_secs(30),
+        freshness(Freshness::Fresh),
+    )
+    .await;
+    for _ in 0..200 {
+        assert_eq!(view.choose("p", &["in", "out"], now()), Some(0), "by weight again");
+    }
+    drop(processor);
+    vitals_testkit::drop_schema(&db, &name).await;
+}
