@@ -32,6 +32,7 @@ def fingerprint(canonical: str) -> bytes:
 
 class Schema:
     def __init__(self, file_name: str):
+        """A schema of schemas/ by file name (or any .avsc by path)."""
         with open(os.path.join(SCHEMAS, file_name)) as f:
             raw = json.load(f)
         self.name = raw["name"]

@@ -284,8 +284,12 @@ fn endpoint_name(i: usize) -> String {
 
 /// Run one scenario with one seed and score it.
 pub fn run(s: &Scenario, seed: u64) -> Score {
-    let policy = Policy::default();
-    let mut engine = Engine::new(policy);
+    run_with(s, seed, &Policy::default())
+}
+
+/// [`run`] with every pool under `policy`.
+pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
+    let mut engine = Engine::new(policy.clone());
     let mut rng = Rng::new(seed);
     let mut queue: BinaryHeap<Reverse<(Micros, u64, Event)>> = BinaryHeap::new();
     let mut reports: Vec<Option<Signal>> = Vec::new();
