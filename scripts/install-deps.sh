@@ -9,6 +9,8 @@ dpkg -s cmake >/dev/null 2>&1 || need_apt+=(cmake)                              
 dpkg -s kcat >/dev/null 2>&1 || need_apt+=(kcat)                                    # second, independent Kafka client
 dpkg -s docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)                # validates docker-compose.yaml
 dpkg -s postgresql-15 >/dev/null 2>&1 || need_apt+=(postgresql-15)
+dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)                            # headless browser tests
+dpkg -s prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager) # the alerter's tests
 if ((${#need_apt[@]})); then
   echo "[deps] apt-get install ${need_apt[*]}" >&2
   apt-get update -qq >/dev/null

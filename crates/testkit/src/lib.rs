@@ -266,6 +266,11 @@ pub struct Service {
 
 impl Service {
     pub fn start(binary_name: &str, label: &str, args: &[String]) -> Service {
+        Service::start_program(&binary(binary_name), label, args)
+    }
+
+    /// A program of the system (e.g. `/usr/bin/prometheus-alertmanager`), started the same way.
+    pub fn start_program(program: &std::path::Path, label: &str, args: &[String]) -> Service {
         static STARTED: AtomicU32 = AtomicU32::new(0);
         let log = std::env::temp_dir().join(format!(
             "{label}-{}-{}.log",
@@ -277,14 +282,14 @@ impl Service {
             .append(true)
             .open(&log)
             .expect("log file");
-        let child = Command::new(binary(binary_name))
+        let child = Command::new(program)
             .args(args)
             .env("VITALS_LOG", "info,rdkafka=warn,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
-            .unwrap_or_else(|e| panic!("{binary_name} starts: {e}"));
+            .unwrap_or_else(|e| panic!("{} starts: {e}", program.display()));
         Service { child, log }
     }
 

@@ -1,0 +1,237 @@
+//! `vitals-alerter`: follows `vitals.health-changes.v1` with its own consumer group and posts
+//! alerts to Prometheus Alertmanager's API v2 (and, optionally, a Slack-compatible webhook).
+//!
+//! An endpoint alert fires while the endpoint is out of rotation and resolves when it is back;
+//! pool alerts fire during panic mode and correlated outages. Firing alerts are re-sent every
+//! `--resend-secs` so that Alertmanager's resolve timeout never closes them early (and an
+//! Alertmanager that restarted learns them again). Delivery is retried with backoff, and the
+//! group's offsets advance only after delivery: at least once (Alertmanager de-duplicates).
+//! At start the alerter reads the changes topic from its beginning to rebuild what is firing,
+//! sending only what comes after its committed offsets.
+
+mod book;
+
+use anyhow::Context as _;
+use book::{slack, Alert, Book, Links};
+use clap::Parser;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use vitals_contracts::codec::peek_kind;
+use vitals_contracts::{decode, HealthChanged, PoolHealthChanged, SchemaKind};
+use vitals_runtime::args::KafkaArgs;
+use vitals_runtime::{kafka, shell};
+
+#[derive(Parser)]
+#[command(
+    name = "vitals-alerter",
+    about = "Alerts from vitals' health changes to Alertmanager and webhooks"
+)]
+struct Config {
+    #[command(flatten)]
+    kafka: KafkaArgs,
+    #[arg(long, env = "VITALS_CHANGES_TOPIC", default_value = vitals_contracts::topics::HEALTH_CHANGES)]
+    changes_topic: String,
+    /// The consumer group (its offsets say what was delivered).
+    #[arg(long, env = "VITALS_ALERTER_GROUP", default_value = "vitals-alerter")]
+    group: String,
+    /// Alertmanager's base URL (repeatable: every one gets every alert).
+    #[arg(long = "alertmanager-url", env = "VITALS_ALERTMANAGER_URLS", value_delimiter = ',')]
+    alertmanagers: Vec<String>,
+    /// A webhook that takes Slack's body (`{"text": …}`): one post per alert fired or resolved.
+    #[arg(long, env = "VITALS_ALERT_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// Re-send firing alerts this often (below Alertmanager's resolve_timeout, 5 min by default).
+    #[arg(long, env = "VITALS_ALERT_RESEND_SECS", default_value_t = 60)]
+    resend_secs: u64,
+    /// The API's base URL, for the history links in annotations.
+    #[arg(long, env = "VITALS_API_URL")]
+    api_url: Option<String>,
+    /// The dashboard's base URL, for links in annotations.
+    #[arg(long, env = "VITALS_DASHBOARD_URL")]
+    dashboard_url: Option<String>,
+}
+
+/// Where alerts go, with retries until they are taken.
+struct Sinks {
+    client: reqwest::Client,
+    alertmanagers: Vec<String>,
+    webhook: Option<String>,
+}
+
+impl Sinks {
+    /// Post until it is taken (2xx) or `cancel` fires; returns false when cancelled.
+    async fn post(&self, url: &str, body: &serde_json::Value, cancel: &CancellationToken) -> bool {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let err = match self.client.post(url).json(body).send().await {
+                Ok(r) if r.status().is_success() => return true,
+                Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(url, error = %err, retry_in = ?backoff, "alert delivery failed; retrying");
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    async fn to_alertmanagers(&self, alerts: &[Alert], cancel: &CancellationToken) -> bool {
+        if alerts.is_empty() {
+            return true;
+        }
+        let body = serde_json::to_value(alerts).unwrap_or_default();
+        for am in &self.alertmanagers {
+            let url = format!("{}/api/v2/alerts", am.trim_end_matches('/'));
+            if !self.post(&url, &body, cancel).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Alerts fired or resolved now: to every Alertmanager, and one post each to the webhook.
+    async fn deliver(&self, alerts: &[Alert], cancel: &CancellationToken) -> bool {
+        if !self.to_alertmanagers(alerts, cancel).await {
+            return false;
+        }
+        if let Some(w) = &self.webhook {
+            for a in alerts {
+                if !self.post(w, &slack(a), cancel).await {
+                    return false;
+                }
+            }
+        }
+        for a in alerts {
+            tracing::info!(alert = a.name(), labels = ?a.labels, resolved = a.resolved(), "alert delivered");
+        }
+        true
+    }
+}
+
+fn apply(book: &mut Book, payload: &[u8]) -> Vec<Alert> {
+    match peek_kind(payload) {
+        Ok(SchemaKind::HealthChanged) => decode::<HealthChanged>(payload)
+            .map(|h| book.change(&h))
+            .unwrap_or_default(),
+        Ok(SchemaKind::PoolHealthChanged) => decode::<PoolHealthChanged>(payload)
+            .map(|p| book.pool(&p))
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    cfg.kafka.check().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !cfg.alertmanagers.is_empty() || cfg.webhook_url.is_some(),
+        "nowhere to send alerts: give --alertmanager-url or --webhook-url"
+    );
+    let consumer: StreamConsumer = kafka::consumer(&cfg.kafka, &cfg.group, &[("isolation.level", "read_committed")])
+        .create()
+        .context("creating the Kafka consumer")?;
+    let topic = cfg.changes_topic.clone();
+    let md = consumer
+        .fetch_metadata(Some(&topic), Duration::from_secs(10))
+        .with_context(|| format!("reading the metadata of {topic}"))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    anyhow::ensure!(!partitions.is_empty(), "no topic {topic}");
+    // What was delivered already: the group's committed offsets.
+    let mut all = TopicPartitionList::new();
+    for p in &partitions {
+        all.add_partition(&topic, *p);
+    }
+    let committed = consumer.committed_offsets(all, Duration::from_secs(10))?;
+    let mut delivered_to: HashMap<i32, i64> = HashMap::new();
+    let mut ends: HashMap<i32, i64> = HashMap::new();
+    let mut from = TopicPartitionList::new();
+    for p in &partitions {
+        let c = committed
+            .find_partition(&topic, *p)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+            .unwrap_or(0);
+        delivered_to.insert(*p, c);
+        let (low, high) = consumer.fetch_watermarks(&topic, *p, Duration::from_secs(10))?;
+        if high > low {
+            ends.insert(*p, high);
+        }
+        from.add_partition_offset(&topic, *p, Offset::Beginning)?;
+    }
+    consumer.assign(&from)?;
+    let sinks = Sinks {
+        client: reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?,
+        alertmanagers: cfg.alertmanagers.clone(),
+        webhook: cfg.webhook_url.clone(),
+    };
+    let mut book = Book::new(Links {
+        api: cfg.api_url.clone(),
+        dashboard: cfg.dashboard_url.clone(),
+    });
+    tracing::info!(topic, ?delivered_to, "rebuilding what is firing from the changes topic");
+    let mut caught_up = ends.is_empty();
+    if caught_up {
+        tracing::info!("the changes topic is empty; following it");
+    }
+    let mut resend = tokio::time::interval(Duration::from_secs(cfg.resend_secs.max(1)));
+    resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let m = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = resend.tick(), if caught_up => {
+                let firing = book.firing();
+                if !firing.is_empty() && !sinks.to_alertmanagers(&firing, &cancel).await {
+                    return Ok(());
+                }
+                continue;
+            }
+            m = consumer.recv() => m,
+        };
+        let m = match m {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "consumer error");
+                continue;
+            }
+        };
+        let (p, offset) = (m.partition(), m.offset());
+        let alerts = m.payload().map(|b| apply(&mut book, b)).unwrap_or_default();
+        if offset >= delivered_to.get(&p).copied().unwrap_or(0) {
+            if !sinks.deliver(&alerts, &cancel).await {
+                return Ok(());
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, p, Offset::Offset(offset + 1))?;
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                tracing::warn!(error = %e, "committing the offset failed; it is retried with the next");
+            }
+            delivered_to.insert(p, offset + 1);
+        }
+        if !caught_up && ends.get(&p).is_some_and(|end| offset + 1 >= *end) {
+            ends.remove(&p);
+            if ends.is_empty() {
+                caught_up = true;
+                tracing::info!(firing = book.firing().len(), "caught up; re-sending what is firing");
+                resend.reset_immediately();
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    shell::init_tracing();
+    let cfg = Config::parse();
+    shell::run("vitals-alerter", Duration::from_secs(10), |cancel| run(cfg, cancel)).await
+}

@@ -1,0 +1,284 @@
+//! The alerter against a real Alertmanager (Debian's prometheus-alertmanager, with the shipped
+//! deploy/alertmanager/alertmanager.yml, its timings shortened) and a local webhook receiver:
+//! fire, group by pool, resolve, inhibit during a correlated outage, Alertmanager restarted
+//! mid-incident, and the alerter restarted (it rebuilds what is firing from the topic and
+//! delivers what came after its committed offset).
+
+use axum::extract::{Path, State};
+use axum::routing::post;
+use axum::Json;
+use rdkafka::producer::FutureRecord;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use vitals_contracts::{encode, Evidence, HealthChanged, HealthState, PoolHealthChanged};
+use vitals_testkit::{brokers, free_port, producer, unique, wait_until, Service, Stamp, Topics};
+
+type Received = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
+async fn receive(State(r): State<Received>, Path(path): Path<String>, Json(v): Json<serde_json::Value>) {
+    r.lock().unwrap().push((path, v));
+}
+
+fn change(pool: &str, ep: &str, seq: i64, to: HealthState) -> HealthChanged {
+    HealthChanged {
+        transition_id: format!("{pool}/{ep}/{seq}"),
+        pool: pool.into(),
+        endpoint: ep.into(),
+        seq,
+        from_state: HealthState::Healthy,
+        to_state: to,
+        weight: if to == HealthState::Unhealthy { 0.0 } else { 0.1 },
+        ramp_ms: 0,
+        retry_at: None,
+        reason_code: if to == HealthState::Unhealthy {
+            "ejected"
+        } else {
+            "readmitted"
+        }
+        .into(),
+        reason: "test".into(),
+        evidence: Evidence::default(),
+        policy_version: 0,
+        trigger_ids: vec![],
+        stream_time: now_us(),
+    }
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+fn start_alertmanager(config: &std::path::Path, port: u16) -> Service {
+    let storage = std::env::temp_dir().join(unique("am-data"));
+    let args: Vec<String> = [
+        format!("--config.file={}", config.display()),
+        format!("--storage.path={}", storage.display()),
+        format!("--web.listen-address=127.0.0.1:{port}"),
+        "--cluster.listen-address=".into(),
+    ]
+    .into();
+    Service::start_program(
+        &PathBuf::from("/usr/bin/prometheus-alertmanager"),
+        "alertmanager",
+        &args,
+    )
+}
+
+/// Alertmanager's view of an alert: (state, inhibited by).
+async fn am_alert(port: u16, endpoint: &str) -> Option<(String, usize)> {
+    let v: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/api/v2/alerts"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    v.as_array()?
+        .iter()
+        .find(|a| a["labels"]["endpoint"] == endpoint)
+        .map(|a| {
+            (
+                a["status"]["state"].as_str().unwrap_or("").to_owned(),
+                a["status"]["inhibitedBy"].as_array().map_or(0, Vec::len),
+            )
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
+    let topics = Topics::create(&unique("alerter"), 2, Stamp::LogAppendTime).await;
+    // The webhook receiver: Alertmanager's notifications on /hook, the Slack-style posts on /slack.
+    let received: Received = Arc::default();
+    let app = axum::Router::new()
+        .route("/{path}", post(receive))
+        .with_state(received.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The shipped configuration, pointed at the receiver and made quick.
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/alertmanager/alertmanager.yml"
+    ))
+    .unwrap();
+    let config = shipped
+        .replace(
+            "http://127.0.0.1:5001/hook",
+            &format!("http://127.0.0.1:{hook_port}/hook"),
+        )
+        .replace("group_wait: 30s", "group_wait: 200ms")
+        .replace("group_interval: 5m", "group_interval: 500ms");
+    assert_ne!(config, shipped);
+    let config_path = std::env::temp_dir().join(format!("{}.yml", unique("am")));
+    std::fs::write(&config_path, config).unwrap();
+    let am_port = free_port();
+    let mut am = start_alertmanager(&config_path, am_port);
+    wait_until("Alertmanager ready", Duration::from_secs(30), || async move {
+        reqwest::get(format!("http://127.0.0.1:{am_port}/-/ready"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+
+    let group = unique("alerter");
+    let args: Vec<String> = [
+        "--brokers",
+        &brokers(),
+        "--changes-topic",
+        &topics.changes,
+        "--group",
+        &group,
+        "--alertmanager-url",
+        &format!("http://127.0.0.1:{am_port}"),
+        "--webhook-url",
+        &format!("http://127.0.0.1:{hook_port}/slack"),
+        "--resend-secs",
+        "1",
+        "--api-url",
+        "http://vitals-api:8080",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut alerter = Service::start("vitals-alerter", "alerter", &args);
+    let p = producer();
+    let send = |key: String, bytes: Vec<u8>| {
+        let (p, topic) = (p.clone(), topics.changes.clone());
+        async move {
+            p.send(
+                FutureRecord::to(&topic).key(&key).payload(&bytes),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let notified = |want: Box<dyn Fn(&serde_json::Value) -> bool + Send>| {
+        let r = received.clone();
+        async move {
+            let r2 = r.clone();
+            wait_until("a notification", Duration::from_secs(30), move || {
+                let hit = r2.lock().unwrap().iter().any(|(path, v)| path == "hook" && want(v));
+                async move { hit }
+            })
+            .await;
+        }
+    };
+    let has = |v: &serde_json::Value, endpoint: &str, status: &str| {
+        v["alerts"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|a| a["labels"]["endpoint"] == endpoint && a["status"] == status)
+        })
+    };
+
+    // Fire: p1/e1 out of rotation.
+    send(
+        "p1/e1".into(),
+        encode(&change("p1", "e1", 1, HealthState::Unhealthy)).unwrap(),
+    )
+    .await;
+    notified(Box::new(move |v| has(v, "e1", "firing"))).await;
+    {
+        let r = received.lock().unwrap();
+        let (_, v) = r.iter().find(|(p, v)| p == "hook" && has(v, "e1", "firing")).unwrap();
+        let a = &v["alerts"][0];
+        assert_eq!(a["labels"]["alertname"], "VitalsEndpointOutOfRotation");
+        assert_eq!(a["labels"]["reason_code"], "ejected");
+        assert_eq!(
+            a["annotations"]["history"],
+            "http://vitals-api:8080/v1/transitions?pool=p1&endpoint=e1"
+        );
+        assert!(r.iter().any(|(p, v)| p == "slack"
+            && v["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("[FIRING] VitalsEndpointOutOfRotation: p1/e1")));
+    }
+    // Group: a second endpoint of the same pool comes in the same group.
+    send(
+        "p1/e2".into(),
+        encode(&change("p1", "e2", 1, HealthState::Unhealthy)).unwrap(),
+    )
+    .await;
+    notified(Box::new(move |v| {
+        v["groupLabels"]["pool"] == "p1" && has(v, "e1", "firing") && has(v, "e2", "firing")
+    }))
+    .await;
+    // Resolve: e1 is back.
+    send(
+        "p1/e1".into(),
+        encode(&change("p1", "e1", 2, HealthState::Recovering)).unwrap(),
+    )
+    .await;
+    notified(Box::new(move |v| has(v, "e1", "resolved"))).await;
+
+    // Inhibit: pool p2 in a correlated outage; its endpoint's alert is silenced.
+    let outage = PoolHealthChanged {
+        pool: "p2".into(),
+        seq: 1,
+        endpoints: 2,
+        healthy: 0,
+        ejected: 1,
+        healthy_fraction: 0.0,
+        panic: false,
+        correlated_outage: true,
+        reason: "test".into(),
+        policy_version: 0,
+        stream_time: now_us(),
+    };
+    send("p2".into(), encode(&outage).unwrap()).await;
+    send(
+        "p2/e3".into(),
+        encode(&change("p2", "e3", 1, HealthState::Unhealthy)).unwrap(),
+    )
+    .await;
+    wait_until("e3 inhibited by the outage", Duration::from_secs(30), || async move {
+        am_alert(am_port, "e3")
+            .await
+            .is_some_and(|(state, by)| state == "suppressed" && by > 0)
+    })
+    .await;
+    notified(Box::new(|v| {
+        v["alerts"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["labels"]["alertname"] == "VitalsCorrelatedOutage"))
+    }))
+    .await;
+    assert!(
+        !received
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(p, v)| p == "hook" && has(v, "e3", "firing")),
+        "no page for an endpoint of a pool in a correlated outage"
+    );
+
+    // Alertmanager restarted mid-incident (its storage gone): the re-sends restore e2.
+    am.kill9();
+    am = start_alertmanager(&config_path, am_port);
+    wait_until(
+        "e2 firing again in the new Alertmanager",
+        Duration::from_secs(30),
+        || async move {
+            am_alert(am_port, "e2")
+                .await
+                .is_some_and(|(state, _)| state == "active")
+        },
+    )
+    .await;
+
+    // The alerter restarted: e2 comes back while it is down; the new one rebuilds from the topic
+    // and resolves e2.
+    alerter.kill9();
+    send(
+        "p1/e2".into(),
+        encode(&change("p1", "e2", 2, HealthState::Recovering)).unwrap(),
+    )
+    .await;
+    let _alerter = Service::start("vitals-alerter", "alerter", &args);
+    notified(Box::new(move |v| has(v, "e2", "resolved"))).await;
+    drop(am);
+}
