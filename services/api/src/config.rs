@@ -40,9 +40,20 @@ pub struct Config {
     #[arg(long, env = "VITALS_PRODUCER_QUEUE", default_value_t = 100_000)]
     pub producer_queue: usize,
     /// Live streams served at once (503 beyond). A quarter of them is kept for clients with a
-    /// token: anonymous clients cannot take every slot.
-    #[arg(long, env = "VITALS_MAX_STREAMS", default_value_t = 64)]
+    /// token: anonymous clients cannot take every slot. One reader of the changes topic feeds
+    /// them all (each open stream holds a connection: see --max-connections and `ulimit -n`).
+    #[arg(long, env = "VITALS_MAX_STREAMS", default_value_t = 10_000)]
     pub max_streams: usize,
+    /// Of those, streams served by a Kafka consumer of their own: clients resuming from further
+    /// back than the recent events the API keeps (--stream-ring).
+    #[arg(long, env = "VITALS_MAX_KAFKA_STREAMS", default_value_t = 64)]
+    pub max_kafka_streams: usize,
+    /// Recent events kept for clients that resume (`Last-Event-ID`).
+    #[arg(long, env = "VITALS_STREAM_RING", default_value_t = 10_000)]
+    pub stream_ring: usize,
+    /// Events a client may fall behind the live feed before it is dropped with a `lagged` event.
+    #[arg(long, env = "VITALS_STREAM_CLIENT_BUFFER", default_value_t = 1_024)]
+    pub stream_client_buffer: usize,
     /// Live streams one client may hold at once: per token, or per IP address without one.
     #[arg(long, env = "VITALS_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
     pub max_streams_per_client: usize,
@@ -51,7 +62,7 @@ pub struct Config {
     #[arg(long, env = "VITALS_STREAM_MAX_LIFETIME_SECS", default_value_t = 3600)]
     pub stream_max_lifetime_secs: u64,
     /// Open connections at once; beyond it a connection gets 503 and is closed.
-    #[arg(long, env = "VITALS_MAX_CONNECTIONS", default_value_t = 512)]
+    #[arg(long, env = "VITALS_MAX_CONNECTIONS", default_value_t = 11_000)]
     pub max_connections: usize,
     /// Time a connection has to send a request's headers; also how long an idle keep-alive
     /// connection stays open.

@@ -7,6 +7,7 @@ pub mod error;
 pub mod extract;
 pub mod health;
 pub mod history;
+pub mod hub;
 pub mod ingest;
 pub mod limit;
 pub mod metrics;
@@ -38,6 +39,10 @@ pub struct AppState {
     pub producer: FutureProducer,
     pub metrics: Arc<metrics::Metrics>,
     pub streams: Arc<Semaphore>,
+    /// The slots of streams served from Kafka (resuming from before the hub's ring).
+    pub kafka_streams: Arc<Semaphore>,
+    /// The one reader of the changes topic that feeds every live stream.
+    pub hub: Arc<hub::Hub>,
     /// The stream slots anonymous clients may take (the rest are kept for token holders).
     pub anonymous_streams: Arc<Semaphore>,
     /// Live streams per client (token name or IP address).
@@ -138,8 +143,18 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         .await
         .with_context(|| format!("binding {}", cfg.http_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
+    let hub = hub::Hub::new(cfg.stream_ring, cfg.stream_client_buffer);
+    let metrics: Arc<metrics::Metrics> = Arc::default();
+    tokio::spawn(hub.clone().run(
+        cfg.kafka.clone(),
+        cfg.topics.changes_topic.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    ));
     let state = AppState {
         streams: Arc::new(Semaphore::new(cfg.max_streams)),
+        kafka_streams: Arc::new(Semaphore::new(cfg.max_kafka_streams)),
+        hub,
         anonymous_streams: Arc::new(Semaphore::new(cfg.anonymous_streams())),
         stream_clients: Arc::default(),
         route_limits: Arc::default(),
@@ -147,7 +162,7 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         tokens: Arc::new(tokens),
         db,
         producer,
-        metrics: Arc::default(),
+        metrics,
         cancel,
     };
     Ok(App { listener, state })

@@ -5,7 +5,12 @@
 //! last event it received, across API restarts and instances, with nothing lost or repeated.
 //! Without it, the stream starts at the end of the topic; a first `ready` event carries the
 //! starting position. Events republished by the outbox relay after a crash are dropped by
-//! (endpoint, seq) within a connection.
+//! (endpoint, seq).
+//!
+//! One reader per API instance (`hub.rs`) feeds every client from a ring of recent events and a
+//! broadcast; a client resuming from further back gets a Kafka consumer of its own (at most
+//! `--max-kafka-streams`). A client that falls behind the feed gets a `lagged` event whose id
+//! resumes it, and the stream ends.
 //!
 //! Limits: `--max-streams` in all, of which a quarter is kept for clients with a token;
 //! `--max-streams-per-client` per token (or per IP address without one); and a lifetime, after
@@ -15,11 +20,12 @@
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
 use crate::AppState;
+use axum::body::Bytes;
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::Stream;
+use axum::response::IntoResponse;
+use futures::StreamExt;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -41,9 +47,9 @@ pub struct StreamParams {
 }
 
 /// Positions: partition → next offset.
-type Positions = BTreeMap<i32, i64>;
+pub(crate) type Positions = BTreeMap<i32, i64>;
 
-fn encode_positions(p: &Positions) -> String {
+pub(crate) fn encode_positions(p: &Positions) -> String {
     p.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(",")
 }
 
@@ -75,6 +81,7 @@ struct Live {
     ended: bool,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     _slot: StreamSlot,
+    _kafka_slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// A live stream's place: its permits and its count against its client, given back on drop.
@@ -129,15 +136,10 @@ fn take_slot(app: &AppState, client: String, anonymous: bool) -> Result<StreamSl
 }
 
 impl Live {
-    async fn next_event(&mut self) -> Option<Event> {
+    async fn next_event(&mut self) -> Option<Bytes> {
         if !self.ready {
             self.ready = true;
-            return Some(
-                Event::default()
-                    .event("ready")
-                    .id(encode_positions(&self.positions))
-                    .data("{}"),
-            );
+            return Some(frame("ready", &encode_positions(&self.positions), "{}"));
         }
         if self.ended {
             return None;
@@ -148,10 +150,7 @@ impl Live {
                 _ = tokio::time::sleep_until(self.ends_at) => {
                     self.ended = true;
                     return Some(
-                        Event::default()
-                            .event("reconnect")
-                            .id(encode_positions(&self.positions))
-                            .data(r#"{"reason":"the stream reached its maximum lifetime; resume with Last-Event-ID"}"#),
+                        frame("reconnect", &encode_positions(&self.positions), RECONNECT),
                     );
                 }
                 m = self.consumer.recv() => m,
@@ -208,12 +207,7 @@ impl Live {
                 _ => continue,
             };
             let Ok(data) = data else { continue };
-            return Some(
-                Event::default()
-                    .event(kind)
-                    .id(encode_positions(&self.positions))
-                    .data(data),
-            );
+            return Some(frame(kind, &encode_positions(&self.positions), &data));
         }
     }
 
@@ -245,7 +239,7 @@ pub async fn stream(
     headers: HeaderMap,
     peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     app.authorize_read(&headers)?;
     let principal = crate::auth::authorize(&headers, &app.tokens, crate::auth::Role::Reader).ok();
     let (client, anonymous) = match principal {
@@ -269,6 +263,44 @@ pub async fn stream(
         })
         .transpose()?;
     let slot = take_slot(&app, client, anonymous)?;
+    let (pool, endpoint) = (q.get("pool").cloned(), q.get("endpoint").cloned());
+    let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
+    if !app.hub.ready(Duration::from_secs(5)).await {
+        return Err(ApiError::Unavailable("the changes topic is unavailable".into()));
+    }
+    let from = match &resume {
+        Some(r) => r.clone(),
+        None => app.hub.end_positions().await.map_err(|e| {
+            tracing::warn!(error = %e, "live stream: cannot read the end of the changes topic");
+            ApiError::Unavailable("the changes topic is unavailable".into())
+        })?,
+    };
+    if let Some(sub) = app.hub.subscribe(&from) {
+        let client = HubClient {
+            last_id: sub.ready_id.clone(),
+            replay: sub.replay.into(),
+            sub_rx: sub.rx,
+            from: sub.from,
+            ready: Some(sub.ready_id),
+            pool,
+            endpoint,
+            cancel: app.cancel.clone(),
+            ends_at,
+            ended: false,
+            _slot: slot,
+        };
+        let events = futures::stream::unfold(client, |mut c| async move {
+            let e = c.next_event().await?;
+            Some((e, c))
+        });
+        return Ok(sse_response(events.boxed()));
+    }
+    // Further back than the ring: a consumer of its own, from the client's positions.
+    let kafka_slot = app
+        .kafka_streams
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::Unavailable("too many live streams resuming from far back; retry later".into()))?;
     // Assigned by hand at the client's positions: the group id is only a label, nothing is
     // committed.
     let consumer: StreamConsumer = vitals_runtime::kafka::consumer(
@@ -322,21 +354,128 @@ pub async fn stream(
     let live = Live {
         consumer,
         positions,
-        pool: q.get("pool").cloned(),
-        endpoint: q.get("endpoint").cloned(),
+        pool,
+        endpoint,
         last_seq: HashMap::new(),
         ready: false,
         cancel: app.cancel.clone(),
-        ends_at: tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs),
+        ends_at,
         ended: false,
         metrics: app.metrics.clone(),
         _slot: slot,
+        _kafka_slot: kafka_slot,
     };
     let events = futures::stream::unfold(live, |mut live| async move {
         let e = live.next_event().await?;
-        Some((Ok(e), live))
+        Some((e, live))
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(sse_response(events.boxed()))
+}
+
+const RECONNECT: &str = r#"{"reason":"the stream reached its maximum lifetime; resume with Last-Event-ID"}"#;
+
+/// One Server-Sent Event (`data` is one line of JSON).
+pub(crate) fn frame(kind: &str, id: &str, data: &str) -> Bytes {
+    Bytes::from(format!("event: {kind}\nid: {id}\ndata: {data}\n\n"))
+}
+
+/// The events as a `text/event-stream` response, with a keep-alive comment after 15 s of
+/// silence (the frames are made once per event and shared by every client).
+fn sse_response(events: futures::stream::BoxStream<'static, Bytes>) -> axum::response::Response {
+    const EVERY: Duration = Duration::from_secs(15);
+    let tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
+    let body = futures::stream::unfold((events, tick), |(mut events, mut tick)| async move {
+        tokio::select! {
+            e = events.next() => {
+                tick.reset();
+                e.map(|b| (Ok::<_, Infallible>(b), (events, tick)))
+            }
+            _ = tick.tick() => Some((Ok(Bytes::from_static(b":\n\n")), (events, tick))),
+        }
+    });
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/event-stream"),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// A client fed by the hub: `ready`, the replay, then the live feed.
+struct HubClient {
+    ready: Option<String>,
+    replay: std::collections::VecDeque<std::sync::Arc<crate::hub::Item>>,
+    sub_rx: tokio::sync::broadcast::Receiver<std::sync::Arc<crate::hub::Item>>,
+    from: Positions,
+    /// The position after the last event this client was sent or skipped: its resume point.
+    last_id: String,
+    pool: Option<String>,
+    endpoint: Option<String>,
+    cancel: tokio_util::sync::CancellationToken,
+    ends_at: tokio::time::Instant,
+    ended: bool,
+    _slot: StreamSlot,
+}
+
+impl HubClient {
+    fn event(&mut self, item: &crate::hub::Item) -> Option<Bytes> {
+        self.last_id.clone_from(&item.id);
+        if item.offset < self.from.get(&item.partition).copied().unwrap_or(0) {
+            return None; // already seen by this client (it was ahead of this instance)
+        }
+        let wanted = self.pool.as_deref().is_none_or(|p| p == item.pool)
+            && self
+                .endpoint
+                .as_deref()
+                .is_none_or(|e| item.endpoint.as_deref() == Some(e));
+        wanted.then(|| item.frame.clone())
+    }
+
+    async fn next_event(&mut self) -> Option<Bytes> {
+        if let Some(id) = self.ready.take() {
+            return Some(frame("ready", &id, "{}"));
+        }
+        if self.ended {
+            return None;
+        }
+        while let Some(item) = self.replay.pop_front() {
+            if let Some(e) = self.event(&item) {
+                return Some(e);
+            }
+        }
+        loop {
+            let item = tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                _ = tokio::time::sleep_until(self.ends_at) => {
+                    self.ended = true;
+                    return Some(
+                        frame("reconnect", &self.last_id, RECONNECT),
+                    );
+                }
+                r = self.sub_rx.recv() => r,
+            };
+            match item {
+                Ok(item) => {
+                    if let Some(e) = self.event(&item) {
+                        return Some(e);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    self.ended = true;
+                    return Some(frame(
+                        "lagged",
+                        &self.last_id,
+                        &format!(
+                            r#"{{"reason":"this client fell {missed} events behind the live stream; resume with Last-Event-ID","missed":{missed}}}"#
+                        ),
+                    ));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -82,7 +82,9 @@ async fn a_client_sees_changes_live_and_resumes_exactly_once() {
         let v: serde_json::Value = serde_json::from_str(&c.next().await.data).unwrap();
         assert!(
             v["endpoint"].as_str().unwrap().starts_with("zz"),
-            "an unexpected event: {v}"
+            "an unexpected event: {} {} after {seen:?} (resumed from {last_id})",
+            v["endpoint"],
+            v["seq"]
         );
     }
     // Exactly once each (order holds per endpoint; partitions interleave freely).
@@ -104,5 +106,87 @@ async fn a_client_sees_changes_live_and_resumes_exactly_once() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
+    api.drop_schema().await;
+}
+
+/// One reader feeds many clients (more than one Kafka consumer each ever allowed); a client
+/// resuming within the ring of recent events is replayed from it, one resuming from further back
+/// is served from Kafka (and those are capped apart), each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reader_feeds_every_client_and_resumes_come_from_the_ring_or_kafka() {
+    let api = Api::start(
+        "fanout",
+        &[
+            "--stream-ring",
+            "5",
+            "--max-kafka-streams",
+            "1",
+            "--max-streams-per-client",
+            "500",
+        ],
+    )
+    .await;
+    let p = producer();
+    let send = |h: HealthChanged| {
+        let p = p.clone();
+        let topic = api.topics.changes.clone();
+        async move { produce(&p, &topic, &format!("live/{}", h.endpoint), &encode(&h).unwrap()).await }
+    };
+    let mut clients = Vec::new();
+    for _ in 0..150 {
+        let mut c = Sse::connect(&api, None).await;
+        assert_eq!(c.next().await.event, "ready");
+        clients.push(c);
+    }
+    send(change("a", 1)).await;
+    let mut after_first = String::new();
+    for c in &mut clients {
+        let ev = c.next().await;
+        assert_eq!(ev.event, "health_changed");
+        after_first = ev.id;
+    }
+    drop(clients);
+    // Two more: a resume from after the first is inside the ring of 5.
+    send(change("a", 2)).await;
+    send(change("a", 3)).await;
+    let seqs = |evs: Vec<Ev>| -> Vec<i64> {
+        evs.iter()
+            .map(|e| {
+                serde_json::from_str::<serde_json::Value>(&e.data).unwrap()["seq"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let mut c = Sse::connect(&api, Some(&after_first)).await;
+    assert_eq!(c.next().await.event, "ready");
+    assert_eq!(
+        seqs(vec![c.next().await, c.next().await]),
+        [2, 3],
+        "replayed from the ring"
+    );
+    drop(c);
+    // Ten more push the first ones out of the ring: the same resume is served from Kafka.
+    for s in 4..14 {
+        send(change("a", s)).await;
+    }
+    let mut far = Sse::connect(&api, Some(&after_first)).await;
+    assert_eq!(far.next().await.event, "ready");
+    let mut got = Vec::new();
+    for _ in 2..14 {
+        got.push(far.next().await);
+    }
+    assert_eq!(
+        seqs(got),
+        (2..14).collect::<Vec<_>>(),
+        "from Kafka, each once, in order"
+    );
+    // Its own consumer takes the only Kafka slot: another far resume must wait.
+    let (s, b) = Sse::open(&api, "/v1/stream?pool=live", Some(&after_first), None)
+        .await
+        .err()
+        .expect("refused while the Kafka slot is taken");
+    assert_eq!(s, 503, "{b}");
+    drop(far);
     api.drop_schema().await;
 }

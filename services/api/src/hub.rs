@@ -1,0 +1,350 @@
+//! One reader of the changes topic per API instance, feeding every live stream: each event is
+//! decoded once, duplicates (a relay's republish) are dropped once, and the result goes to a
+//! bounded ring of recent events and to a broadcast channel. A client that resumes from a
+//! position inside the ring is replayed from it; one further behind is served from Kafka by its
+//! own consumer (`stream.rs`). A client that falls behind the broadcast by more than its
+//! capacity is dropped with a `lagged` event (it resumes with `Last-Event-ID`), so a slow client
+//! never slows the others.
+
+use crate::metrics::Metrics;
+use crate::stream::{encode_positions, Positions};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use vitals_contracts::{self as c, codec::SchemaKind, view};
+
+/// One event as every client sends it.
+#[derive(Debug)]
+pub struct Item {
+    pub partition: i32,
+    pub offset: i64,
+    /// `health_changed` or `pool_changed`.
+    pub kind: &'static str,
+    pub pool: String,
+    pub endpoint: Option<String>,
+    /// The stream position after this event (its SSE id).
+    pub id: String,
+    /// The whole event as every client sends it, made once.
+    pub frame: axum::body::Bytes,
+}
+
+struct Inner {
+    ring: VecDeque<Arc<Item>>,
+    /// Positions before the oldest event of the ring: a client at or past them resumes from it.
+    base: Positions,
+    /// Positions after the newest record read.
+    positions: Positions,
+    last_seq: HashMap<(String, String), i64>,
+}
+
+pub struct Hub {
+    inner: Mutex<Inner>,
+    /// The reader's consumer and topic, to ask for the topic's end (a new client starts there).
+    reader: Mutex<Option<(Arc<StreamConsumer>, String)>>,
+    tx: broadcast::Sender<Arc<Item>>,
+    ring_capacity: usize,
+    started: watch::Sender<bool>,
+}
+
+/// What a client starts from: the `ready` id, the events to replay, and the live feed.
+pub struct Subscription {
+    pub ready_id: String,
+    pub replay: Vec<Arc<Item>>,
+    pub rx: broadcast::Receiver<Arc<Item>>,
+    /// Skip events before these offsets (a client that was ahead of this instance).
+    pub from: Positions,
+}
+
+impl Hub {
+    pub fn new(ring_capacity: usize, client_buffer: usize) -> Arc<Hub> {
+        Arc::new(Hub {
+            inner: Mutex::new(Inner {
+                ring: VecDeque::with_capacity(ring_capacity.min(100_000)),
+                base: Positions::new(),
+                positions: Positions::new(),
+                last_seq: HashMap::new(),
+            }),
+            reader: Mutex::new(None),
+            tx: broadcast::channel(client_buffer.max(1)).0,
+            ring_capacity: ring_capacity.max(1),
+            started: watch::channel(false).0,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait (up to `timeout`) until the hub reads the topic.
+    pub async fn ready(&self, timeout: Duration) -> bool {
+        let mut rx = self.started.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|s| *s))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Clients connected to the live feed.
+    pub fn clients(&self) -> usize {
+        self.tx.receiver_count()
+    }
+
+    /// The end of the topic now: where a client without `Last-Event-ID` starts (events the
+    /// hub has yet to read, from before the client came, are not sent to it).
+    pub async fn end_positions(&self) -> anyhow::Result<Positions> {
+        let (consumer, topic) = self
+            .reader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("the changes topic is not read yet"))?;
+        let partitions: Vec<i32> = self.lock().positions.keys().copied().collect();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Positions::new();
+            for p in partitions {
+                out.insert(p, consumer.fetch_watermarks(&topic, p, Duration::from_secs(5))?.1);
+            }
+            Ok(out)
+        })
+        .await?
+    }
+
+    /// A client from `from` (its `Last-Event-ID`, or the end of the topic): the events of the ring
+    /// at or after it, then the live feed. None if the ring does not reach back that far (serve
+    /// it from Kafka).
+    pub fn subscribe(&self, from: &Positions) -> Option<Subscription> {
+        let inner = self.lock();
+        // Every partition the hub reads must be at or past the ring's start.
+        let inside = inner
+            .base
+            .iter()
+            .all(|(p, base)| from.get(p).copied().unwrap_or(0) >= *base);
+        if !inside {
+            return None;
+        }
+        let replay = inner
+            .ring
+            .iter()
+            .filter(|i| i.offset >= from.get(&i.partition).copied().unwrap_or(0))
+            .cloned()
+            .collect();
+        Some(Subscription {
+            ready_id: encode_positions(from),
+            replay,
+            rx: self.tx.subscribe(),
+            from: from.clone(),
+        })
+    }
+
+    /// Take one record of the changes topic: the event clients get, if any.
+    fn take(&self, partition: i32, offset: i64, payload: &[u8], metrics: &Metrics) {
+        let mut inner = self.lock();
+        inner.positions.insert(partition, offset + 1);
+        let undecodable = |e: &dyn std::fmt::Display| {
+            metrics.stream_undecodable();
+            tracing::warn!(partition, offset, error = %e, "live stream: skipping a record that cannot be decoded");
+        };
+        let (kind, data, pool, endpoint) = match c::codec::peek_kind(payload) {
+            Ok(SchemaKind::HealthChanged) => {
+                let h = match c::decode::<c::HealthChanged>(payload) {
+                    Ok(h) => h,
+                    Err(e) => return undecodable(&e),
+                };
+                let key = (h.pool.clone(), h.endpoint.clone());
+                if inner.last_seq.get(&key).is_some_and(|s| *s >= h.seq) {
+                    return; // a republished duplicate
+                }
+                inner.last_seq.insert(key, h.seq);
+                let (pool, endpoint) = (h.pool.clone(), h.endpoint.clone());
+                match view::Transition::try_from(h) {
+                    Ok(t) => ("health_changed", serde_json::to_string(&t), pool, Some(endpoint)),
+                    Err(e) => return undecodable(&e),
+                }
+            }
+            Ok(SchemaKind::PoolHealthChanged) => {
+                let p = match c::decode::<c::PoolHealthChanged>(payload) {
+                    Ok(p) => p,
+                    Err(e) => return undecodable(&e),
+                };
+                let pool = p.pool.clone();
+                (
+                    "pool_changed",
+                    serde_json::to_string(&view::PoolEvent::from(p)),
+                    pool,
+                    None,
+                )
+            }
+            _ => return, // ticks and other kinds move the position only
+        };
+        let Ok(data) = data else { return };
+        let id = encode_positions(&inner.positions);
+        let item = Arc::new(Item {
+            partition,
+            offset,
+            kind,
+            frame: crate::stream::frame(kind, &id, &data),
+            pool,
+            endpoint,
+            id,
+        });
+        if inner.ring.len() >= self.ring_capacity {
+            if let Some(old) = inner.ring.pop_front() {
+                inner.base.insert(old.partition, old.offset + 1);
+            }
+        }
+        inner.ring.push_back(item.clone());
+        // Sent under the lock, so a subscriber sees each event once: in its replay or its feed.
+        let _ = self.tx.send(item);
+    }
+
+    /// Read the changes topic from its end until `cancel`, retrying while Kafka is away.
+    pub async fn run(
+        self: Arc<Hub>,
+        kafka: vitals_runtime::args::KafkaArgs,
+        topic: String,
+        metrics: Arc<Metrics>,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            match self.clone().read(&kafka, &topic, &metrics, &cancel).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "live stream: cannot read the changes topic; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read(
+        self: Arc<Hub>,
+        kafka: &vitals_runtime::args::KafkaArgs,
+        topic: &str,
+        metrics: &Metrics,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let consumer: Arc<StreamConsumer> = Arc::new(
+            vitals_runtime::kafka::consumer(
+                kafka,
+                "vitals-api-live",
+                &[("isolation.level", "read_committed"), ("fetch.wait.max.ms", "20")],
+            )
+            .create()?,
+        );
+        let (consumer, start) = {
+            let topic = topic.to_owned();
+            let known = self.lock().positions.clone();
+            tokio::task::spawn_blocking(move || -> anyhow::Result<(Arc<StreamConsumer>, Positions)> {
+                let timeout = Duration::from_secs(5);
+                let meta = consumer.fetch_metadata(Some(&topic), timeout)?;
+                let parts: Vec<i32> = meta
+                    .topics()
+                    .first()
+                    .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+                    .unwrap_or_default();
+                anyhow::ensure!(!parts.is_empty(), "topic {topic} has no partitions");
+                let mut start = Positions::new();
+                let mut tpl = TopicPartitionList::new();
+                for p in parts {
+                    // After a reconnect, from where the hub was; the first time, from the end.
+                    let o = match known.get(&p) {
+                        Some(o) => *o,
+                        None => consumer.fetch_watermarks(&topic, p, timeout)?.1,
+                    };
+                    start.insert(p, o);
+                    tpl.add_partition_offset(&topic, p, Offset::Offset(o))?;
+                }
+                consumer.assign(&tpl)?;
+                Ok((consumer, start))
+            })
+            .await??
+        };
+        {
+            let mut inner = self.lock();
+            for (p, o) in &start {
+                inner.positions.entry(*p).or_insert(*o);
+                inner.base.entry(*p).or_insert(*o);
+            }
+        }
+        *self.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some((consumer.clone(), topic.to_owned()));
+        self.started.send_replace(true);
+        tracing::info!(
+            topic,
+            partitions = start.len(),
+            "live stream: reading the changes topic"
+        );
+        loop {
+            let m = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                m = consumer.recv() => m,
+            };
+            match m {
+                Ok(m) => self.take(m.partition(), m.offset(), m.payload().unwrap_or_default(), metrics),
+                Err(e) => {
+                    tracing::warn!(error = %e, "live stream: consumer error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vitals_contracts::{encode, Evidence, HealthChanged, HealthState};
+
+    fn change(seq: i64) -> Vec<u8> {
+        encode(&HealthChanged {
+            transition_id: format!("p/e/{seq}"),
+            pool: "p".into(),
+            endpoint: "e".into(),
+            seq,
+            from_state: HealthState::Healthy,
+            to_state: HealthState::Degraded,
+            weight: 0.25,
+            ramp_ms: 0,
+            retry_at: None,
+            reason_code: "degraded".into(),
+            reason: String::new(),
+            evidence: Evidence::default(),
+            policy_version: 0,
+            trigger_ids: vec![],
+            stream_time: seq,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_ring_replays_a_resume_and_a_slow_receiver_lags() {
+        let hub = Hub::new(3, 2);
+        let metrics = Metrics::default();
+        hub.lock().base.insert(0, 0);
+        let mut slow = hub.subscribe(&[(0, 0)].into()).unwrap();
+        for seq in 1..=5 {
+            hub.take(0, seq - 1, &change(seq), &metrics);
+        }
+        // A duplicate (republished) is dropped once, for everyone.
+        hub.take(0, 5, &change(5), &metrics);
+        assert_eq!(hub.lock().ring.len(), 3, "bounded");
+        // Inside the ring: from offset 3 on.
+        let at: Positions = [(0, 3)].into();
+        let sub = hub.subscribe(&at).unwrap();
+        assert_eq!(sub.replay.iter().map(|i| i.offset).collect::<Vec<_>>(), [3, 4]);
+        // Behind the ring (offset 1 was evicted): not from here.
+        assert!(hub.subscribe(&[(0, 1)].into()).is_none());
+        // The slow receiver held 2 of 5: it lagged.
+        assert!(matches!(
+            slow.rx.try_recv(),
+            Err(broadcast::error::TryRecvError::Lagged(3))
+        ));
+        assert_eq!(hub.lock().positions.get(&0), Some(&6));
+    }
+}

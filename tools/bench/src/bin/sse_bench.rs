@@ -1,0 +1,225 @@
+//! The live stream at fleet scale: N concurrent SSE clients on one API instance (the real
+//! binary), changes produced to the changes topic at a steady rate, and for every delivery the
+//! time from the produce call to the client reading it; the API's memory per client.
+//!
+//!   scripts/stack.sh up && cargo run --release -p vitals-bench --bin sse-bench -- [--clients 10000] [--events 50]
+
+use clap::Parser;
+use rdkafka::producer::FutureRecord;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vitals_bench::stack;
+use vitals_contracts::{encode, Evidence, HealthChanged, HealthState};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 10_000)]
+    clients: usize,
+    /// Changes produced (one every --gap-ms).
+    #[arg(long, default_value_t = 50)]
+    events: usize,
+    #[arg(long, default_value_t = 200)]
+    gap_ms: u64,
+}
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// One client: connect, read events until `want` changes arrived; the latencies (µs) of each,
+/// from the `sent:<µs>` its reason carries.
+async fn client(port: u16, want: usize, connected: Arc<AtomicUsize>) -> anyhow::Result<Vec<i64>> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    // With a token: anonymous clients may take only three quarters of the slots.
+    s.write_all(
+        b"GET /v1/stream HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\nAuthorization: Bearer sse-bench-reader-0001\r\n\r\n",
+    )
+    .await?;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    let mut lat = Vec::with_capacity(want);
+    let mut ready = false;
+    while lat.len() < want {
+        let n = s.read(&mut buf).await?;
+        anyhow::ensure!(n > 0, "the server closed the stream after {} events", lat.len());
+        let at = now_us();
+        pending.extend_from_slice(&buf[..n]);
+        if !ready && pending.windows(12).any(|w| w == b"event: ready") {
+            ready = true;
+            connected.fetch_add(1, Ordering::Relaxed);
+        }
+        // Each change's data carries "reason":"sent:<µs>".
+        let text = String::from_utf8_lossy(&pending);
+        let mut rest: &str = &text;
+        while let Some(i) = rest.find("\"reason\":\"sent:") {
+            rest = &rest[i + 15..];
+            let end = rest.find('"').unwrap_or(0);
+            if let Ok(sent) = rest[..end].parse::<i64>() {
+                lat.push(at - sent);
+            }
+        }
+        // Keep only an unfinished tail.
+        let keep = text.rfind("\n\n").map_or(0, |i| i + 2);
+        pending.drain(..keep.min(pending.len()));
+    }
+    Ok(lat)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let name = stack::unique("sse_bench");
+    let topics = stack::Topics::create(&name, 4, stack::Stamp::LogAppendTime).await;
+    vitals_testkit::migrated_schema(&name).await;
+    let port = vitals_testkit::free_port();
+    let limit = (args.clients + 100).to_string();
+    let mut cmd: Vec<String> = [
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+        "--db-schema",
+        &name,
+        "--database-url",
+        &vitals_testkit::reader_url(),
+        "--brokers",
+        &stack::brokers(),
+        "--max-streams",
+        &limit,
+        "--max-connections",
+        &limit,
+        "--max-streams-per-client",
+        &limit,
+        "--token",
+        "bench:reader:sse-bench-reader-0001",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cmd.extend(topics.args());
+    let api = stack::Service::start("vitals-api", "sse-bench-api", &cmd);
+    let pid = api.child.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while vitals_testkit::http_get(port, "/healthz").await.is_none() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the API did not start ({})",
+            api.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let idle = rss_kb(pid);
+    eprintln!("API up, RSS {idle} kB; connecting {} clients", args.clients);
+    let connected = Arc::new(AtomicUsize::new(0));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let mut tasks = Vec::with_capacity(args.clients);
+    for i in 0..args.clients {
+        let (connected, results, failures) = (connected.clone(), results.clone(), failures.clone());
+        let want = args.events;
+        tasks.push(tokio::spawn(async move {
+            match client(port, want, connected).await {
+                Ok(l) => results.lock().unwrap().extend(l),
+                Err(e) => {
+                    if failures.fetch_add(1, Ordering::Relaxed) < 3 {
+                        eprintln!("client {i}: {e}");
+                    }
+                }
+            }
+        }));
+        if i % 500 == 499 {
+            // Let the accept loop keep up.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    while connected.load(Ordering::Relaxed) + failures.load(Ordering::Relaxed) < args.clients {
+        if t.elapsed() > Duration::from_secs(300) {
+            anyhow::bail!("only {} clients connected", connected.load(Ordering::Relaxed));
+        }
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        eprintln!("  {} connected", connected.load(Ordering::Relaxed));
+    }
+    let rss = rss_kb(pid);
+    eprintln!(
+        "{} clients connected in {:.1} s; API RSS {rss} kB",
+        connected.load(Ordering::Relaxed),
+        t.elapsed().as_secs_f64()
+    );
+    let p = stack::producer();
+    let cpu0 = vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default());
+    let t = Instant::now();
+    for i in 0..args.events {
+        let h = HealthChanged {
+            transition_id: format!("bench/e{i}/1"),
+            pool: "bench".into(),
+            endpoint: format!("e{i}"),
+            seq: 1,
+            from_state: HealthState::Healthy,
+            to_state: HealthState::Unhealthy,
+            weight: 0.0,
+            ramp_ms: 0,
+            retry_at: None,
+            reason_code: "ejected".into(),
+            reason: format!("sent:{}", now_us()),
+            evidence: Evidence::default(),
+            policy_version: 0,
+            trigger_ids: vec![],
+            stream_time: now_us(),
+        };
+        let key = format!("bench/e{i}");
+        let bytes = encode(&h)?;
+        p.send(
+            FutureRecord::to(&topics.changes).key(&key).payload(&bytes),
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|(e, _)| e)?;
+        tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
+    }
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(60), task).await;
+    }
+    let api_cpu =
+        vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()) - cpu0;
+    let mut lat = results.lock().unwrap().clone();
+    lat.sort_unstable();
+    anyhow::ensure!(!lat.is_empty(), "no delivery measured");
+    let at = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+    let expected = args.clients * args.events;
+    println!(
+        "{} clients, {} changes each ({} deliveries of {expected}; {} clients failed)",
+        args.clients,
+        args.events,
+        lat.len(),
+        failures.load(Ordering::Relaxed)
+    );
+    println!(
+        "  delivery latency (produce → client read): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+    println!(
+        "  API memory: {idle} kB idle, {rss} kB with every client: {:.1} kB per client",
+        (rss.saturating_sub(idle)) as f64 / args.clients as f64
+    );
+    println!(
+        "  API CPU over the {:.1} s of changes: {api_cpu:.2} s ({:.1} µs per delivery)",
+        t.elapsed().as_secs_f64(),
+        api_cpu * 1e6 / lat.len().max(1) as f64
+    );
+    drop(api);
+    Ok(())
+}
