@@ -127,6 +127,18 @@ pub async fn pools_after(db: &PgPool, after: &str, limit: i64) -> Result<Vec<End
     rows.iter().map(state).collect()
 }
 
+/// Each pool's latest decision flags: (panic mode, correlated outage), for the pools asked.
+pub async fn pool_flags(db: &PgPool, pools: &[String]) -> Result<std::collections::HashMap<String, (bool, bool)>, StoreError> {
+    let rows: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT DISTINCT ON (pool) pool, panic, correlated_outage FROM pool_events
+         WHERE pool = ANY($1) ORDER BY pool, seq DESC",
+    )
+    .bind(pools)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|(p, panic, outage)| (p, (panic, outage))).collect())
+}
+
 /// The current state of every endpoint of a pool, in endpoint order.
 pub async fn pool(db: &PgPool, pool: &str) -> Result<Vec<EndpointState>, StoreError> {
     let rows = sqlx::query(&format!(

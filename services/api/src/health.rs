@@ -17,6 +17,23 @@ pub struct PoolHealth {
     pub endpoints: Vec<view::EndpointHealth>,
     pub healthy: usize,
     pub total: usize,
+    /// Panic mode (routing over every endpoint), from the pool's latest decision.
+    pub panic: bool,
+    /// A correlated outage suspected, from the pool's latest decision.
+    pub correlated_outage: bool,
+}
+
+/// Fill in the pools' flags from their latest decisions.
+async fn flag(app: &AppState, pools: &mut [PoolHealth]) -> Result<(), ApiError> {
+    let names: Vec<String> = pools.iter().map(|p| p.pool.clone()).collect();
+    let flags = read::pool_flags(&app.db, &names).await?;
+    for p in pools {
+        if let Some((panic, outage)) = flags.get(&p.pool) {
+            p.panic = *panic;
+            p.correlated_outage = *outage;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Serialize, ToSchema)]
@@ -45,6 +62,8 @@ fn group(rows: Vec<EndpointState>) -> Vec<PoolHealth> {
                 endpoints: vec![e],
                 healthy,
                 total: 0,
+                panic: false,
+                correlated_outage: false,
             }),
         }
     }
@@ -95,6 +114,7 @@ pub async fn pools(
     } else {
         None
     };
+    flag(&app, &mut pools).await?;
     Ok(Json(PoolPage { pools, next_after }))
 }
 
@@ -111,7 +131,9 @@ pub async fn pool(
     ApiPath(pool): ApiPath<String>,
 ) -> Result<Json<PoolHealth>, ApiError> {
     app.authorize_read(&headers)?;
-    group(read::pool(&app.db, &pool).await?)
+    let mut found = group(read::pool(&app.db, &pool).await?);
+    flag(&app, &mut found).await?;
+    found
         .pop()
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("pool {pool:?}")))

@@ -72,6 +72,7 @@ impl AppState {
 
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
+        .route("/", get(dashboard))
         .route("/v1/transitions", get(history::history))
         .route("/v1/pools", get(health::pools))
         .route("/v1/pools/{pool}", get(health::pool))
@@ -114,6 +115,11 @@ impl App {
         serve::serve(self.listener, app, limits, cancel).await;
         Ok(())
     }
+}
+
+/// The dashboard: one page, embedded in the binary, that reads this API.
+async fn dashboard() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("../assets/dashboard.html"))
 }
 
 /// Connect to Postgres (read-only) and Kafka, and bind the listener.

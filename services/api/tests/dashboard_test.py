@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The dashboard in a real browser (Debian's chromium, driven by playwright).
+
+  dashboard_test.py BASE_URL ADMIN_TOKEN SCREENSHOT_DIR
+
+Checks the fleet view against the seeded state, search from the keyboard, the pool and endpoint
+views (timeline and transitions), an operator action signed in from the page, and that the
+change it makes appears on another open page without a reload. Writes screenshots; prints the
+figures as JSON; exits non-zero with the reason when a check fails.
+"""
+import json
+import os
+import sys
+import time
+
+from playwright.sync_api import sync_playwright, expect
+
+base, admin, shots = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(shots, exist_ok=True)
+figures = {}
+with sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=os.environ.get("VITALS_CHROMIUM", "/usr/bin/chromium"), args=["--no-sandbox"])
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    # The fleet: the seeded pools, the ejected endpoint counted, 10,000 bulk endpoints rendered.
+    page.goto(base + "/")
+    row = page.locator('#fleet tr[data-pool="dash"]')
+    expect(row).to_be_visible(timeout=15000)
+    expect(row.locator('td[data-count="unhealthy"]')).to_contain_text("unhealthy 1")
+    expect(row.locator('td[data-count="healthy"]')).to_contain_text("healthy 2")
+    page.wait_for_function("document.body.dataset.firstRenderMs !== undefined")
+    figures["first_render_ms"] = int(page.evaluate("document.body.dataset.firstRenderMs"))
+    figures["fleet_rows"] = page.locator("#fleet tbody tr").count()
+    assert figures["fleet_rows"] >= 1001, figures
+    expect(page.locator("#main")).to_contain_text("10003 endpoints")
+    page.screenshot(path=f"{shots}/fleet.png", full_page=False)
+
+    # Search from the keyboard: "/" focuses it; the fleet narrows to the match.
+    page.keyboard.press("/")
+    page.keyboard.type("dash")
+    expect(page.locator("#fleet tbody tr")).to_have_count(1)
+    page.keyboard.press("Control+a")
+    page.keyboard.press("Backspace")
+
+    # The pool, reached by keyboard from the fleet.
+    page.locator('#fleet a[href="#/pools/dash"]').focus()
+    page.keyboard.press("Enter")
+    e1 = page.locator('#pool tr[data-endpoint="e1"]')
+    expect(e1.locator('[data-state="unhealthy"]')).to_contain_text("✖ unhealthy")
+    page.screenshot(path=f"{shots}/pool.png")
+
+    # An endpoint: its timeline and transitions with their reasons.
+    other = ctx.new_page()
+    other.on("pageerror", lambda e: errors.append(str(e)))
+    other.goto(base + "/#/pools/dash/endpoints/e1")
+    expect(other.locator("#transitions tbody tr").first).to_contain_text("ejected")
+    assert other.locator("#timeline svg rect").count() >= 2, "a span before and after the ejection"
+    other.screenshot(path=f"{shots}/endpoint.png", full_page=True)
+
+    # An operator action from the page, signed in; the pool page open in the first tab shows the
+    # change without a reload.
+    other.goto(base + "/#/pools/dash/endpoints/e2")
+    other.fill("#token", admin)
+    other.click("text=Sign in")
+    other.select_option("#action", "force_unhealthy")
+    other.fill("#reason", "from the dashboard test")
+    other.click("text=Apply")
+    expect(other.locator("#result")).to_contain_text("accepted", timeout=10000)
+    t0 = time.monotonic()
+    e2 = page.locator('#pool tr[data-endpoint="e2"] [data-state="unhealthy"]')
+    expect(e2).to_be_visible(timeout=2000)
+    figures["live_update_ms"] = int((time.monotonic() - t0) * 1000)
+    page.screenshot(path=f"{shots}/pool-after-action.png")
+    assert not errors, errors
+    browser.close()
+print(json.dumps(figures))
