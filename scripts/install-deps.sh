@@ -29,3 +29,7 @@ if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
   echo "[deps] pip install confluent-kafka (the Python examples)" >&2
   python3 -m pip install -q --root-user-action=ignore 'confluent-kafka>=2.3,<3'
 fi
+if ! python3 -c 'import playwright' 2>/dev/null; then
+  echo "[deps] pip install playwright (the dashboard's browser tests drive the system chromium)" >&2
+  python3 -m pip install -q --root-user-action=ignore 'playwright>=1.40,<2'
+fi

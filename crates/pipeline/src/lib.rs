@@ -9,7 +9,7 @@ pub mod batch;
 
 pub use batch::{BatchWrite, OutboxRow, PartitionWrite, Snapshot, Topics};
 
-use vitals_contracts::{decode_signal, validate_signal, Micros};
+use vitals_contracts::{decode_signal, validate_signal, Micros, Signal};
 use vitals_engine::{Decision, Engine};
 
 /// One input partition: its engine and where it stands in the log.
@@ -24,6 +24,8 @@ pub struct Partition {
     /// replayed into the engine only: their rows and events were committed by an earlier owner.
     committed: Option<i64>,
     since_snapshot: u64,
+    /// A policy changed: the next write takes a snapshot (policies are read from snapshots).
+    snapshot_due: bool,
     /// A record was applied since the last [`Partition::write`].
     unwritten: bool,
     decisions: Vec<Decision>,
@@ -46,6 +48,7 @@ impl Partition {
             next_offset: start_offset,
             committed,
             since_snapshot: 0,
+            snapshot_due: false,
             unwritten: false,
             decisions: Vec::new(),
         }
@@ -109,6 +112,9 @@ impl Partition {
             return true;
         }
         let first = self.engine.apply(at, &signal, &mut self.decisions);
+        // A pool's policy is read from its snapshot (the API's GET policy): take one at the
+        // next write.
+        self.snapshot_due |= matches!(signal, Signal::Policy(_));
         if replay {
             self.decisions.clear();
             return true;
@@ -128,8 +134,9 @@ impl Partition {
     pub fn write(&mut self, every: u64, force: bool) -> Option<PartitionWrite> {
         let next = self.next_offset.filter(|_| self.unwritten || force)?;
         self.unwritten = false;
-        let snapshot = (force || self.since_snapshot >= every).then(|| {
+        let snapshot = (force || self.snapshot_due || self.since_snapshot >= every).then(|| {
             self.since_snapshot = 0;
+            self.snapshot_due = false;
             let s = self.engine.partition_snapshot();
             Snapshot {
                 offset: next,
@@ -149,7 +156,7 @@ impl Partition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vitals_contracts::{encode_signal, CallOutcome, OutcomeClass, Policy, Signal};
+    use vitals_contracts::{encode_signal, CallOutcome, OutcomeClass, Policy};
 
     fn topics() -> Topics {
         Topics {

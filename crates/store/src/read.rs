@@ -127,8 +127,30 @@ pub async fn pools_after(db: &PgPool, after: &str, limit: i64) -> Result<Vec<End
     rows.iter().map(state).collect()
 }
 
+/// A pool's policy as of its latest engine snapshot (the processor takes one at the next write
+/// after a policy change): (policy version, policy), or None if the pool has no snapshot yet.
+pub async fn pool_policy(db: &PgPool, pool: &str) -> Result<Option<(i64, vitals_contracts::Policy)>, StoreError> {
+    let row: Option<(Vec<u8>,)> = sqlx::query_as(
+        "SELECT e.state FROM engine_snapshots e
+         JOIN partition_snapshots p USING (consumer_group, topic, partition)
+         WHERE e.pool = $1 ORDER BY p.stream_time DESC LIMIT 1",
+    )
+    .bind(pool)
+    .fetch_optional(db)
+    .await?;
+    let Some((bytes,)) = row else { return Ok(None) };
+    let engine = vitals_engine::Engine::from_snapshot(vitals_contracts::Policy::default(), 0, [bytes.as_slice()])
+        .map_err(|e| StoreError::Corrupt(format!("engine snapshot of {pool}: {e}")))?;
+    Ok(engine
+        .pool(pool)
+        .map(|p| (i64::from(p.policy.version), p.policy.clone())))
+}
+
 /// Each pool's latest decision flags: (panic mode, correlated outage), for the pools asked.
-pub async fn pool_flags(db: &PgPool, pools: &[String]) -> Result<std::collections::HashMap<String, (bool, bool)>, StoreError> {
+pub async fn pool_flags(
+    db: &PgPool,
+    pools: &[String],
+) -> Result<std::collections::HashMap<String, (bool, bool)>, StoreError> {
     let rows: Vec<(String, bool, bool)> = sqlx::query_as(
         "SELECT DISTINCT ON (pool) pool, panic, correlated_outage FROM pool_events
          WHERE pool = ANY($1) ORDER BY pool, seq DESC",
@@ -136,7 +158,10 @@ pub async fn pool_flags(db: &PgPool, pools: &[String]) -> Result<std::collection
     .bind(pools)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(|(p, panic, outage)| (p, (panic, outage))).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(p, panic, outage)| (p, (panic, outage)))
+        .collect())
 }
 
 /// The current state of every endpoint of a pool, in endpoint order.

@@ -81,7 +81,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/pools/{pool}/endpoints/{endpoint}/override",
             post(ops::override_endpoint),
         )
-        .route("/v1/pools/{pool}/policy", put(ops::put_policy))
+        .route("/v1/pools/{pool}/policy", put(ops::put_policy).get(ops::get_policy))
         .route("/v1/stream", get(stream::stream))
         .route("/v1/signals", post(ingest::ingest))
         .route("/v1/openapi.json", get(|| async { Json(openapi::ApiDoc::openapi()) }))

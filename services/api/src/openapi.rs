@@ -15,6 +15,7 @@ use utoipa::{Modify, OpenApi};
         crate::ingest::ingest,
         crate::ops::override_endpoint,
         crate::ops::put_policy,
+        crate::ops::get_policy,
         crate::probes::healthz,
         crate::probes::readyz,
         crate::probes::metrics,

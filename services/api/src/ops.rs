@@ -90,6 +90,40 @@ pub async fn override_endpoint(
     Ok((StatusCode::ACCEPTED, Json(produce(&app, &signal).await?)))
 }
 
+/// A pool's policy in force.
+#[derive(Serialize, ToSchema)]
+pub struct PoolPolicy {
+    pub pool: String,
+    /// The policy's version (0: the default, never changed).
+    pub version: i64,
+    pub policy: c::Policy,
+}
+
+#[utoipa::path(
+    get, path = "/v1/pools/{pool}/policy", tag = "operations",
+    description = "The policy the engine applies to the pool, from the processor's latest snapshot of it \
+(taken at the first write after a policy change).",
+    params(("pool" = String, Path, description = "Pool name")),
+    responses(
+        (status = 200, description = "The pool's policy", body = PoolPolicy),
+        (status = 400, description = "An invalid path parameter", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 404, description = "No snapshot of this pool yet", body = ErrorBody),
+        (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody),
+    )
+)]
+pub async fn get_policy(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    ApiPath(pool): ApiPath<String>,
+) -> Result<Json<PoolPolicy>, ApiError> {
+    app.authorize_read(&headers)?;
+    let (version, policy) = vitals_store::read::pool_policy(&app.db, &pool)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no snapshot of pool {pool:?} yet")))?;
+    Ok(Json(PoolPolicy { pool, version, policy }))
+}
+
 #[utoipa::path(
     put, path = "/v1/pools/{pool}/policy", tag = "operations",
     description = "Replaces the pool's whole policy: a field left out takes its documented default (not the \

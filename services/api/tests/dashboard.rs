@@ -31,17 +31,24 @@ async fn the_dashboard_shows_the_fleet_and_acts_from_a_real_browser() {
         }
     }
     let (s, b) = api
-        .send(reqwest::Method::POST, "/v1/signals", Some(WRITER), json!({"items": items}).to_string())
+        .send(
+            reqwest::Method::POST,
+            "/v1/signals",
+            Some(WRITER),
+            json!({"items": items}).to_string(),
+        )
         .await;
     assert_eq!((s, b["accepted"].as_i64()), (200, Some(36)), "{b}");
     let db = api.db.clone();
     wait_until("e1 ejected", std::time::Duration::from_secs(30), || {
         let db = db.clone();
         async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM endpoint_state WHERE pool = 'dash' AND state = 'unhealthy'")
-                .fetch_one(&db)
-                .await
-                .unwrap()
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM endpoint_state WHERE pool = 'dash' AND state = 'unhealthy'",
+            )
+            .fetch_one(&db)
+            .await
+            .unwrap()
                 == 1
         }
     })
@@ -66,7 +73,10 @@ async fn the_dashboard_shows_the_fleet_and_acts_from_a_real_browser() {
     let figures: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     eprintln!("dashboard: {figures}; screenshots in {}", shots.display());
     for shot in ["fleet.png", "pool.png", "endpoint.png", "pool-after-action.png"] {
-        assert!(std::fs::metadata(shots.join(shot)).is_ok_and(|m| m.len() > 10_000), "{shot}");
+        assert!(
+            std::fs::metadata(shots.join(shot)).is_ok_and(|m| m.len() > 10_000),
+            "{shot}"
+        );
     }
     // The action from the page is in the audit log, with its reason and actor.
     let (to, reason): (String, String) = sqlx::query_as(

@@ -3,7 +3,7 @@
 //!   vitals simulate [--policy FILE] < signals.jsonl > decisions.jsonl
 //!   vitals health [POOL [ENDPOINT]]      vitals history [--pool P] [--endpoint E] [--from T] [--to T]
 //!   vitals override POOL ENDPOINT ACTION --reason WHY
-//!   vitals policy set POOL FILE          vitals tail [--pool P] [--endpoint E]
+//!   vitals policy get|set POOL [FILE]    vitals tail [--pool P] [--endpoint E]
 //!   vitals backtest --from T1 --to T2 --policy candidate.json [--pool P] [--html report.html]
 //!   vitals scenarios [--policy candidate.json]
 //!
@@ -168,6 +168,12 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PolicyAction {
+    /// The policy the engine applies to a pool (from the processor's latest snapshot of it).
+    Get {
+        pool: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Replace a pool's policy with the one in FILE (JSON; missing fields keep their defaults).
     Set {
         pool: String,
@@ -460,6 +466,21 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 print_json(&v);
             } else {
                 println!("accepted: {action} on {pool}/{endpoint} (record {})", cell(&v["id"]));
+            }
+        }
+        Command::Policy {
+            action: PolicyAction::Get { pool, conn },
+        } => {
+            let v = conn.api()?.get(&format!("/v1/pools/{pool}/policy"), &[]).await?;
+            if conn.json {
+                print_json(&v);
+            } else {
+                println!("pool {pool}, policy version {}", cell(&v["version"]));
+                if let Some(fields) = v["policy"].as_object() {
+                    for (k, val) in fields {
+                        println!("  {k:<28} {}", cell(val));
+                    }
+                }
             }
         }
         Command::Policy {

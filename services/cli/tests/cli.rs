@@ -397,6 +397,34 @@ async fn the_verbs_read_and_act_through_the_api() {
         out.lines().any(|l| l.starts_with("e1") && l.contains("unhealthy")),
         "{out}"
     );
+    // A policy set through the command is the one the engine applies.
+    let file = std::env::temp_dir().join(unique("policy"));
+    std::fs::write(&file, "{\"consecutive_failures\": 7, \"min_volume\": 12}").unwrap();
+    let file_s: &'static str = Box::leak(file.display().to_string().into_boxed_str());
+    let (code, out, err) = blocking(vec!["policy", "set", "cli", file_s]).await.unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    let mut got = serde_json::Value::Null;
+    for _ in 0..300 {
+        let (code, out, _) = blocking(vec!["policy", "get", "cli", "--json"]).await.unwrap();
+        if code == 0 {
+            got = serde_json::from_str(&out).unwrap();
+            if got["policy"]["consecutive_failures"] == 7 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got["policy"]["consecutive_failures"], 7, "{got}");
+    assert_eq!(got["policy"]["min_volume"], 12);
+    let (code, out, _) = blocking(vec!["policy", "get", "cli"]).await.unwrap();
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("consecutive_failures") && l.ends_with(" 7")),
+        "{out}"
+    );
+    let (code, _, err) = blocking(vec!["policy", "get", "nowhere"]).await.unwrap();
+    assert_eq!(code, 3, "no such pool: {err}");
     // A refusal: an unknown action, named by the API; exit 3.
     let (code, _, err) = blocking(vec!["override", "cli", "e1", "explode", "--reason", "x"])
         .await
