@@ -125,12 +125,10 @@ fn apply(book: &mut Book, payload: &[u8]) -> Vec<Alert> {
     }
 }
 
-async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
-    cfg.kafka.check().map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(
-        !cfg.alertmanagers.is_empty() || cfg.webhook_url.is_some(),
-        "nowhere to send alerts: give --alertmanager-url or --webhook-url"
-    );
+/// The consumer assigned to every partition of the changes topic from its beginning, the
+/// group's committed offsets (what was delivered), and each partition's end now.
+#[allow(clippy::type_complexity)]
+fn start(cfg: &Config) -> anyhow::Result<(StreamConsumer, HashMap<i32, i64>, HashMap<i32, i64>)> {
     let consumer: StreamConsumer = kafka::consumer(&cfg.kafka, &cfg.group, &[("isolation.level", "read_committed")])
         .create()
         .context("creating the Kafka consumer")?;
@@ -170,6 +168,30 @@ async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         from.add_partition_offset(&topic, *p, Offset::Beginning)?;
     }
     consumer.assign(&from)?;
+    Ok((consumer, delivered_to, ends))
+}
+
+async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    cfg.kafka.check().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !cfg.alertmanagers.is_empty() || cfg.webhook_url.is_some(),
+        "nowhere to send alerts: give --alertmanager-url or --webhook-url"
+    );
+    // The broker may not be ready (a group coordinator still being elected): retry until it is.
+    let (consumer, delivered_to, ends) = loop {
+        match start(&cfg) {
+            Ok(started) => break started,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start following the changes topic; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    };
+    let (mut delivered_to, mut ends) = (delivered_to, ends);
+    let topic = cfg.changes_topic.clone();
     let sinks = Sinks {
         client: reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?,
         alertmanagers: cfg.alertmanagers.clone(),

@@ -73,6 +73,7 @@ with sync_playwright() as p:
     e2 = page.locator('#pool tr[data-endpoint="e2"] [data-state="unhealthy"]')
     expect(e2).to_be_visible(timeout=2000)
     figures["live_update_ms"] = int((time.monotonic() - t0) * 1000)
+    expect(page.locator("#counts")).to_contain_text("unhealthy 2")
     page.screenshot(path=f"{shots}/pool-after-action.png")
     assert not errors, errors
     browser.close()
