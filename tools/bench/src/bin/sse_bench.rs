@@ -61,19 +61,28 @@ async fn client(port: u16, want: usize, connected: Arc<AtomicUsize>) -> anyhow::
             ready = true;
             connected.fetch_add(1, Ordering::Relaxed);
         }
-        // Each change's data carries "reason":"sent:<µs>".
-        let text = String::from_utf8_lossy(&pending);
-        let mut rest: &str = &text;
-        while let Some(i) = rest.find("\"reason\":\"sent:") {
-            rest = &rest[i + 15..];
-            let end = rest.find('"').unwrap_or(0);
-            if let Ok(sent) = rest[..end].parse::<i64>() {
+        // Each change's data carries "reason":"sent:<µs>": scan the bytes, keep an unfinished tail.
+        const KEY: &[u8] = b"\"reason\":\"sent:";
+        let mut i = 0;
+        while let Some(k) = pending[i..].windows(KEY.len()).position(|w| w == KEY) {
+            let start = i + k + KEY.len();
+            let Some(len) = pending[start..].iter().position(|b| *b == b'"') else {
+                break;
+            };
+            if let Some(sent) = std::str::from_utf8(&pending[start..start + len])
+                .ok()
+                .and_then(|v| v.parse::<i64>().ok())
+            {
                 lat.push(at - sent);
             }
+            i = start + len;
         }
-        // Keep only an unfinished tail.
-        let keep = text.rfind("\n\n").map_or(0, |i| i + 2);
-        pending.drain(..keep.min(pending.len()));
+        let keep = pending
+            .windows(2)
+            .rposition(|w| w == b"\n\n")
+            .map_or(0, |p| p + 2)
+            .max(i.min(pending.len()));
+        pending.drain(..keep);
     }
     Ok(lat)
 }
@@ -158,6 +167,35 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     let p = stack::producer();
+    // Warm the producer up (its metadata and a connection to each partition's leader) with
+    // records the clients do not time.
+    for part in 0..4 {
+        let warm = encode(&HealthChanged {
+            transition_id: format!("bench/warm{part}/1"),
+            pool: "bench".into(),
+            endpoint: format!("warm{part}"),
+            seq: 1,
+            from_state: HealthState::Healthy,
+            to_state: HealthState::Healthy,
+            weight: 1.0,
+            ramp_ms: 0,
+            retry_at: None,
+            reason_code: "cleared".into(),
+            reason: "warm-up".into(),
+            evidence: Evidence::default(),
+            policy_version: 0,
+            trigger_ids: vec![],
+            stream_time: now_us(),
+        })?;
+        p.send(
+            FutureRecord::<str, _>::to(&topics.changes)
+                .partition(part)
+                .payload(&warm),
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|(e, _)| e)?;
+    }
     let cpu0 = vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default());
     let t = Instant::now();
     for i in 0..args.events {
