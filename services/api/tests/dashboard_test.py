@@ -63,8 +63,11 @@ with sync_playwright() as p:
     # An operator action from the page, signed in; the pool page open in the first tab shows the
     # change without a reload.
     other.goto(base + "/#/pools/dash/endpoints/e2")
+    # The same document changes view: wait for e2's page before using its form.
+    expect(other.locator("#main h2")).to_contain_text("dash / e2")
     other.fill("#token", admin)
     other.click("text=Sign in")
+    expect(other.locator("#action")).to_be_visible()
     other.select_option("#action", "force_unhealthy")
     other.fill("#reason", "from the dashboard test")
     other.click("text=Apply")
