@@ -6,6 +6,7 @@
 //! capacity is dropped with a `lagged` event (it resumes with `Last-Event-ID`), so a slow client
 //! never slows the others.
 
+use crate::fanout::{Fanout, RawClient};
 use crate::metrics::Metrics;
 use crate::stream::{encode_positions, Positions};
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -40,15 +41,18 @@ struct Inner {
     /// Positions after the newest record read.
     positions: Positions,
     last_seq: HashMap<(String, String), i64>,
+    /// The live feed; None once the hub stops (every client's feed then ends).
+    tx: Option<broadcast::Sender<Arc<Item>>>,
 }
 
 pub struct Hub {
     inner: Mutex<Inner>,
     /// The reader's consumer and topic, to ask for the topic's end (a new client starts there).
     reader: Mutex<Option<(Arc<StreamConsumer>, String)>>,
-    tx: broadcast::Sender<Arc<Item>>,
     ring_capacity: usize,
     started: watch::Sender<bool>,
+    /// The streams written by the live-stream threads (`fanout.rs`).
+    fanout: Fanout,
 }
 
 /// What a client starts from: the `ready` id, the events to replay, and the live feed.
@@ -68,11 +72,15 @@ impl Hub {
                 base: Positions::new(),
                 positions: Positions::new(),
                 last_seq: HashMap::new(),
+                tx: Some(broadcast::channel(client_buffer.max(1)).0),
             }),
             reader: Mutex::new(None),
-            tx: broadcast::channel(client_buffer.max(1)).0,
             ring_capacity: ring_capacity.max(1),
             started: watch::channel(false).0,
+            fanout: Fanout::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+                client_buffer,
+            ),
         })
     }
 
@@ -90,7 +98,14 @@ impl Hub {
 
     /// Clients connected to the live feed.
     pub fn clients(&self) -> usize {
-        self.tx.receiver_count()
+        self.lock().tx.as_ref().map_or(0, |tx| tx.receiver_count()) + self.fanout.clients()
+    }
+
+    /// Stop feeding: every client's feed ends after what it has been sent (the server's
+    /// graceful shutdown waits for the streams to end).
+    fn close(&self) {
+        self.lock().tx = None;
+        self.fanout.close();
     }
 
     /// The end of the topic now: where a client without `Last-Event-ID` starts (events the
@@ -118,26 +133,56 @@ impl Hub {
     /// it from Kafka).
     pub fn subscribe(&self, from: &Positions) -> Option<Subscription> {
         let inner = self.lock();
+        let replay = Self::replay(&inner, from)?;
+        Some(Subscription {
+            ready_id: encode_positions(from),
+            replay,
+            // After `close`, a feed that ends at once.
+            rx: inner
+                .tx
+                .as_ref()
+                .map_or_else(|| broadcast::channel(1).1, |tx| tx.subscribe()),
+            from: from.clone(),
+        })
+    }
+
+    /// The events of the ring at or after `from`; None if the ring does not reach back that far.
+    fn replay(inner: &Inner, from: &Positions) -> Option<Vec<Arc<Item>>> {
         // Every partition the hub reads must be at or past the ring's start.
         let inside = inner
             .base
             .iter()
             .all(|(p, base)| from.get(p).copied().unwrap_or(0) >= *base);
-        if !inside {
-            return None;
-        }
-        let replay = inner
-            .ring
-            .iter()
-            .filter(|i| i.offset >= from.get(&i.partition).copied().unwrap_or(0))
-            .cloned()
-            .collect();
-        Some(Subscription {
-            ready_id: encode_positions(from),
-            replay,
-            rx: self.tx.subscribe(),
-            from: from.clone(),
+        inside.then(|| {
+            inner
+                .ring
+                .iter()
+                .filter(|i| i.offset >= from.get(&i.partition).copied().unwrap_or(0))
+                .cloned()
+                .collect()
         })
+    }
+
+    /// Hand a stream from `from` to the live-stream writers: `head`, `ready`, the events of the
+    /// ring at or after `from`, then the live events. The client back if the ring does not
+    /// reach back that far (serve it from Kafka).
+    pub fn attach(&self, from: &Positions, head: &[u8], mut client: Box<RawClient>) -> Result<(), Box<RawClient>> {
+        let inner = self.lock();
+        let Some(replay) = Self::replay(&inner, from) else {
+            return Err(client);
+        };
+        client.last_id = encode_positions(from);
+        let mut first = head.to_vec();
+        first.extend_from_slice(&crate::stream::frame("ready", &client.last_id, "{}"));
+        for item in &replay {
+            client.last_id.clone_from(&item.id);
+            if client.filter.wants(item) {
+                first.extend_from_slice(&item.frame);
+            }
+        }
+        // Under the lock, like `take`'s sends: the writer gets every later event after these.
+        self.fanout.attach(client, first);
+        Ok(())
     }
 
     /// Take one record of the changes topic: the event clients get, if any.
@@ -198,10 +243,14 @@ impl Hub {
         }
         inner.ring.push_back(item.clone());
         // Sent under the lock, so a subscriber sees each event once: in its replay or its feed.
-        let _ = self.tx.send(item);
+        self.fanout.send(&item);
+        if let Some(tx) = &inner.tx {
+            let _ = tx.send(item);
+        }
     }
 
-    /// Read the changes topic from its end until `cancel`, retrying while Kafka is away.
+    /// Read the changes topic from its end until `cancel`, retrying while Kafka is away; then
+    /// end every client's feed.
     pub async fn run(
         self: Arc<Hub>,
         kafka: vitals_runtime::args::KafkaArgs,
@@ -211,16 +260,17 @@ impl Hub {
     ) {
         loop {
             match self.clone().read(&kafka, &topic, &metrics, &cancel).await {
-                Ok(()) => return,
+                Ok(()) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "live stream: cannot read the changes topic; retrying");
                     tokio::select! {
-                        _ = cancel.cancelled() => return,
+                        _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     }
                 }
             }
         }
+        self.close();
     }
 
     async fn read(

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod fanout;
 pub mod health;
 pub mod history;
 pub mod hub;
@@ -111,8 +112,12 @@ impl App {
             max_connections: self.state.cfg.max_connections,
             header_read_timeout: std::time::Duration::from_millis(self.state.cfg.header_read_timeout_ms),
         };
+        let state = self.state.clone();
+        let takeover: serve::Takeover = Arc::new(move |sock, peer| {
+            Box::pin(stream::takeover(state.clone(), sock, peer, limits.header_read_timeout))
+        });
         let app = router(self.state);
-        serve::serve(self.listener, app, limits, cancel).await;
+        serve::serve(self.listener, app, limits, cancel, Some(takeover)).await;
         Ok(())
     }
 }

@@ -16,10 +16,11 @@ use axum::extract::connect_info::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,8 +43,20 @@ fn busy() -> Vec<u8> {
     .into_bytes()
 }
 
+/// Looks at a new connection first: `Ok` if it served it, or the connection back for `app`.
+pub type Takeover =
+    Arc<dyn Fn(TcpStream, SocketAddr) -> futures::future::BoxFuture<'static, Result<(), TcpStream>> + Send + Sync>;
+
 /// Serve `app` on `listener` until `cancel` fires; then wait for open connections to finish.
-pub async fn serve(listener: TcpListener, app: Router, limits: Limits, cancel: CancellationToken) {
+/// Each connection is offered to `takeover` first (the live streams written by the hub's
+/// threads).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    cancel: CancellationToken,
+    takeover: Option<Takeover>,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let tracker = TaskTracker::new();
     loop {
@@ -67,10 +80,21 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits, cancel: C
             });
             continue;
         };
+        // A live stream's event is one small write that should leave at once, not wait for the
+        // previous one's acknowledgement (Nagle); whole responses are written in one go anyway.
+        let _ = stream.set_nodelay(true);
         let app = app.clone();
         let cancel = cancel.clone();
+        let takeover = takeover.clone();
         tracker.spawn(async move {
             let _permit = permit;
+            let stream = match takeover {
+                Some(t) => match t(stream, peer).await {
+                    Ok(()) => return,
+                    Err(s) => s,
+                },
+                None => stream,
+            };
             let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
                 app.clone().call(req)

@@ -7,10 +7,13 @@
 //! starting position. Events republished by the outbox relay after a crash are dropped by
 //! (endpoint, seq).
 //!
-//! One reader per API instance (`hub.rs`) feeds every client from a ring of recent events and a
-//! broadcast; a client resuming from further back gets a Kafka consumer of its own (at most
-//! `--max-kafka-streams`). A client that falls behind the feed gets a `lagged` event whose id
-//! resumes it, and the stream ends.
+//! One reader per API instance (`hub.rs`) feeds every client from a ring of recent events. A
+//! connection whose first request is a stream the ring can serve is taken from the HTTP server
+//! (`takeover`) and written to by the live-stream threads (`fanout.rs`: one write per delivery,
+//! no task per client); a stream asked for later on a kept-alive connection is fed from a
+//! broadcast by its connection's task (`HubFeed`). A client resuming from further back gets a
+//! Kafka consumer of its own (at most `--max-kafka-streams`). A client that falls behind the
+//! feed gets a `lagged` event whose id resumes it, and the stream ends.
 //!
 //! Limits: `--max-streams` in all, of which a quarter is kept for clients with a token;
 //! `--max-streams-per-client` per token (or per IP address without one); and a lifetime, after
@@ -19,20 +22,27 @@
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
+use crate::hub::Item;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio_util::sync::ReusableBoxFuture;
 use utoipa::IntoParams;
 use vitals_contracts::{self as c, codec::SchemaKind, view};
 
@@ -223,6 +233,67 @@ impl Live {
     }
 }
 
+/// A live stream admitted: its slot, where it starts and what it wants.
+struct Opened {
+    slot: StreamSlot,
+    /// The client's `Last-Event-ID`.
+    resume: Option<Positions>,
+    /// Where it starts: after `resume`, or the end of the topic.
+    from: Positions,
+    filter: Filter,
+    ends_at: tokio::time::Instant,
+}
+
+/// Authorize a stream request and take its slot; where it starts.
+async fn open(
+    app: &AppState,
+    headers: &HeaderMap,
+    peer: Option<std::net::SocketAddr>,
+    q: &HashMap<String, String>,
+) -> Result<Opened, ApiError> {
+    app.authorize_read(headers)?;
+    let principal = crate::auth::authorize(headers, &app.tokens, crate::auth::Role::Reader).ok();
+    let (client, anonymous) = match principal {
+        Some(p) => (format!("token:{}", p.name), false),
+        None => (
+            format!("ip:{}", peer.map_or("unknown".to_string(), |a| a.ip().to_string())),
+            true,
+        ),
+    };
+    let resume = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("Last-Event-ID", "not text"))
+                .and_then(parse_positions)
+        })
+        .transpose()?;
+    let slot = take_slot(app, client, anonymous)?;
+    let filter = Filter {
+        from: Positions::new(),
+        pool: q.get("pool").cloned(),
+        endpoint: q.get("endpoint").cloned(),
+    };
+    let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
+    if !app.hub.ready(Duration::from_secs(5)).await {
+        return Err(ApiError::Unavailable("the changes topic is unavailable".into()));
+    }
+    let from = match &resume {
+        Some(r) => r.clone(),
+        None => app.hub.end_positions().await.map_err(|e| {
+            tracing::warn!(error = %e, "live stream: cannot read the end of the changes topic");
+            ApiError::Unavailable("the changes topic is unavailable".into())
+        })?,
+    };
+    Ok(Opened {
+        slot,
+        resume,
+        from,
+        filter,
+        ends_at,
+    })
+}
+
 #[utoipa::path(
     get, path = "/v1/stream", tag = "stream", params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
@@ -240,61 +311,31 @@ pub async fn stream(
     peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<axum::response::Response, ApiError> {
-    app.authorize_read(&headers)?;
-    let principal = crate::auth::authorize(&headers, &app.tokens, crate::auth::Role::Reader).ok();
-    let (client, anonymous) = match principal {
-        Some(p) => (format!("token:{}", p.name), false),
-        None => (
-            format!(
-                "ip:{}",
-                peer.map_or("unknown".to_string(), |axum::Extension(ConnectInfo(a))| a
-                    .ip()
-                    .to_string())
-            ),
-            true,
-        ),
-    };
-    let resume = headers
-        .get("last-event-id")
-        .map(|v| {
-            v.to_str()
-                .map_err(|_| ApiError::invalid("Last-Event-ID", "not text"))
-                .and_then(parse_positions)
-        })
-        .transpose()?;
-    let slot = take_slot(&app, client, anonymous)?;
-    let (pool, endpoint) = (q.get("pool").cloned(), q.get("endpoint").cloned());
-    let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
-    if !app.hub.ready(Duration::from_secs(5)).await {
-        return Err(ApiError::Unavailable("the changes topic is unavailable".into()));
-    }
-    let from = match &resume {
-        Some(r) => r.clone(),
-        None => app.hub.end_positions().await.map_err(|e| {
-            tracing::warn!(error = %e, "live stream: cannot read the end of the changes topic");
-            ApiError::Unavailable("the changes topic is unavailable".into())
-        })?,
-    };
+    let peer = peer.map(|axum::Extension(ConnectInfo(a))| a);
+    let Opened {
+        slot,
+        resume,
+        from,
+        filter,
+        ends_at,
+    } = open(&app, &headers, peer, &q).await?;
     if let Some(sub) = app.hub.subscribe(&from) {
-        let client = HubClient {
+        let feed = HubFeed {
             last_id: sub.ready_id.clone(),
             replay: sub.replay.into(),
-            sub_rx: sub.rx,
-            from: sub.from,
+            rx: ReusableBoxFuture::new(recv(sub.rx)),
+            filter: Filter {
+                from: sub.from,
+                ..filter
+            },
             ready: Some(sub.ready_id),
-            pool,
-            endpoint,
-            cancel: app.cancel.clone(),
-            ends_at,
+            lifetime: Deadline::at(ends_at),
             ended: false,
             _slot: slot,
         };
-        let events = futures::stream::unfold(client, |mut c| async move {
-            let e = c.next_event().await?;
-            Some((e, c))
-        });
-        return Ok(sse_response(events.boxed()));
+        return Ok(sse_response(feed));
     }
+    let Filter { pool, endpoint, .. } = filter;
     // Further back than the ring: a consumer of its own, from the client's positions.
     let kafka_slot = app
         .kafka_streams
@@ -372,27 +413,23 @@ pub async fn stream(
     Ok(sse_response(events.boxed()))
 }
 
-const RECONNECT: &str = r#"{"reason":"the stream reached its maximum lifetime; resume with Last-Event-ID"}"#;
+pub(crate) const RECONNECT: &str = r#"{"reason":"the stream reached its maximum lifetime; resume with Last-Event-ID"}"#;
 
 /// One Server-Sent Event (`data` is one line of JSON).
 pub(crate) fn frame(kind: &str, id: &str, data: &str) -> Bytes {
     Bytes::from(format!("event: {kind}\nid: {id}\ndata: {data}\n\n"))
 }
 
-/// The events as a `text/event-stream` response, with a keep-alive comment after 15 s of
-/// silence (the frames are made once per event and shared by every client).
-fn sse_response(events: futures::stream::BoxStream<'static, Bytes>) -> axum::response::Response {
-    const EVERY: Duration = Duration::from_secs(15);
-    let tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
-    let body = futures::stream::unfold((events, tick), |(mut events, mut tick)| async move {
-        tokio::select! {
-            e = events.next() => {
-                tick.reset();
-                e.map(|b| (Ok::<_, Infallible>(b), (events, tick)))
-            }
-            _ = tick.tick() => Some((Ok(Bytes::from_static(b":\n\n")), (events, tick))),
-        }
-    });
+/// The events as a `text/event-stream` response, with a keep-alive comment.
+fn sse_response<S>(events: S) -> axum::response::Response
+where
+    S: Stream<Item = Bytes> + Unpin + Send + 'static,
+{
+    let body = KeepAlive {
+        events,
+        timer: Deadline::after(KEEP_ALIVE),
+        sent: false,
+    };
     (
         [
             (axum::http::header::CONTENT_TYPE, "text/event-stream"),
@@ -403,79 +440,300 @@ fn sse_response(events: futures::stream::BoxStream<'static, Bytes>) -> axum::res
         .into_response()
 }
 
-/// A client fed by the hub: `ready`, the replay, then the live feed.
-struct HubClient {
+/// A stream that has been silent this long gets a comment (`:`), so that proxies and clients
+/// do not take it for dead.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// A timer polled as a stream's deadline: between the moment it is registered and the moment
+/// it is due, a poll is a clock read, not a poll of the timer (with 10,000 streams, polling
+/// each one's timer after each event was a visible share of a delivery's cost).
+struct Deadline {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    at: tokio::time::Instant,
+    /// The task the timer wakes (registered by its last poll).
+    waker: Option<std::task::Waker>,
+}
+
+impl Deadline {
+    fn at(at: tokio::time::Instant) -> Deadline {
+        Deadline {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+            at,
+            waker: None,
+        }
+    }
+
+    fn after(d: Duration) -> Deadline {
+        Deadline::at(tokio::time::Instant::now() + d)
+    }
+
+    /// Whether it is due; if not, the task is woken when it is.
+    fn poll_due(&mut self, cx: &mut Context<'_>) -> bool {
+        let registered = self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if registered && tokio::time::Instant::now() < self.at {
+            return false;
+        }
+        self.waker = Some(cx.waker().clone());
+        self.sleep.as_mut().poll(cx).is_ready()
+    }
+
+    fn reset(&mut self, at: tokio::time::Instant) {
+        self.at = at;
+        self.sleep.as_mut().reset(at);
+        self.waker = None;
+    }
+}
+
+/// Events with a keep-alive comment after 15–30 s of silence. The timer is not reset per event
+/// (with thousands of clients that is a timer-wheel update per delivery): when it fires, it is
+/// re-armed, and the comment is sent only if no event went out since it last fired.
+struct KeepAlive<S> {
+    events: S,
+    timer: Deadline,
+    /// An event went out since the timer last fired.
+    sent: bool,
+}
+
+impl<S: Stream<Item = Bytes> + Unpin> Stream for KeepAlive<S> {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        match this.events.poll_next_unpin(cx) {
+            Poll::Ready(Some(e)) => {
+                this.sent = true;
+                return Poll::Ready(Some(Ok(e)));
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        while this.timer.poll_due(cx) {
+            this.timer.reset(tokio::time::Instant::now() + KEEP_ALIVE);
+            if !std::mem::take(&mut this.sent) {
+                return Poll::Ready(Some(Ok(Bytes::from_static(b":\n\n"))));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// What a client wants of the feed.
+pub struct Filter {
+    /// Events before these offsets were seen already (a client ahead of this instance).
+    pub from: Positions,
+    pub pool: Option<String>,
+    pub endpoint: Option<String>,
+}
+
+impl Filter {
+    pub fn wants(&self, item: &Item) -> bool {
+        item.offset >= self.from.get(&item.partition).copied().unwrap_or(0)
+            && self.pool.as_deref().is_none_or(|p| p == item.pool)
+            && self
+                .endpoint
+                .as_deref()
+                .is_none_or(|e| item.endpoint.as_deref() == Some(e))
+    }
+}
+
+type Feed = broadcast::Receiver<Arc<Item>>;
+
+async fn recv(mut rx: Feed) -> (Result<Arc<Item>, broadcast::error::RecvError>, Feed) {
+    let r = rx.recv().await;
+    (r, rx)
+}
+
+/// A client fed by the hub: `ready`, the replay, then the live feed, until its lifetime ends,
+/// it lags, or the hub stops (the API shuts down). Polled directly by the connection: a
+/// delivery is one wake-up of the connection's task, with no timer or lock of its own.
+struct HubFeed {
     ready: Option<String>,
-    replay: std::collections::VecDeque<std::sync::Arc<crate::hub::Item>>,
-    sub_rx: tokio::sync::broadcast::Receiver<std::sync::Arc<crate::hub::Item>>,
-    from: Positions,
+    replay: std::collections::VecDeque<Arc<Item>>,
+    /// The pending receive from the feed (its allocation reused from event to event).
+    rx: ReusableBoxFuture<'static, (Result<Arc<Item>, broadcast::error::RecvError>, Feed)>,
+    filter: Filter,
     /// The position after the last event this client was sent or skipped: its resume point.
     last_id: String,
-    pool: Option<String>,
-    endpoint: Option<String>,
-    cancel: tokio_util::sync::CancellationToken,
-    ends_at: tokio::time::Instant,
+    /// When the stream ends with a `reconnect` event.
+    lifetime: Deadline,
     ended: bool,
     _slot: StreamSlot,
 }
 
-impl HubClient {
-    fn event(&mut self, item: &crate::hub::Item) -> Option<Bytes> {
+impl HubFeed {
+    fn event(&mut self, item: &Item) -> Option<Bytes> {
         self.last_id.clone_from(&item.id);
-        if item.offset < self.from.get(&item.partition).copied().unwrap_or(0) {
-            return None; // already seen by this client (it was ahead of this instance)
-        }
-        let wanted = self.pool.as_deref().is_none_or(|p| p == item.pool)
-            && self
-                .endpoint
-                .as_deref()
-                .is_none_or(|e| item.endpoint.as_deref() == Some(e));
-        wanted.then(|| item.frame.clone())
+        self.filter.wants(item).then(|| item.frame.clone())
     }
+}
 
-    async fn next_event(&mut self) -> Option<Bytes> {
-        if let Some(id) = self.ready.take() {
-            return Some(frame("ready", &id, "{}"));
+impl Stream for HubFeed {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let this = &mut *self;
+        if let Some(id) = this.ready.take() {
+            return Poll::Ready(Some(frame("ready", &id, "{}")));
         }
-        if self.ended {
-            return None;
+        if this.ended {
+            return Poll::Ready(None);
         }
-        while let Some(item) = self.replay.pop_front() {
-            if let Some(e) = self.event(&item) {
-                return Some(e);
+        while let Some(item) = this.replay.pop_front() {
+            if let Some(e) = this.event(&item) {
+                return Poll::Ready(Some(e));
             }
         }
+        if this.lifetime.poll_due(cx) {
+            this.ended = true;
+            return Poll::Ready(Some(frame("reconnect", &this.last_id, RECONNECT)));
+        }
         loop {
-            let item = tokio::select! {
-                _ = self.cancel.cancelled() => return None,
-                _ = tokio::time::sleep_until(self.ends_at) => {
-                    self.ended = true;
-                    return Some(
-                        frame("reconnect", &self.last_id, RECONNECT),
-                    );
-                }
-                r = self.sub_rx.recv() => r,
+            let Poll::Ready((r, rx)) = this.rx.poll(cx) else {
+                return Poll::Pending;
             };
-            match item {
+            this.rx.set(recv(rx));
+            match r {
                 Ok(item) => {
-                    if let Some(e) = self.event(&item) {
-                        return Some(e);
+                    if let Some(e) = this.event(&item) {
+                        return Poll::Ready(Some(e));
                     }
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                    self.ended = true;
-                    return Some(frame(
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(frame(
                         "lagged",
-                        &self.last_id,
+                        &this.last_id,
                         &format!(
                             r#"{{"reason":"this client fell {missed} events behind the live stream; resume with Last-Event-ID","missed":{missed}}}"#
                         ),
-                    ));
+                    )));
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                Err(broadcast::error::RecvError::Closed) => {
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
             }
         }
     }
+}
+
+/// The response head of a live stream written by a shard (`fanout.rs`): the body is the events
+/// until the connection closes.
+const RAW_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+
+/// Take a connection whose first request is `GET /v1/stream` that the hub can serve, and hand
+/// it to the live-stream writers (`fanout.rs`); everything else, including every refusal and a
+/// resume from further back than the ring, is given back (`Err`) untouched for the HTTP server
+/// to answer. The request is only peeked at until the stream is taken.
+///
+/// The task stays with the connection: it holds the stream's slot, reads (and drops) whatever
+/// the client sends until it goes away, and closes the socket when the stream ends.
+pub async fn takeover(
+    app: AppState,
+    sock: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    head_timeout: Duration,
+) -> Result<(), tokio::net::TcpStream> {
+    let start = std::time::Instant::now();
+    let mut buf = vec![0u8; 8192];
+    let n = match tokio::time::timeout(head_timeout, sock.peek(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(_)) => return Ok(()), // the connection failed
+        Err(_) => return Ok(()),     // no request within the header timeout: closed
+    };
+    if !buf[..n].starts_with(b"GET /v1/stream") {
+        return Err(sock);
+    }
+    let Some((headers, query)) = parse_head(&buf[..n]) else {
+        return Err(sock);
+    };
+    let Ok(opened) = open(&app, &headers, Some(peer), &query).await else {
+        return Err(sock); // answered by the server, with the reason
+    };
+    // The socket is shared with a writer thread, which writes without waiting (`try_write`):
+    // its readiness to write is known before it is handed over.
+    if sock.writable().await.is_err() {
+        return Ok(());
+    }
+    let sock = Arc::new(sock);
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ended_tx, mut ended) = tokio::sync::oneshot::channel();
+    let client = Box::new(crate::fanout::RawClient {
+        sock: sock.clone(),
+        filter: Filter {
+            from: opened.from.clone(),
+            ..opened.filter
+        },
+        last_id: String::new(),
+        ends_at: opened.ends_at.into_std(),
+        gone: gone.clone(),
+        ended: ended_tx,
+    });
+    if let Err(client) = app.hub.attach(&opened.from, RAW_HEAD, client) {
+        drop((client, opened.slot));
+        // Further back than the ring: served from Kafka by the server.
+        return Arc::try_unwrap(sock).map_or(Ok(()), Err);
+    }
+    app.metrics
+        .observe("/v1/stream", "GET", 200, start.elapsed().as_secs_f64());
+    let _slot = opened.slot;
+    // Until the client goes away or the stream ends here.
+    let mut scratch = [0u8; 1024];
+    let closed_here = loop {
+        tokio::select! {
+            _ = &mut ended => break true,
+            r = sock.readable() => {
+                if r.is_err() {
+                    break false;
+                }
+                match sock.try_read(&mut scratch) {
+                    Ok(0) => break false,
+                    Ok(_) => {} // the request, or one after it: not answered
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => break false,
+                }
+            }
+        }
+    };
+    gone.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The writer let go of the socket before saying the stream ended: end it cleanly.
+    if closed_here {
+        if let Ok(mut sock) = Arc::try_unwrap(sock) {
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+        }
+    }
+    Ok(())
+}
+
+/// The headers and query of a complete request head; None if it is not one this path takes
+/// (incomplete, not HTTP/1.x, a path other than `/v1/stream`, a query or header the API's
+/// extractors would refuse).
+fn parse_head(buf: &[u8]) -> Option<(HeaderMap, HashMap<String, String>)> {
+    let mut slots = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut slots);
+    if !matches!(req.parse(buf), Ok(httparse::Status::Complete(_))) || req.method != Some("GET") {
+        return None;
+    }
+    let uri: axum::http::Uri = req.path?.parse().ok()?;
+    if uri.path() != "/v1/stream" {
+        return None;
+    }
+    let mut headers = HeaderMap::new();
+    for h in req.headers.iter() {
+        headers.append(
+            axum::http::HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+            axum::http::HeaderValue::from_bytes(h.value).ok()?,
+        );
+    }
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(uri.query().unwrap_or("")).ok()?;
+    if pairs
+        .iter()
+        .any(|(k, v)| crate::extract::no_control(k, k).is_err() || crate::extract::no_control(k, v).is_err())
+    {
+        return None;
+    }
+    Some((headers, pairs.into_iter().collect()))
 }
 
 #[cfg(test)]

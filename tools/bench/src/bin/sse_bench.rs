@@ -2,7 +2,7 @@
 //! binary), changes produced to the changes topic at a steady rate, and for every delivery the
 //! time from the produce call to the client reading it; the API's memory per client.
 //!
-//!   scripts/stack.sh up && cargo run --release -p vitals-bench --bin sse-bench -- [--clients 10000] [--events 50]
+//!   scripts/stack.sh up && cargo run --release -p vitals-bench --bin sse-bench -- [--clients 10000] [--events 50] [--per-change]
 
 use clap::Parser;
 use rdkafka::producer::FutureRecord;
@@ -22,6 +22,9 @@ struct Args {
     events: usize,
     #[arg(long, default_value_t = 200)]
     gap_ms: u64,
+    /// Also print each change's first, median, p99 and last delivery, and a histogram.
+    #[arg(long)]
+    per_change: bool,
 }
 
 fn now_us() -> i64 {
@@ -39,9 +42,27 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// One client: connect, read events until `want` changes arrived; the latencies (µs) of each,
-/// from the `sent:<µs>` its reason carries.
-async fn client(port: u16, want: usize, connected: Arc<AtomicUsize>) -> anyhow::Result<Vec<i64>> {
+/// What the clients share with the driver.
+#[derive(Default)]
+struct Shared {
+    /// Clients that got their `ready` event.
+    connected: AtomicUsize,
+    /// Warm-up changes received (every client gets each).
+    warmed: AtomicUsize,
+    /// Clients that got every timed change (or failed).
+    finished: AtomicUsize,
+    failures: AtomicUsize,
+    /// (sent, latency) in µs of every delivery.
+    results: Mutex<Vec<(i64, i64)>>,
+    /// Told when every client is done: only then do they close (closing 10,000 connections
+    /// while the last change is delivered would be measured as its latency).
+    close: tokio::sync::Notify,
+    closing: std::sync::atomic::AtomicBool,
+}
+
+/// One client: connect, read events until `want` timed changes arrived, recording the latency
+/// of each from the `sent:<µs>` its reason carries; then hold the connection until told.
+async fn client(port: u16, want: usize, shared: &Shared) -> anyhow::Result<()> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     // With a token: anonymous clients may take only three quarters of the slots.
     s.write_all(
@@ -52,39 +73,65 @@ async fn client(port: u16, want: usize, connected: Arc<AtomicUsize>) -> anyhow::
     let mut pending: Vec<u8> = Vec::new();
     let mut lat = Vec::with_capacity(want);
     let mut ready = false;
+    const KEY: &[u8] = b"\"reason\":\"sent:";
+    const WARM: &[u8] = b"\"reason\":\"warm-up\"";
+    let key = memchr::memmem::Finder::new(KEY);
+    let warm = memchr::memmem::Finder::new(WARM);
     while lat.len() < want {
         let n = s.read(&mut buf).await?;
         anyhow::ensure!(n > 0, "the server closed the stream after {} events", lat.len());
         let at = now_us();
         pending.extend_from_slice(&buf[..n]);
-        if !ready && pending.windows(12).any(|w| w == b"event: ready") {
+        if !ready && memchr::memmem::find(&pending, b"event: ready").is_some() {
             ready = true;
-            connected.fetch_add(1, Ordering::Relaxed);
+            shared.connected.fetch_add(1, Ordering::Relaxed);
         }
-        // Each change's data carries "reason":"sent:<µs>": scan the bytes, keep an unfinished tail.
-        const KEY: &[u8] = b"\"reason\":\"sent:";
+        let warmed = warm.find_iter(&pending).count();
+        if warmed > 0 {
+            shared.warmed.fetch_add(warmed, Ordering::Relaxed);
+        }
+        // Each timed change's data carries "reason":"sent:<µs>": keep an unfinished tail.
         let mut i = 0;
-        while let Some(k) = pending[i..].windows(KEY.len()).position(|w| w == KEY) {
+        while let Some(k) = key.find(&pending[i..]) {
             let start = i + k + KEY.len();
-            let Some(len) = pending[start..].iter().position(|b| *b == b'"') else {
+            let Some(len) = memchr::memchr(b'"', &pending[start..]) else {
                 break;
             };
             if let Some(sent) = std::str::from_utf8(&pending[start..start + len])
                 .ok()
                 .and_then(|v| v.parse::<i64>().ok())
             {
-                lat.push(at - sent);
+                lat.push((sent, at - sent));
             }
             i = start + len;
         }
-        let keep = pending
-            .windows(2)
-            .rposition(|w| w == b"\n\n")
+        let keep = memchr::memmem::rfind(&pending, b"\n\n")
             .map_or(0, |p| p + 2)
             .max(i.min(pending.len()));
         pending.drain(..keep);
     }
-    Ok(lat)
+    shared.results.lock().unwrap().extend(lat);
+    let closing = shared.close.notified();
+    shared.finished.fetch_add(1, Ordering::Relaxed);
+    if !shared.closing.load(Ordering::Relaxed) {
+        closing.await;
+    }
+    Ok(())
+}
+
+/// Wait (with progress, up to `limit`) until `count` reaches `want`.
+async fn wait_for(what: &str, count: impl Fn() -> usize, want: usize, limit: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let mut last = Instant::now();
+    while count() < want {
+        anyhow::ensure!(t.elapsed() < limit, "{what}: {} of {want} after {limit:?}", count());
+        if last.elapsed() >= Duration::from_secs(1) {
+            eprintln!("  {what}: {} of {want}", count());
+            last = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -130,43 +177,38 @@ async fn main() -> anyhow::Result<()> {
     }
     let idle = rss_kb(pid);
     eprintln!("API up, RSS {idle} kB; connecting {} clients", args.clients);
-    let connected = Arc::new(AtomicUsize::new(0));
-    let results = Arc::new(Mutex::new(Vec::new()));
-    let failures = Arc::new(AtomicUsize::new(0));
+    let shared = Arc::new(Shared::default());
     let t = Instant::now();
-    let mut tasks = Vec::with_capacity(args.clients);
     for i in 0..args.clients {
-        let (connected, results, failures) = (connected.clone(), results.clone(), failures.clone());
+        let shared = shared.clone();
         let want = args.events;
-        tasks.push(tokio::spawn(async move {
-            match client(port, want, connected).await {
-                Ok(l) => results.lock().unwrap().extend(l),
-                Err(e) => {
-                    if failures.fetch_add(1, Ordering::Relaxed) < 3 {
-                        eprintln!("client {i}: {e}");
-                    }
+        tokio::spawn(async move {
+            if let Err(e) = client(port, want, &shared).await {
+                if shared.failures.fetch_add(1, Ordering::Relaxed) < 3 {
+                    eprintln!("client {i}: {e}");
                 }
+                shared.finished.fetch_add(1, Ordering::Relaxed);
             }
-        }));
+        });
         if i % 500 == 499 {
             // Let the accept loop keep up.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    while connected.load(Ordering::Relaxed) + failures.load(Ordering::Relaxed) < args.clients {
-        if t.elapsed() > Duration::from_secs(300) {
-            anyhow::bail!("only {} clients connected", connected.load(Ordering::Relaxed));
-        }
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        eprintln!("  {} connected", connected.load(Ordering::Relaxed));
-    }
+    let up = || shared.connected.load(Ordering::Relaxed) + shared.failures.load(Ordering::Relaxed);
+    wait_for("connected", up, args.clients, Duration::from_secs(300)).await?;
     let rss = rss_kb(pid);
     eprintln!(
         "{} clients connected in {:.1} s; API RSS {rss} kB",
-        connected.load(Ordering::Relaxed),
+        shared.connected.load(Ordering::Relaxed),
         t.elapsed().as_secs_f64()
     );
-    let p = stack::producer();
+    // No linger: a change is on the topic as soon as it is sent (the test producer's 5 ms of
+    // batching would be counted as the API's).
+    let p: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", stack::brokers())
+        .set("linger.ms", "0")
+        .create()?;
     // Warm the producer up (its metadata and a connection to each partition's leader) with
     // records the clients do not time.
     for part in 0..4 {
@@ -196,6 +238,16 @@ async fn main() -> anyhow::Result<()> {
         .await
         .map_err(|(e, _)| e)?;
     }
+    // Every client has the warm-up changes before the timed ones start (their fan-out would
+    // otherwise be measured as the first timed change's latency).
+    let live = shared.connected.load(Ordering::Relaxed);
+    wait_for(
+        "warm-up changes delivered",
+        || shared.warmed.load(Ordering::Relaxed),
+        live * 4,
+        Duration::from_secs(60),
+    )
+    .await?;
     let cpu0 = vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default());
     let t = Instant::now();
     for i in 0..args.events {
@@ -226,14 +278,44 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|(e, _)| e)?;
         tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
     }
-    for task in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(60), task).await;
-    }
+    let done = || shared.finished.load(Ordering::Relaxed);
+    let waited = wait_for("clients done", done, args.clients, Duration::from_secs(60)).await;
     let api_cpu =
         vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()) - cpu0;
-    let mut lat = results.lock().unwrap().clone();
+    shared.closing.store(true, Ordering::Relaxed);
+    shared.close.notify_waiters();
+    if let Err(e) = waited {
+        eprintln!("{e}");
+    }
+    let pairs: Vec<(i64, i64)> = shared.results.lock().unwrap().clone();
+    if args.per_change {
+        let mut per = std::collections::BTreeMap::<i64, Vec<i64>>::new();
+        for (s, l) in &pairs {
+            per.entry(*s).or_default().push(*l);
+        }
+        for (s, mut v) in per {
+            v.sort_unstable();
+            eprintln!(
+                "  change at {s}: first {} ms, p50 {} ms, p99 {} ms, last {} ms",
+                v[0] / 1000,
+                v[v.len() / 2] / 1000,
+                v[v.len() * 99 / 100] / 1000,
+                v[v.len() - 1] / 1000
+            );
+        }
+    }
+    let mut lat: Vec<i64> = pairs.iter().map(|p| p.1).collect();
     lat.sort_unstable();
     anyhow::ensure!(!lat.is_empty(), "no delivery measured");
+    if args.per_change {
+        let mut h = std::collections::BTreeMap::<i64, usize>::new();
+        for l in &lat {
+            *h.entry(l / 10_000 * 10).or_default() += 1;
+        }
+        for (b, n) in h {
+            eprintln!("  {b:>4} ms: {n}");
+        }
+    }
     let at = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
     let expected = args.clients * args.events;
     println!(
@@ -241,7 +323,7 @@ async fn main() -> anyhow::Result<()> {
         args.clients,
         args.events,
         lat.len(),
-        failures.load(Ordering::Relaxed)
+        shared.failures.load(Ordering::Relaxed)
     );
     println!(
         "  delivery latency (produce → client read): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
