@@ -54,6 +54,9 @@ pub struct Config {
     /// Events a client may fall behind the live feed before it is dropped with a `lagged` event.
     #[arg(long, env = "VITALS_STREAM_CLIENT_BUFFER", default_value_t = 1_024)]
     pub stream_client_buffer: usize,
+    /// Threads that write the live streams (0: one per core).
+    #[arg(long, env = "VITALS_STREAM_WRITERS", default_value_t = 0)]
+    pub stream_writers: usize,
     /// Live streams one client may hold at once: per token, or per IP address without one.
     #[arg(long, env = "VITALS_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
     pub max_streams_per_client: usize,

@@ -65,7 +65,8 @@ pub struct Subscription {
 }
 
 impl Hub {
-    pub fn new(ring_capacity: usize, client_buffer: usize) -> Arc<Hub> {
+    /// `writers` threads write the streams handed over (0: one per core).
+    pub fn new(ring_capacity: usize, client_buffer: usize, writers: usize) -> Arc<Hub> {
         Arc::new(Hub {
             inner: Mutex::new(Inner {
                 ring: VecDeque::with_capacity(ring_capacity.min(100_000)),
@@ -78,7 +79,10 @@ impl Hub {
             ring_capacity: ring_capacity.max(1),
             started: watch::channel(false).0,
             fanout: Fanout::new(
-                std::thread::available_parallelism().map_or(2, |n| n.get()),
+                match writers {
+                    0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+                    n => n,
+                },
                 client_buffer,
             ),
         })
@@ -374,7 +378,7 @@ mod tests {
 
     #[test]
     fn the_ring_replays_a_resume_and_a_slow_receiver_lags() {
-        let hub = Hub::new(3, 2);
+        let hub = Hub::new(3, 2, 1);
         let metrics = Metrics::default();
         hub.lock().base.insert(0, 0);
         let mut slow = hub.subscribe(&[(0, 0)].into()).unwrap();

@@ -154,7 +154,7 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         .await
         .with_context(|| format!("binding {}", cfg.http_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
-    let hub = hub::Hub::new(cfg.stream_ring, cfg.stream_client_buffer);
+    let hub = hub::Hub::new(cfg.stream_ring, cfg.stream_client_buffer, cfg.stream_writers);
     let metrics: Arc<metrics::Metrics> = Arc::default();
     tokio::spawn(hub.clone().run(
         cfg.kafka.clone(),

@@ -9,7 +9,6 @@ use rdkafka::producer::FutureRecord;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vitals_bench::stack;
 use vitals_contracts::{encode, Evidence, HealthChanged, HealthState};
 
@@ -54,67 +53,135 @@ struct Shared {
     failures: AtomicUsize,
     /// (sent, latency) in µs of every delivery.
     results: Mutex<Vec<(i64, i64)>>,
-    /// Told when every client is done: only then do they close (closing 10,000 connections
+    /// Set when every client is done: only then do they close (closing 10,000 connections
     /// while the last change is delivered would be measured as its latency).
-    close: tokio::sync::Notify,
     closing: std::sync::atomic::AtomicBool,
 }
 
-/// One client: connect, read events until `want` timed changes arrived, recording the latency
-/// of each from the `sent:<µs>` its reason carries; then hold the connection until told.
-async fn client(port: u16, want: usize, shared: &Shared) -> anyhow::Result<()> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    // With a token: anonymous clients may take only three quarters of the slots.
-    s.write_all(
-        b"GET /v1/stream HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\nAuthorization: Bearer sse-bench-reader-0001\r\n\r\n",
-    )
-    .await?;
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut pending: Vec<u8> = Vec::new();
-    let mut lat = Vec::with_capacity(want);
-    let mut ready = false;
-    const KEY: &[u8] = b"\"reason\":\"sent:";
-    const WARM: &[u8] = b"\"reason\":\"warm-up\"";
+const REQUEST: &[u8] = b"GET /v1/stream HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\nAuthorization: Bearer sse-bench-reader-0001\r\n\r\n";
+const KEY: &[u8] = b"\"reason\":\"sent:";
+const WARM: &[u8] = b"\"reason\":\"warm-up\"";
+
+/// One client's connection and what it read.
+struct Conn {
+    sock: mio::net::TcpStream,
+    asked: bool,
+    ready: bool,
+    done: bool,
+    pending: Vec<u8>,
+    lat: Vec<(i64, i64)>,
+}
+
+/// Every client on one thread, one epoll loop over all the connections (the clients stand for
+/// browsers on other machines: the less of the two cores they take, the more the figures are
+/// the API's). Each client sends its request once connected, then reads events until `want`
+/// timed changes arrived, recording each one's latency from the `sent:<µs>` its reason carries,
+/// and holds its connection until `closing`.
+fn clients(port: u16, n: usize, want: usize, shared: &Shared) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let mut poll = mio::Poll::new()?;
+    let mut events = mio::Events::with_capacity(4096);
+    let mut conns: Vec<Conn> = Vec::with_capacity(n);
     let key = memchr::memmem::Finder::new(KEY);
     let warm = memchr::memmem::Finder::new(WARM);
-    while lat.len() < want {
-        let n = s.read(&mut buf).await?;
-        anyhow::ensure!(n > 0, "the server closed the stream after {} events", lat.len());
-        let at = now_us();
-        pending.extend_from_slice(&buf[..n]);
-        if !ready && memchr::memmem::find(&pending, b"event: ready").is_some() {
-            ready = true;
-            shared.connected.fetch_add(1, Ordering::Relaxed);
+    let mut buf = vec![0u8; 64 * 1024];
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let fail = |c: &mut Conn, e: &dyn std::fmt::Display| {
+        c.done = true;
+        if shared.failures.fetch_add(1, Ordering::Relaxed) < 3 {
+            eprintln!("a client failed: {e}");
         }
-        let warmed = warm.find_iter(&pending).count();
-        if warmed > 0 {
-            shared.warmed.fetch_add(warmed, Ordering::Relaxed);
-        }
-        // Each timed change's data carries "reason":"sent:<µs>": keep an unfinished tail.
-        let mut i = 0;
-        while let Some(k) = key.find(&pending[i..]) {
-            let start = i + k + KEY.len();
-            let Some(len) = memchr::memchr(b'"', &pending[start..]) else {
-                break;
-            };
-            if let Some(sent) = std::str::from_utf8(&pending[start..start + len])
-                .ok()
-                .and_then(|v| v.parse::<i64>().ok())
-            {
-                lat.push((sent, at - sent));
+        shared.finished.fetch_add(1, Ordering::Relaxed);
+    };
+    let mut next_batch = Instant::now();
+    while !shared.closing.load(Ordering::Relaxed) {
+        // Connect in batches of 500, 20 ms apart, so that the accept loop keeps up.
+        if conns.len() < n && Instant::now() >= next_batch {
+            for _ in 0..500.min(n - conns.len()) {
+                let mut sock = mio::net::TcpStream::connect(addr)?;
+                let token = mio::Token(conns.len());
+                poll.registry()
+                    .register(&mut sock, token, mio::Interest::READABLE | mio::Interest::WRITABLE)?;
+                conns.push(Conn {
+                    sock,
+                    asked: false,
+                    ready: false,
+                    done: false,
+                    pending: Vec::new(),
+                    lat: Vec::with_capacity(want),
+                });
             }
-            i = start + len;
+            next_batch = Instant::now() + Duration::from_millis(20);
         }
-        let keep = memchr::memmem::rfind(&pending, b"\n\n")
-            .map_or(0, |p| p + 2)
-            .max(i.min(pending.len()));
-        pending.drain(..keep);
-    }
-    shared.results.lock().unwrap().extend(lat);
-    let closing = shared.close.notified();
-    shared.finished.fetch_add(1, Ordering::Relaxed);
-    if !shared.closing.load(Ordering::Relaxed) {
-        closing.await;
+        poll.poll(&mut events, Some(Duration::from_millis(20)))?;
+        for ev in events.iter() {
+            let c = &mut conns[ev.token().0];
+            if c.done {
+                continue;
+            }
+            if ev.is_writable() && !c.asked {
+                match c.sock.write(REQUEST) {
+                    Ok(k) if k == REQUEST.len() => c.asked = true,
+                    Ok(_) => fail(c, &"the request was not written whole"),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => fail(c, &e),
+                }
+            }
+            if !ev.is_readable() || c.done {
+                continue;
+            }
+            loop {
+                let k = match c.sock.read(&mut buf) {
+                    Ok(0) => {
+                        let after = c.lat.len();
+                        fail(c, &format!("the server closed the stream after {after} events"));
+                        break;
+                    }
+                    Ok(k) => k,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        fail(c, &e);
+                        break;
+                    }
+                };
+                let at = now_us();
+                c.pending.extend_from_slice(&buf[..k]);
+                if !c.ready && memchr::memmem::find(&c.pending, b"event: ready").is_some() {
+                    c.ready = true;
+                    shared.connected.fetch_add(1, Ordering::Relaxed);
+                }
+                let warmed = warm.find_iter(&c.pending).count();
+                if warmed > 0 {
+                    shared.warmed.fetch_add(warmed, Ordering::Relaxed);
+                }
+                // Each timed change's data carries "reason":"sent:<µs>": keep an unfinished tail.
+                let mut i = 0;
+                while let Some(f) = key.find(&c.pending[i..]) {
+                    let start = i + f + KEY.len();
+                    let Some(len) = memchr::memchr(b'"', &c.pending[start..]) else {
+                        break;
+                    };
+                    if let Some(sent) = std::str::from_utf8(&c.pending[start..start + len])
+                        .ok()
+                        .and_then(|v| v.parse::<i64>().ok())
+                    {
+                        c.lat.push((sent, at - sent));
+                    }
+                    i = start + len;
+                }
+                let keep = memchr::memmem::rfind(&c.pending, b"\n\n")
+                    .map_or(0, |p| p + 2)
+                    .max(i.min(c.pending.len()));
+                c.pending.drain(..keep);
+                if c.lat.len() >= want {
+                    shared.results.lock().unwrap().append(&mut c.lat);
+                    shared.finished.fetch_add(1, Ordering::Relaxed);
+                    c.done = true;
+                    break;
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -134,7 +201,7 @@ async fn wait_for(what: &str, count: impl Fn() -> usize, want: usize, limit: Dur
     Ok(())
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let name = stack::unique("sse_bench");
@@ -179,22 +246,15 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("API up, RSS {idle} kB; connecting {} clients", args.clients);
     let shared = Arc::new(Shared::default());
     let t = Instant::now();
-    for i in 0..args.clients {
-        let shared = shared.clone();
-        let want = args.events;
-        tokio::spawn(async move {
-            if let Err(e) = client(port, want, &shared).await {
-                if shared.failures.fetch_add(1, Ordering::Relaxed) < 3 {
-                    eprintln!("client {i}: {e}");
-                }
-                shared.finished.fetch_add(1, Ordering::Relaxed);
+    let driver = {
+        let (shared, clients_n, want) = (shared.clone(), args.clients, args.events);
+        std::thread::spawn(move || {
+            if let Err(e) = clients(port, clients_n, want, &shared) {
+                eprintln!("the clients stopped: {e}");
+                shared.failures.store(clients_n, Ordering::Relaxed);
             }
-        });
-        if i % 500 == 499 {
-            // Let the accept loop keep up.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+        })
+    };
     let up = || shared.connected.load(Ordering::Relaxed) + shared.failures.load(Ordering::Relaxed);
     wait_for("connected", up, args.clients, Duration::from_secs(300)).await?;
     let rss = rss_kb(pid);
@@ -249,6 +309,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let cpu0 = vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default());
+    let own0 = vitals_bench::cpu::of_pid(std::process::id());
     let t = Instant::now();
     for i in 0..args.events {
         let h = HealthChanged {
@@ -282,8 +343,9 @@ async fn main() -> anyhow::Result<()> {
     let waited = wait_for("clients done", done, args.clients, Duration::from_secs(60)).await;
     let api_cpu =
         vitals_bench::cpu::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()) - cpu0;
+    let clients_cpu = vitals_bench::cpu::of_pid(std::process::id()) - own0;
     shared.closing.store(true, Ordering::Relaxed);
-    shared.close.notify_waiters();
+    let _ = driver.join();
     if let Err(e) = waited {
         eprintln!("{e}");
     }
@@ -339,6 +401,10 @@ async fn main() -> anyhow::Result<()> {
         "  API CPU over the {:.1} s of changes: {api_cpu:.2} s ({:.1} µs per delivery)",
         t.elapsed().as_secs_f64(),
         api_cpu * 1e6 / lat.len().max(1) as f64
+    );
+    println!(
+        "  clients' CPU (this process: one epoll thread, the producer included): {clients_cpu:.2} s ({:.1} µs per delivery)",
+        clients_cpu * 1e6 / lat.len().max(1) as f64
     );
     drop(api);
     Ok(())
