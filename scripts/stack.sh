@@ -5,6 +5,12 @@
 #   scripts/stack.sh up      start both (idempotent: reuses what is already running), wait for readiness
 #   scripts/stack.sh down    stop both
 #   scripts/stack.sh status  say what is running
+#   scripts/stack.sh am-up   also start Prometheus Alertmanager (Debian's prometheus-alertmanager) on
+#                            127.0.0.1:$VITALS_AM_PORT with deploy/alertmanager/alertmanager.yml, for
+#                            trying vitals-alerter; am-down stops it (so does down)
+#   scripts/stack.sh am-run CONFIG PORT STORAGE
+#                            run an Alertmanager in the foreground (exec: the caller owns the process;
+#                            the alerter's tests start, kill and restart theirs with it)
 #
 # Environment (defaults): VITALS_KAFKA_PORT=9092, VITALS_KAFKA_CONTROLLER_PORT=9093,
 # VITALS_PG_PORT=5432, VITALS_PG_USER=vitals, VITALS_PG_PASSWORD=vitals, VITALS_PG_DB=vitals,
@@ -32,6 +38,8 @@ PG_BIN=/usr/lib/postgresql/$PG_VERSION/bin
 PG_READER=${VITALS_PG_READER_USER:-vitals_reader}
 PG_READER_PASSWORD=${VITALS_PG_READER_PASSWORD:-vitals_reader}
 DEADLINE_SECS=${VITALS_STACK_DEADLINE:-120}
+AM_BIN=/usr/bin/prometheus-alertmanager
+AM_PORT=${VITALS_AM_PORT:-9095}
 
 say() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -218,6 +226,34 @@ pg_down() {
   fi
 }
 
+# Alertmanager on loopback only, without clustering (no gossip port), its data in STORAGE.
+am_args() { # am_args CONFIG PORT STORAGE
+  printf '%s\n' "--config.file=$1" "--storage.path=$3" "--web.listen-address=127.0.0.1:$2" "--cluster.listen-address="
+}
+
+am_pid() { cat "$LOCAL/alertmanager.pid" 2>/dev/null || true; }
+am_running() { local p; p=$(am_pid); [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; }
+
+am_up() {
+  [[ -x "$AM_BIN" ]] || die "$AM_BIN is missing (scripts/install-deps.sh installs prometheus-alertmanager)"
+  if am_running; then say "alertmanager already running (pid $(am_pid))"; return; fi
+  mkdir -p "$LOCAL/alertmanager"
+  local args; mapfile -t args < <(am_args "$ROOT/deploy/alertmanager/alertmanager.yml" "$AM_PORT" "$LOCAL/alertmanager")
+  say "starting alertmanager on 127.0.0.1:$AM_PORT"
+  nohup "$AM_BIN" "${args[@]}" >"$LOCAL/alertmanager.log" 2>&1 &
+  echo $! >"$LOCAL/alertmanager.pid"
+  wait_for "alertmanager" "$DEADLINE_SECS" curl -fsS "http://127.0.0.1:$AM_PORT/-/ready" -o /dev/null
+  say "alertmanager ready: http://127.0.0.1:$AM_PORT (log: .local/alertmanager.log)"
+}
+
+am_down() {
+  if am_running; then
+    say "stopping alertmanager"
+    kill "$(am_pid)" 2>/dev/null || true
+  fi
+  rm -f "$LOCAL/alertmanager.pid"
+}
+
 case "${1:-}" in
   up)
     mkdir -p "$LOCAL"
@@ -225,7 +261,15 @@ case "${1:-}" in
     kafka_up
     say "up: kafka=127.0.0.1:$KAFKA_PORT postgres=postgres://$PG_USER@127.0.0.1:$PG_PORT/$PG_DB"
     ;;
-  down) kafka_down; pg_down ;;
+  down) am_down; kafka_down; pg_down ;;
+  am-up) mkdir -p "$LOCAL"; am_up ;;
+  am-down) am_down ;;
+  am-run)
+    [[ $# -eq 4 ]] || die "usage: $0 am-run CONFIG PORT STORAGE"
+    [[ -x "$AM_BIN" ]] || die "$AM_BIN is missing (scripts/install-deps.sh installs prometheus-alertmanager)"
+    mapfile -t args < <(am_args "$2" "$3" "$4")
+    exec "$AM_BIN" "${args[@]}"
+    ;;
   kafka-up) mkdir -p "$LOCAL"; kafka_up ;;
   kafka-down) kafka_down ;;
   pg-up) mkdir -p "$LOCAL"; pg_up ;;
@@ -233,6 +277,7 @@ case "${1:-}" in
   status)
     if kafka_running; then echo "kafka: running (pid $(kafka_pid))"; else echo "kafka: stopped"; fi
     if pg_ready; then echo "postgres: running"; else echo "postgres: stopped"; fi
+    if am_running; then echo "alertmanager: running (pid $(am_pid))"; else echo "alertmanager: stopped"; fi
     ;;
-  *) echo "usage: $0 up|down|status|kafka-up|kafka-down|pg-up|pg-down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|kafka-up|kafka-down|pg-up|pg-down|am-up|am-down|am-run CONFIG PORT STORAGE" >&2; exit 2 ;;
 esac

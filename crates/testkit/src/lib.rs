@@ -401,6 +401,22 @@ pub async fn metric(port: u16, name: &str) -> Option<f64> {
 }
 
 /// Run a stack script command (scripts/stack.sh kafka-down, pg-up, ...).
+/// A real Alertmanager on 127.0.0.1:`port` with `config`, its data in a new folder, started by
+/// the stack script (`scripts/stack.sh am-run`, which execs it: the returned process is the
+/// Alertmanager, to kill or restart).
+pub fn alertmanager(config: &std::path::Path, port: u16) -> Service {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
+    let storage = std::env::temp_dir().join(unique("am-data"));
+    let args: Vec<String> = vec![
+        script.display().to_string(),
+        "am-run".into(),
+        config.display().to_string(),
+        port.to_string(),
+        storage.display().to_string(),
+    ];
+    Service::start_program(std::path::Path::new("/bin/bash"), "alertmanager", &args)
+}
+
 pub fn stack(cmd: &str) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
     let status = Command::new("bash")

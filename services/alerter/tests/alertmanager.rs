@@ -1,4 +1,5 @@
-//! The alerter against a real Alertmanager (Debian's prometheus-alertmanager, with the shipped
+//! The alerter against a real Alertmanager (Debian's prometheus-alertmanager, started by
+//! `scripts/stack.sh am-run`, with the shipped
 //! deploy/alertmanager/alertmanager.yml, its timings shortened) and a local webhook receiver:
 //! fire, group by pool, resolve, inhibit during a correlated outage, Alertmanager restarted
 //! mid-incident, and the alerter restarted (it rebuilds what is firing from the topic and
@@ -8,7 +9,6 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Json;
 use rdkafka::producer::FutureRecord;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use vitals_contracts::{encode, Evidence, HealthChanged, HealthState, PoolHealthChanged};
@@ -50,22 +50,6 @@ fn now_us() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros() as i64
-}
-
-fn start_alertmanager(config: &std::path::Path, port: u16) -> Service {
-    let storage = std::env::temp_dir().join(unique("am-data"));
-    let args: Vec<String> = [
-        format!("--config.file={}", config.display()),
-        format!("--storage.path={}", storage.display()),
-        format!("--web.listen-address=127.0.0.1:{port}"),
-        "--cluster.listen-address=".into(),
-    ]
-    .into();
-    Service::start_program(
-        &PathBuf::from("/usr/bin/prometheus-alertmanager"),
-        "alertmanager",
-        &args,
-    )
 }
 
 /// Alertmanager's view of an alert: (state, inhibited by).
@@ -115,7 +99,7 @@ async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
     let config_path = std::env::temp_dir().join(format!("{}.yml", unique("am")));
     std::fs::write(&config_path, config).unwrap();
     let am_port = free_port();
-    let mut am = start_alertmanager(&config_path, am_port);
+    let mut am = vitals_testkit::alertmanager(&config_path, am_port);
     wait_until("Alertmanager ready", Duration::from_secs(30), || async move {
         reqwest::get(format!("http://127.0.0.1:{am_port}/-/ready"))
             .await
@@ -258,7 +242,7 @@ async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
 
     // Alertmanager restarted mid-incident (its storage gone): the re-sends restore e2.
     am.kill9();
-    am = start_alertmanager(&config_path, am_port);
+    am = vitals_testkit::alertmanager(&config_path, am_port);
     wait_until(
         "e2 firing again in the new Alertmanager",
         Duration::from_secs(30),
