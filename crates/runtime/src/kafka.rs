@@ -2,7 +2,10 @@
 //! the user's pass-through options (security, tuning), which win over the defaults.
 
 use crate::args::KafkaArgs;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::error::KafkaResult;
 use rdkafka::ClientConfig;
+use std::time::Duration;
 
 /// Settings with `defaults` for this client's role.
 pub fn config(kafka: &KafkaArgs, defaults: &[(&str, &str)]) -> ClientConfig {
@@ -32,6 +35,22 @@ pub fn consumer(kafka: &KafkaArgs, group: &str, extra: &[(&str, &str)]) -> Clien
     let mut c = config(kafka, &defaults);
     c.set("group.id", group);
     c
+}
+
+/// The partitions of `topic` as the broker knows them (none if it does not know the topic).
+/// A blocking call: from async code, run it with `spawn_blocking`.
+pub fn partitions<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    topic: &str,
+    timeout: Duration,
+) -> KafkaResult<Vec<i32>> {
+    let md = consumer.fetch_metadata(Some(topic), timeout)?;
+    Ok(md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
 }
 
 #[cfg(test)]

@@ -133,15 +133,8 @@ fn start(cfg: &Config) -> anyhow::Result<(StreamConsumer, HashMap<i32, i64>, Has
         .create()
         .context("creating the Kafka consumer")?;
     let topic = cfg.changes_topic.clone();
-    let md = consumer
-        .fetch_metadata(Some(&topic), Duration::from_secs(10))
+    let partitions = kafka::partitions(&consumer, &topic, Duration::from_secs(10))
         .with_context(|| format!("reading the metadata of {topic}"))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
     anyhow::ensure!(!partitions.is_empty(), "no topic {topic}");
     // What was delivered already: the group's committed offsets.
     let mut all = TopicPartitionList::new();

@@ -49,6 +49,11 @@ pub struct Hub {
     inner: Mutex<Inner>,
     /// The reader's consumer and topic, to ask for the topic's end (a new client starts there).
     reader: Mutex<Option<(Arc<StreamConsumer>, String)>>,
+    /// The latest answer to "where does the topic end?", with when it was asked (shared by the
+    /// clients that connect while it is asked: see `end_positions`).
+    end: watch::Sender<Option<(tokio::time::Instant, Result<Positions, String>)>>,
+    /// A query of the topic's end is under way.
+    asking_end: std::sync::atomic::AtomicBool,
     ring_capacity: usize,
     started: watch::Sender<bool>,
     /// The streams written by the live-stream threads (`fanout.rs`).
@@ -76,6 +81,8 @@ impl Hub {
                 tx: Some(broadcast::channel(client_buffer.max(1)).0),
             }),
             reader: Mutex::new(None),
+            end: watch::channel(None).0,
+            asking_end: std::sync::atomic::AtomicBool::new(false),
             ring_capacity: ring_capacity.max(1),
             started: watch::channel(false).0,
             fanout: Fanout::new(
@@ -113,8 +120,36 @@ impl Hub {
     }
 
     /// The end of the topic now: where a client without `Last-Event-ID` starts (events the
-    /// hub has yet to read, from before the client came, are not sent to it).
-    pub async fn end_positions(&self) -> anyhow::Result<Positions> {
+    /// hub has yet to read, from before the client came, are not sent to it). The broker is
+    /// asked once for every client that arrived before the question: when 10,000 dashboards
+    /// connect at once, that is a few queries, not 10,000 (each a watermark query per partition).
+    pub async fn end_positions(self: &Arc<Self>) -> anyhow::Result<Positions> {
+        let arrived = tokio::time::Instant::now();
+        let mut rx = self.end.subscribe();
+        loop {
+            if let Some((asked, answer)) = &*rx.borrow_and_update() {
+                if *asked >= arrived {
+                    return answer.clone().map_err(anyhow::Error::msg);
+                }
+            }
+            if !self.asking_end.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                let hub = self.clone();
+                let asked = tokio::time::Instant::now();
+                // Its own task: the answer is shared even if this client goes away meanwhile.
+                tokio::spawn(async move {
+                    let answer = hub.ask_end().await.map_err(|e| e.to_string());
+                    // Free before the answer is out: a client that arrived during this query
+                    // and wakes to an answer older than itself must be able to ask again.
+                    hub.asking_end.store(false, std::sync::atomic::Ordering::Release);
+                    hub.end.send_replace(Some((asked, answer)));
+                });
+            }
+            rx.changed().await?;
+        }
+    }
+
+    /// Every partition's end, from the broker.
+    async fn ask_end(&self) -> anyhow::Result<Positions> {
         let (consumer, topic) = self
             .reader
             .lock()
@@ -297,12 +332,7 @@ impl Hub {
             let known = self.lock().positions.clone();
             tokio::task::spawn_blocking(move || -> anyhow::Result<(Arc<StreamConsumer>, Positions)> {
                 let timeout = Duration::from_secs(5);
-                let meta = consumer.fetch_metadata(Some(&topic), timeout)?;
-                let parts: Vec<i32> = meta
-                    .topics()
-                    .first()
-                    .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-                    .unwrap_or_default();
+                let parts = vitals_runtime::kafka::partitions(&*consumer, &topic, timeout)?;
                 anyhow::ensure!(!parts.is_empty(), "topic {topic} has no partitions");
                 let mut start = Positions::new();
                 let mut tpl = TopicPartitionList::new();

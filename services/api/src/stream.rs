@@ -355,14 +355,7 @@ pub async fn stream(
     // Resolve the starting offset of every partition now, so the `ready` event is exact.
     let (consumer, positions) = tokio::task::spawn_blocking(move || -> Result<(StreamConsumer, Positions), String> {
         let timeout = Duration::from_secs(5);
-        let meta = consumer
-            .fetch_metadata(Some(&topic), timeout)
-            .map_err(|e| e.to_string())?;
-        let parts: Vec<i32> = meta
-            .topics()
-            .first()
-            .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-            .unwrap_or_default();
+        let parts = vitals_runtime::kafka::partitions(&consumer, &topic, timeout).map_err(|e| e.to_string())?;
         if parts.is_empty() {
             return Err(format!("topic {topic} has no partitions"));
         }

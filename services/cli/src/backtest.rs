@@ -41,15 +41,8 @@ pub fn replay(brokers: &str, topic: &str, range: &Range, policy: &Policy) -> any
         .set("enable.auto.commit", "false")
         .create()
         .context("creating the Kafka consumer")?;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
+    let partitions = vitals_runtime::kafka::partitions(&consumer, topic, Duration::from_secs(10))
         .with_context(|| format!("cannot read the metadata of {topic} from {brokers}"))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
     anyhow::ensure!(!partitions.is_empty(), "no topic {topic} on {brokers}");
     let start_ms = (range.from_us - range.warmup_us) / 1000;
     let end_ms = range.to_us / 1000;

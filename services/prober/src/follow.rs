@@ -14,13 +14,11 @@ use vitals_contracts::{decode, decode_signal, EndpointState, OutcomeClass, Schem
 
 /// Assign every partition of `topic` at `from`; false if the topic has none (yet).
 fn assign_all(consumer: &BaseConsumer, topic: &str, from: Offset) -> bool {
-    match consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
-        Ok(md) => {
+    match vitals_runtime::kafka::partitions(consumer, topic, Duration::from_secs(5)) {
+        Ok(parts) => {
             let mut tpl = TopicPartitionList::new();
-            for t in md.topics().iter().filter(|t| t.name() == topic) {
-                for p in t.partitions() {
-                    let _ = tpl.add_partition_offset(topic, p.id(), from);
-                }
+            for p in parts {
+                let _ = tpl.add_partition_offset(topic, p, from);
             }
             tpl.count() > 0 && consumer.assign(&tpl).is_ok()
         }

@@ -90,11 +90,9 @@ pub async fn ensure_topic(config: &ClientConfig, topic: &str, partitions: u32) -
     let topic_name = topic.to_owned();
     let count = tokio::task::spawn_blocking(move || -> anyhow::Result<u32> {
         for _ in 0..50 {
-            let md = consumer.fetch_metadata(Some(&topic_name), Duration::from_secs(5))?;
-            if let Some(t) = md.topics().iter().find(|t| t.name() == topic_name) {
-                if !t.partitions().is_empty() {
-                    return Ok(t.partitions().len() as u32);
-                }
+            let parts = vitals_runtime::kafka::partitions(&consumer, &topic_name, Duration::from_secs(5))?;
+            if !parts.is_empty() {
+                return Ok(parts.len() as u32);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
