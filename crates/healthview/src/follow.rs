@@ -76,6 +76,8 @@ impl Drop for Follower {
     }
 }
 
+/// The topic's partitions. The services share `vitals_runtime::kafka::partitions`; this
+/// library, embedded in gateways, does not take the runtime's dependencies (clap, axum).
 fn partitions(c: &BaseConsumer, topic: &str) -> Result<Vec<i32>, KafkaError> {
     let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     Ok(md

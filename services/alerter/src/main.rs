@@ -24,7 +24,7 @@ use vitals_contracts::{decode, HealthChanged, PoolHealthChanged, SchemaKind};
 use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::{kafka, shell};
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 #[command(
     name = "vitals-alerter",
     about = "Alerts from vitals' health changes to Alertmanager and webhooks"
@@ -172,7 +172,9 @@ async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     );
     // The broker may not be ready (a group coordinator still being elected): retry until it is.
     let (consumer, delivered_to, ends) = loop {
-        match start(&cfg) {
+        // Blocking calls to the broker: off the runtime's threads.
+        let c = cfg.clone();
+        match tokio::task::spawn_blocking(move || start(&c)).await? {
             Ok(started) => break started,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start following the changes topic; retrying");
