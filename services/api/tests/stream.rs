@@ -190,3 +190,75 @@ async fn one_reader_feeds_every_client_and_resumes_come_from_the_ring_or_kafka()
     drop(far);
     api.drop_schema().await;
 }
+
+/// Read from `s` until `text` has arrived (or fail after 10 s).
+async fn read_until(s: &mut tokio::net::TcpStream, got: &mut String, text: &str) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    while !got.contains(text) {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {text:?} within 10 s; got {got:?}"))
+            .unwrap();
+        assert!(n > 0, "closed before {text:?}; got {got:?}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}
+
+/// Streams the live-stream writers do not take are served by the HTTP server, the same events:
+/// one asked for after another request on a kept-alive connection (always the server's), and
+/// one whose request arrives in pieces (the server's when the first piece is read alone); a
+/// stream the writers take is close-delimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_on_kept_alive_connections_and_split_requests_are_served_too() {
+    use tokio::io::AsyncWriteExt;
+    let api = Api::start("sse_paths", &[]).await;
+    let stream_req = format!("GET /v1/stream?pool=live HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {READER}\r\n\r\n");
+    // A kept-alive connection: a health check, then the stream.
+    let mut kept = tokio::net::TcpStream::connect(("127.0.0.1", api.port)).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut kept_text = String::new();
+    read_until(&mut kept, &mut kept_text, "\r\n\r\n").await;
+    assert!(kept_text.starts_with("HTTP/1.1 200"), "{kept_text}");
+    kept.write_all(stream_req.as_bytes()).await.unwrap();
+    // A request in two pieces.
+    let mut split = tokio::net::TcpStream::connect(("127.0.0.1", api.port)).await.unwrap();
+    let (a, b) = stream_req.split_at(12);
+    split.write_all(a.as_bytes()).await.unwrap();
+    split.flush().await.unwrap();
+    tokio::task::yield_now().await;
+    split.write_all(b.as_bytes()).await.unwrap();
+    // A plain one, taken by the writers.
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", api.port)).await.unwrap();
+    plain.write_all(stream_req.as_bytes()).await.unwrap();
+    let (mut split_text, mut plain_text) = (String::new(), String::new());
+    for (s, text) in [
+        (&mut kept, &mut kept_text),
+        (&mut split, &mut split_text),
+        (&mut plain, &mut plain_text),
+    ] {
+        read_until(s, text, "event: ready").await;
+    }
+    assert!(
+        plain_text.contains("connection: close") && !plain_text.contains("transfer-encoding"),
+        "taken by the writers: {plain_text}"
+    );
+    assert!(
+        kept_text.contains("transfer-encoding: chunked"),
+        "served by the HTTP server: {kept_text}"
+    );
+    let p = producer();
+    let h = change("paths", 1);
+    produce(&p, &api.topics.changes, "live/paths", &encode(&h).unwrap()).await;
+    for (s, text) in [
+        (&mut kept, &mut kept_text),
+        (&mut split, &mut split_text),
+        (&mut plain, &mut plain_text),
+    ] {
+        read_until(s, text, "\"endpoint\":\"paths\"").await;
+        assert!(text.contains("event: health_changed"), "{text}");
+    }
+    api.drop_schema().await;
+}
