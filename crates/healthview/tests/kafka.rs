@@ -2,27 +2,15 @@
 
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;
-use vitals_contracts::{encode, EndpointState, Evidence, HealthChanged, HealthState, PoolHealthChanged};
+use vitals_contracts::{encode, EndpointState, HealthChanged, HealthState, PoolHealthChanged};
 use vitals_healthview::{follow, Config, Freshness};
 use vitals_testkit::{brokers, producer, unique, wait_until, Stamp, Topics};
 
 fn change(pool: &str, ep: &str, seq: i64, to: HealthState, weight: f64) -> HealthChanged {
     HealthChanged {
-        transition_id: format!("{pool}/{ep}/{seq}"),
-        pool: pool.into(),
-        endpoint: ep.into(),
-        seq,
-        from_state: HealthState::Healthy,
-        to_state: to,
         weight,
-        ramp_ms: 0,
-        retry_at: None,
         reason_code: "ejected".into(),
-        reason: String::new(),
-        evidence: Evidence::default(),
-        policy_version: 0,
-        trigger_ids: vec![],
-        stream_time: 1,
+        ..vitals_testkit::health_changed(pool, ep, seq, to)
     }
 }
 

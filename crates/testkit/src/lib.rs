@@ -417,6 +417,36 @@ pub fn alertmanager(config: &std::path::Path, port: u16) -> Service {
     Service::start_program(std::path::Path::new("/bin/bash"), "alertmanager", &args)
 }
 
+/// A health change of `pool`/`endpoint` (its `seq`-th) to `to`, as the processor would emit it:
+/// weight 0 out of rotation and 1 otherwise, reason code `ejected` or `readmitted`, no
+/// evidence, stream time 1. Tests change what they look at with `..health_changed(…)`.
+pub fn health_changed(
+    pool: &str,
+    endpoint: &str,
+    seq: i64,
+    to: vitals_contracts::HealthState,
+) -> vitals_contracts::HealthChanged {
+    use vitals_contracts::HealthState;
+    let out = matches!(to, HealthState::Unhealthy | HealthState::Maintenance);
+    vitals_contracts::HealthChanged {
+        transition_id: format!("{pool}/{endpoint}/{seq}"),
+        pool: pool.into(),
+        endpoint: endpoint.into(),
+        seq,
+        from_state: HealthState::Healthy,
+        to_state: to,
+        weight: if out { 0.0 } else { 1.0 },
+        ramp_ms: 0,
+        retry_at: None,
+        reason_code: if out { "ejected" } else { "readmitted" }.into(),
+        reason: String::new(),
+        evidence: vitals_contracts::Evidence::default(),
+        policy_version: 0,
+        trigger_ids: vec![],
+        stream_time: 1,
+    }
+}
+
 pub fn stack(cmd: &str) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
     let status = Command::new("bash")

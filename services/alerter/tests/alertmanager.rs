@@ -11,7 +11,7 @@ use axum::Json;
 use rdkafka::producer::FutureRecord;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use vitals_contracts::{encode, Evidence, HealthChanged, HealthState, PoolHealthChanged};
+use vitals_contracts::{encode, HealthChanged, HealthState, PoolHealthChanged};
 use vitals_testkit::{brokers, free_port, producer, unique, wait_until, Service, Stamp, Topics};
 
 type Received = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
@@ -22,26 +22,10 @@ async fn receive(State(r): State<Received>, Path(path): Path<String>, Json(v): J
 
 fn change(pool: &str, ep: &str, seq: i64, to: HealthState) -> HealthChanged {
     HealthChanged {
-        transition_id: format!("{pool}/{ep}/{seq}"),
-        pool: pool.into(),
-        endpoint: ep.into(),
-        seq,
-        from_state: HealthState::Healthy,
-        to_state: to,
         weight: if to == HealthState::Unhealthy { 0.0 } else { 0.1 },
-        ramp_ms: 0,
-        retry_at: None,
-        reason_code: if to == HealthState::Unhealthy {
-            "ejected"
-        } else {
-            "readmitted"
-        }
-        .into(),
         reason: "test".into(),
-        evidence: Evidence::default(),
-        policy_version: 0,
-        trigger_ids: vec![],
         stream_time: now_us(),
+        ..vitals_testkit::health_changed(pool, ep, seq, to)
     }
 }
 

@@ -6,15 +6,7 @@ use vitals_contracts::*;
 
 fn change(endpoint: &str, seq: i64) -> HealthChanged {
     HealthChanged {
-        transition_id: format!("live/{endpoint}/{seq}"),
-        pool: "live".into(),
-        endpoint: endpoint.into(),
-        seq,
-        from_state: HealthState::Healthy,
-        to_state: HealthState::Degraded,
         weight: 0.25,
-        ramp_ms: 0,
-        retry_at: None,
         reason_code: "degraded".into(),
         reason: format!("test {seq}"),
         evidence: Evidence {
@@ -22,9 +14,8 @@ fn change(endpoint: &str, seq: i64) -> HealthChanged {
             thresholds: vec!["score<60".into()],
             ..Evidence::default()
         },
-        policy_version: 0,
-        trigger_ids: vec![],
         stream_time: 1_700_000_000_000_000 + seq,
+        ..vitals_testkit::health_changed("live", endpoint, seq, HealthState::Degraded)
     }
 }
 

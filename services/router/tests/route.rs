@@ -8,7 +8,7 @@ use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use vitals_contracts::{decode_signal, encode, Evidence, HealthChanged, HealthState, OutcomeClass, Signal};
+use vitals_contracts::{decode_signal, encode, HealthState, OutcomeClass, Signal};
 use vitals_reporter::Reporter;
 use vitals_router::{router, Proxy, Routes};
 use vitals_testkit::{brokers, http_get, producer, read_n, unique, wait_until, Stamp, Topics};
@@ -125,23 +125,7 @@ async fn streams_pass_through_calls_are_reported_and_an_ejected_endpoint_gets_no
         "{by_class:?}"
     );
     // The view says e0 is out (weight 0): healed or not, it gets no calls.
-    let out = HealthChanged {
-        transition_id: "llm/e0/1".into(),
-        pool: "llm".into(),
-        endpoint: "e0".into(),
-        seq: 1,
-        from_state: HealthState::Healthy,
-        to_state: HealthState::Unhealthy,
-        weight: 0.0,
-        ramp_ms: 0,
-        retry_at: None,
-        reason_code: "ejected".into(),
-        reason: String::new(),
-        evidence: Evidence::default(),
-        policy_version: 0,
-        trigger_ids: vec![],
-        stream_time: 1,
-    };
+    let out = vitals_testkit::health_changed("llm", "e0", 1, HealthState::Unhealthy);
     producer()
         .send(
             FutureRecord::to(&topics.changes)

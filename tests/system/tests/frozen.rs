@@ -38,23 +38,12 @@ async fn a_frozen_processor_makes_the_view_fail_open_and_a_thawed_one_fresh_agai
     let f = tokio::task::spawn_blocking(move || follow(cfg)).await.unwrap().unwrap();
     let view = f.view.clone();
     // An ejected endpoint the view knows: weight 0.
-    view.apply_change(&vitals_contracts::HealthChanged {
-        transition_id: "p/out/1".into(),
-        pool: "p".into(),
-        endpoint: "out".into(),
-        seq: 1,
-        from_state: vitals_contracts::HealthState::Healthy,
-        to_state: vitals_contracts::HealthState::Unhealthy,
-        weight: 0.0,
-        ramp_ms: 0,
-        retry_at: None,
-        reason_code: "ejected".into(),
-        reason: String::new(),
-        evidence: Default::default(),
-        policy_version: 0,
-        trigger_ids: vec![],
-        stream_time: 1,
-    });
+    view.apply_change(&vitals_testkit::health_changed(
+        "p",
+        "out",
+        1,
+        vitals_contracts::HealthState::Unhealthy,
+    ));
     let freshness = |want: Freshness| {
         let v = view.clone();
         move || {

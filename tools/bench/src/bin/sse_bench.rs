@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vitals_bench::stack;
-use vitals_contracts::{encode, Evidence, HealthChanged, HealthState};
+use vitals_contracts::{encode, HealthChanged, HealthState};
 
 #[derive(Parser)]
 struct Args {
@@ -273,21 +273,9 @@ async fn main() -> anyhow::Result<()> {
     // records the clients do not time.
     for part in 0..4 {
         let warm = encode(&HealthChanged {
-            transition_id: format!("bench/warm{part}/1"),
-            pool: "bench".into(),
-            endpoint: format!("warm{part}"),
-            seq: 1,
-            from_state: HealthState::Healthy,
-            to_state: HealthState::Healthy,
-            weight: 1.0,
-            ramp_ms: 0,
-            retry_at: None,
-            reason_code: "cleared".into(),
             reason: "warm-up".into(),
-            evidence: Evidence::default(),
-            policy_version: 0,
-            trigger_ids: vec![],
             stream_time: now_us(),
+            ..vitals_testkit::health_changed("bench", &format!("warm{part}"), 1, HealthState::Healthy)
         })?;
         p.send(
             FutureRecord::<str, _>::to(&topics.changes)
@@ -313,21 +301,9 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     for i in 0..args.events {
         let h = HealthChanged {
-            transition_id: format!("bench/e{i}/1"),
-            pool: "bench".into(),
-            endpoint: format!("e{i}"),
-            seq: 1,
-            from_state: HealthState::Healthy,
-            to_state: HealthState::Unhealthy,
-            weight: 0.0,
-            ramp_ms: 0,
-            retry_at: None,
-            reason_code: "ejected".into(),
             reason: format!("sent:{}", now_us()),
-            evidence: Evidence::default(),
-            policy_version: 0,
-            trigger_ids: vec![],
             stream_time: now_us(),
+            ..vitals_testkit::health_changed("bench", &format!("e{i}"), 1, HealthState::Unhealthy)
         };
         let key = format!("bench/e{i}");
         let bytes = encode(&h)?;
