@@ -206,25 +206,20 @@ impl Sim {
         struct View {
             behaviour: Behaviour,
         }
-        let r = self
-            .client
-            .get(format!("{}/endpoints/{endpoint}", self.admin))
-            .send()
-            .await
-            .with_context(|| format!("the simulator's admin API at {}", self.admin))?;
-        anyhow::ensure!(
-            r.status().is_success(),
-            "simulator: endpoint {endpoint}: {}",
-            r.text().await?
-        );
+        let url = format!("{}/endpoints/{endpoint}", self.admin);
+        let r = self.send(endpoint, self.client.get(url)).await?;
         Ok(r.json::<View>().await?.behaviour)
     }
 
     async fn set(&self, endpoint: &str, b: &Behaviour) -> anyhow::Result<()> {
-        let r = self
-            .client
-            .put(format!("{}/endpoints/{endpoint}", self.admin))
-            .json(b)
+        let url = format!("{}/endpoints/{endpoint}", self.admin);
+        self.send(endpoint, self.client.put(url).json(b)).await?;
+        Ok(())
+    }
+
+    /// Send a request to the admin API; an answer other than 2xx is an error with its body.
+    async fn send(&self, endpoint: &str, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let r = req
             .send()
             .await
             .with_context(|| format!("the simulator's admin API at {}", self.admin))?;
@@ -233,7 +228,7 @@ impl Sim {
             "simulator: endpoint {endpoint}: {}",
             r.text().await?
         );
-        Ok(())
+        Ok(r)
     }
 }
 
