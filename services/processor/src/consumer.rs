@@ -15,7 +15,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,6 +48,8 @@ pub struct ProcessorContext {
     handle: tokio::runtime::Handle,
     cancel: CancellationToken,
     events: Mutex<Vec<Rebalanced>>,
+    /// `events` has something: the loop looks at it only then (not a lock per record).
+    pending: std::sync::atomic::AtomicBool,
     /// True while the consumer holds an assignment whose partitions are all restored (an
     /// empty assignment counts: that processor is ready, with nothing to do).
     ready: Arc<AtomicBool>,
@@ -84,20 +86,14 @@ impl ConsumerContext for ProcessorContext {
                 if let Err(e) = consumer.assign(tpl) {
                     tracing::error!(error = %e, "assign failed");
                 }
-                self.events
-                    .lock()
-                    .expect("not poisoned")
-                    .push(Rebalanced::Assigned(restored));
+                self.rebalanced(Rebalanced::Assigned(restored));
                 self.ready.store(true, Ordering::Relaxed);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");
                 partitions.iter().for_each(|p| self.progress.revoked(*p));
                 self.ready.store(false, Ordering::Relaxed);
-                self.events
-                    .lock()
-                    .expect("not poisoned")
-                    .push(Rebalanced::Revoked(partitions));
+                self.rebalanced(Rebalanced::Revoked(partitions));
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "unassign failed");
                 }
@@ -105,10 +101,7 @@ impl ConsumerContext for ProcessorContext {
             other => {
                 tracing::error!(error = ?other, "rebalance error; dropping assignment");
                 partitions.iter().for_each(|p| self.progress.revoked(*p));
-                self.events
-                    .lock()
-                    .expect("not poisoned")
-                    .push(Rebalanced::Revoked(partitions));
+                self.rebalanced(Rebalanced::Revoked(partitions));
                 let _ = consumer.unassign();
             }
         }
@@ -116,6 +109,12 @@ impl ConsumerContext for ProcessorContext {
 }
 
 impl ProcessorContext {
+    /// Hand a rebalance to the loop (which applies it before its next record).
+    fn rebalanced(&self, e: Rebalanced) {
+        self.events.lock().expect("not poisoned").push(e);
+        self.pending.store(true, Ordering::Release);
+    }
+
     /// Claim every partition, retrying while Postgres is unreachable. None if shutdown came first.
     async fn claim_all(&self, partitions: &[i32]) -> Option<Vec<(i32, Restored)>> {
         let mut out = Vec::new();
@@ -190,6 +189,7 @@ impl Processor {
             handle: tokio::runtime::Handle::current(),
             cancel: cancel.clone(),
             events: Mutex::new(Vec::new()),
+            pending: std::sync::atomic::AtomicBool::new(false),
             ready,
             progress: progress.clone(),
         };
@@ -210,7 +210,7 @@ impl Processor {
             metrics,
             relay_wake,
             cancel,
-            partitions: HashMap::new(),
+            partitions: HashMap::default(),
             batch: BatchWrite::default(),
             batch_started: None,
             in_flight: None,
@@ -487,6 +487,9 @@ const SAMPLE: u32 = 16;
 /// Take in what the rebalance callback did: revoked partitions go (with their part of the
 /// batch), assigned ones start from their restored state.
 fn apply_rebalance(ctx: &ProcessorContext, partitions: &mut HashMap<i32, Partition>, batch: &mut BatchWrite) {
+    if !ctx.pending.swap(false, Ordering::AcqRel) {
+        return;
+    }
     let events = std::mem::take(&mut *ctx.events.lock().expect("not poisoned"));
     for e in events {
         match e {
