@@ -16,7 +16,7 @@
 //! nothing for 15 s, and ends streams past their lifetime with a `reconnect` event.
 
 use crate::hub::Item;
-use crate::stream::{frame, Filter, RECONNECT};
+use crate::stream::{frame, lagged, Filter, RECONNECT};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -171,13 +171,7 @@ impl Client {
         let wanted = self.c.filter.wants(item);
         if wanted && !self.queued.is_empty() && self.queued_events >= buffer {
             let missed = self.queued_events;
-            let lagged = frame(
-                "lagged",
-                &self.c.last_id,
-                &format!(
-                    r#"{{"reason":"this client fell more than {missed} events behind the live stream; resume with Last-Event-ID","missed":{missed}}}"#
-                ),
-            );
+            let lagged = lagged(&self.c.last_id, missed as u64);
             // Its id is the position before this event, which is not sent.
             self.queued.extend_from_slice(&lagged);
             self.closing = true;

@@ -65,8 +65,6 @@ pub struct Subscription {
     pub ready_id: String,
     pub replay: Vec<Arc<Item>>,
     pub rx: broadcast::Receiver<Arc<Item>>,
-    /// Skip events before these offsets (a client that was ahead of this instance).
-    pub from: Positions,
 }
 
 impl Hub {
@@ -181,7 +179,6 @@ impl Hub {
                 .tx
                 .as_ref()
                 .map_or_else(|| broadcast::channel(1).1, |tx| tx.subscribe()),
-            from: from.clone(),
         })
     }
 
@@ -202,15 +199,15 @@ impl Hub {
         })
     }
 
-    /// Hand a stream from `from` to the live-stream writers: `head`, `ready`, the events of the
-    /// ring at or after `from`, then the live events. The client back if the ring does not
+    /// Hand a stream to the live-stream writers: `head`, `ready`, the events of the ring at or
+    /// after where it starts (`filter.from`), then the live events. The client back if the ring does not
     /// reach back that far (serve it from Kafka).
-    pub fn attach(&self, from: &Positions, head: &[u8], mut client: Box<RawClient>) -> Result<(), Box<RawClient>> {
+    pub fn attach(&self, head: &[u8], mut client: Box<RawClient>) -> Result<(), Box<RawClient>> {
         let inner = self.lock();
-        let Some(replay) = Self::replay(&inner, from) else {
+        let Some(replay) = Self::replay(&inner, &client.filter.from) else {
             return Err(client);
         };
-        client.last_id = encode_positions(from);
+        client.last_id = encode_positions(&client.filter.from);
         let mut first = head.to_vec();
         first.extend_from_slice(&crate::stream::frame("ready", &client.last_id, "{}"));
         for item in &replay {

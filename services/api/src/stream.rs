@@ -81,8 +81,8 @@ fn parse_positions(s: &str) -> Result<Positions, ApiError> {
 struct Live {
     consumer: StreamConsumer,
     positions: Positions,
-    pool: Option<String>,
-    endpoint: Option<String>,
+    /// Its pool and endpoint (its positions are `positions`).
+    filter: Filter,
     last_seq: HashMap<(String, String), i64>,
     ready: bool,
     cancel: tokio_util::sync::CancellationToken,
@@ -184,7 +184,7 @@ impl Live {
                             continue;
                         }
                     };
-                    if !self.wanted(&h.pool, Some(&h.endpoint)) {
+                    if !self.filter.names(&h.pool, Some(&h.endpoint)) {
                         continue;
                     }
                     let key = (h.pool.clone(), h.endpoint.clone());
@@ -208,7 +208,7 @@ impl Live {
                             continue;
                         }
                     };
-                    if !self.wanted(&p.pool, None) {
+                    if !self.filter.names(&p.pool, None) {
                         continue;
                     }
                     let e = view::PoolEvent::from(p);
@@ -227,10 +227,6 @@ impl Live {
         self.metrics.stream_undecodable();
         tracing::warn!(partition, offset, error = %e, "live stream: skipping a record that cannot be decoded");
     }
-
-    fn wanted(&self, pool: &str, endpoint: Option<&str>) -> bool {
-        self.pool.as_deref().is_none_or(|p| p == pool) && self.endpoint.as_deref().is_none_or(|e| endpoint == Some(e))
-    }
 }
 
 /// A live stream admitted: its slot, where it starts and what it wants.
@@ -238,8 +234,8 @@ struct Opened {
     slot: StreamSlot,
     /// The client's `Last-Event-ID`.
     resume: Option<Positions>,
-    /// Where it starts: after `resume`, or the end of the topic.
-    from: Positions,
+    /// What it wants, from where it starts (`filter.from`: after `resume`, or the end of the
+    /// topic).
     filter: Filter,
     ends_at: tokio::time::Instant,
 }
@@ -269,11 +265,6 @@ async fn open(
         })
         .transpose()?;
     let slot = take_slot(app, client, anonymous)?;
-    let filter = Filter {
-        from: Positions::new(),
-        pool: q.get("pool").cloned(),
-        endpoint: q.get("endpoint").cloned(),
-    };
     let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
     if !app.hub.ready(Duration::from_secs(5)).await {
         return Err(ApiError::Unavailable("the changes topic is unavailable".into()));
@@ -288,8 +279,11 @@ async fn open(
     Ok(Opened {
         slot,
         resume,
-        from,
-        filter,
+        filter: Filter {
+            from,
+            pool: q.get("pool").cloned(),
+            endpoint: q.get("endpoint").cloned(),
+        },
         ends_at,
     })
 }
@@ -315,19 +309,15 @@ pub async fn stream(
     let Opened {
         slot,
         resume,
-        from,
         filter,
         ends_at,
     } = open(&app, &headers, peer, &q).await?;
-    if let Some(sub) = app.hub.subscribe(&from) {
+    if let Some(sub) = app.hub.subscribe(&filter.from) {
         let feed = HubFeed {
             last_id: sub.ready_id.clone(),
             replay: sub.replay.into(),
             rx: ReusableBoxFuture::new(recv(sub.rx)),
-            filter: Filter {
-                from: sub.from,
-                ..filter
-            },
+            filter,
             ready: Some(sub.ready_id),
             lifetime: Deadline::at(ends_at),
             ended: false,
@@ -335,7 +325,6 @@ pub async fn stream(
         };
         return Ok(sse_response(feed));
     }
-    let Filter { pool, endpoint, .. } = filter;
     // Further back than the ring: a consumer of its own, from the client's positions.
     let kafka_slot = app
         .kafka_streams
@@ -388,8 +377,7 @@ pub async fn stream(
     let live = Live {
         consumer,
         positions,
-        pool,
-        endpoint,
+        filter,
         last_seq: HashMap::new(),
         ready: false,
         cancel: app.cancel.clone(),
@@ -404,6 +392,17 @@ pub async fn stream(
         Some((e, live))
     });
     Ok(sse_response(events.boxed()))
+}
+
+/// The last event of a client that fell `missed` events behind; `id` resumes it.
+pub(crate) fn lagged(id: &str, missed: u64) -> Bytes {
+    frame(
+        "lagged",
+        id,
+        &format!(
+            r#"{{"reason":"this client fell {missed} events behind the live stream; resume with Last-Event-ID","missed":{missed}}}"#
+        ),
+    )
 }
 
 pub(crate) const RECONNECT: &str = r#"{"reason":"the stream reached its maximum lifetime; resume with Last-Event-ID"}"#;
@@ -521,11 +520,12 @@ pub struct Filter {
 impl Filter {
     pub fn wants(&self, item: &Item) -> bool {
         item.offset >= self.from.get(&item.partition).copied().unwrap_or(0)
-            && self.pool.as_deref().is_none_or(|p| p == item.pool)
-            && self
-                .endpoint
-                .as_deref()
-                .is_none_or(|e| item.endpoint.as_deref() == Some(e))
+            && self.names(&item.pool, item.endpoint.as_deref())
+    }
+
+    /// Whether an event of `pool` (and `endpoint`, for an endpoint's) is one it wants.
+    pub fn names(&self, pool: &str, endpoint: Option<&str>) -> bool {
+        self.pool.as_deref().is_none_or(|p| p == pool) && self.endpoint.as_deref().is_none_or(|e| endpoint == Some(e))
     }
 }
 
@@ -593,13 +593,7 @@ impl Stream for HubFeed {
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     this.ended = true;
-                    return Poll::Ready(Some(frame(
-                        "lagged",
-                        &this.last_id,
-                        &format!(
-                            r#"{{"reason":"this client fell {missed} events behind the live stream; resume with Last-Event-ID","missed":{missed}}}"#
-                        ),
-                    )));
+                    return Poll::Ready(Some(lagged(&this.last_id, missed)));
                 }
                 Err(broadcast::error::RecvError::Closed) => {
                     this.ended = true;
@@ -654,16 +648,13 @@ pub async fn takeover(
     let (ended_tx, mut ended) = tokio::sync::oneshot::channel();
     let client = Box::new(crate::fanout::RawClient {
         sock: sock.clone(),
-        filter: Filter {
-            from: opened.from.clone(),
-            ..opened.filter
-        },
+        filter: opened.filter,
         last_id: String::new(),
         ends_at: opened.ends_at.into_std(),
         gone: gone.clone(),
         ended: ended_tx,
     });
-    if let Err(client) = app.hub.attach(&opened.from, RAW_HEAD, client) {
+    if let Err(client) = app.hub.attach(RAW_HEAD, client) {
         drop((client, opened.slot));
         // Further back than the ring: served from Kafka by the server.
         return Arc::try_unwrap(sock).map_or(Ok(()), Err);
