@@ -215,6 +215,12 @@ pub fn current_schema(kind: SchemaKind) -> (&'static Schema, u64) {
 /// A Rust type with an Avro schema.
 pub trait Record: Serialize + DeserializeOwned {
     const KIND: SchemaKind;
+
+    /// Write the Avro body by hand (true), or leave it to apache-avro (false).
+    #[doc(hidden)]
+    fn encode_body(&self, _out: &mut Vec<u8>) -> bool {
+        false
+    }
 }
 
 macro_rules! record {
@@ -223,26 +229,59 @@ macro_rules! record {
             const KIND: SchemaKind = SchemaKind::$k;
         }
     };
+    ($t:ty, $k:ident, $fast:path) => {
+        impl Record for $t {
+            const KIND: SchemaKind = SchemaKind::$k;
+
+            fn encode_body(&self, out: &mut Vec<u8>) -> bool {
+                $fast(&mut crate::fast_encode::Writer(out), self);
+                true
+            }
+        }
+    };
 }
 record!(CallOutcome, CallOutcome);
 record!(ProbeResult, ProbeResult);
 record!(Tick, Tick);
 record!(OperatorOverride, OperatorOverride);
 record!(PolicyChange, PolicyChange);
-record!(HealthChanged, HealthChanged);
-record!(PoolHealthChanged, PoolHealthChanged);
-record!(EndpointState, EndpointState);
+record!(HealthChanged, HealthChanged, crate::fast_encode::health_changed);
+record!(
+    PoolHealthChanged,
+    PoolHealthChanged,
+    crate::fast_encode::pool_health_changed
+);
+record!(EndpointState, EndpointState, crate::fast_encode::endpoint_state);
 
 /// Encode with the current schema of `T`.
 pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
     let (schema, fp) = current_schema(T::KIND);
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&fp.to_le_bytes());
+    if value.encode_body(&mut out) {
+        return Ok(out);
+    }
+    encode_with(schema, value, out)
+}
+
+/// Encode through apache-avro, whatever `T` is; public for the tests that hold the hand-written
+/// encoders equal to it.
+#[doc(hidden)]
+pub fn encode_generic<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
+    let (schema, fp) = current_schema(T::KIND);
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&fp.to_le_bytes());
+    encode_with(schema, value, out)
+}
+
+/// The body through apache-avro after the header in `out`.
+fn encode_with<T: Record>(schema: &Schema, value: &T, mut out: Vec<u8>) -> Result<Vec<u8>, CodecError> {
     let err = |e: apache_avro::Error| CodecError::Encode {
         kind: T::KIND,
         message: e.to_string(),
     };
-    let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&fp.to_le_bytes());
     // Fast path: serde straight to Avro bytes. It cannot follow references to named types
     // defined earlier in the schema (HealthChanged's `to_state`), so those records take the
     // slower path through an Avro `Value`.

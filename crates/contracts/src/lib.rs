@@ -13,6 +13,7 @@
 mod bounds;
 pub mod codec;
 mod fast;
+mod fast_encode;
 pub mod keys;
 mod symbols;
 pub mod types;

@@ -276,6 +276,38 @@ proptest! {
     }
 
     #[test]
+    fn the_fast_encoders_write_what_apache_avro_writes(
+        seq in any::<i64>(), from in 0..6usize, to in 0..6usize, w in any::<f64>(), ramp in any::<i64>(),
+        retry in proptest::option::of(any::<i64>()), text in "\\PC{0,30}", counts in proptest::collection::vec(any::<i64>(), 10),
+        ratios in proptest::collection::vec(proptest::option::of(any::<f64>()), 4), ints in proptest::collection::vec(any::<i32>(), 6),
+        names in proptest::collection::vec("\\PC{0,8}", 0..4), flags in any::<(bool, bool)>(),
+    ) {
+        let e = Evidence { window_ms: counts[0], success: counts[1], timeout: counts[2], connect_error: counts[3],
+            connection_dropped: counts[4], rate_limited: counts[5], server_error: counts[6], client_error: counts[7],
+            invalid_response: counts[8], cancelled: counts[9], failure_rate: w, score: -w,
+            ttft_p50_ms: ratios[0], ttft_p99_ms: ratios[1], latency_ewma_ms: ratios[2], pool_latency_median_ms: ratios[3],
+            consecutive_failures: ints[0], consecutive_successes: ints[1], consecutive_hard_failures: ints[2],
+            isolations: ints[3], thresholds: names.clone() };
+        let h = HealthChanged { transition_id: text.clone(), pool: "p".into(), endpoint: text.clone(), seq,
+            from_state: HealthState::ALL[from], to_state: HealthState::ALL[to], weight: w, ramp_ms: ramp, retry_at: retry,
+            reason_code: "rc".into(), reason: text.clone(), evidence: e, policy_version: ints[4], trigger_ids: names,
+            stream_time: ramp };
+        let s = EndpointState { pool: text.clone(), endpoint: "e".into(), seq, state: HealthState::ALL[to], weight: w,
+            ramp_ms: ramp, score: -w, failure_rate: w, since: seq, reason: text.clone(), policy_version: ints[5] };
+        let p = PoolHealthChanged { pool: text.clone(), seq, endpoints: ints[0], healthy: ints[1], ejected: ints[2],
+            healthy_fraction: w, panic: flags.0, correlated_outage: flags.1, reason: text, policy_version: ints[3],
+            stream_time: ramp };
+        prop_assert_eq!(encode(&h).unwrap(), codec::encode_generic(&h).unwrap());
+        prop_assert_eq!(encode(&s).unwrap(), codec::encode_generic(&s).unwrap());
+        prop_assert_eq!(encode(&p).unwrap(), codec::encode_generic(&p).unwrap());
+        if !w.is_nan() && ratios.iter().flatten().all(|r| !r.is_nan()) {
+            prop_assert_eq!(decode::<HealthChanged>(&encode(&h).unwrap()).unwrap(), h);
+            prop_assert_eq!(decode::<EndpointState>(&encode(&s).unwrap()).unwrap(), s);
+            prop_assert_eq!(decode::<PoolHealthChanged>(&encode(&p).unwrap()).unwrap(), p);
+        }
+    }
+
+    #[test]
     fn the_fast_decoders_accept_nothing_the_generic_path_rejects(
         body in proptest::collection::vec(any::<u8>(), 0..120), which in 0..3usize,
     ) {
