@@ -6,11 +6,18 @@
 //! owner reads them again. A batch goes to the writer when its first record has waited
 //! `batch_max_ms` and the writer is free, or when it is full (then consumption waits for the
 //! writer); offsets live in Postgres and nothing is committed to Kafka.
+//!
+//! Two threads share the work: the *receiver* ([`receive`], a thread of its own) polls the
+//! Kafka consumer, runs the rebalance callback, and hands records over in chunks; the *loop*
+//! (a task) runs the record step, batches, and the writer beside it. Polling librdkafka and the
+//! record step took about the same time per record; one thread doing both was the processor's
+//! limit on two cores. Rebalances travel in the same channel as records, so the loop sees them
+//! in the order the consumer did.
 
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::progress::Progress;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
@@ -19,7 +26,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::Policy;
 use vitals_pipeline::{BatchWrite, Partition, Topics};
@@ -33,6 +40,8 @@ pub enum LoopError {
     Store(#[from] StoreError),
     #[error("the batch writer failed: {0}")]
     Task(String),
+    #[error("the Kafka receiver thread stopped")]
+    Receiver,
 }
 
 /// What the rebalance callback hands to the loop.
@@ -151,7 +160,9 @@ impl ProcessorContext {
 
 pub struct Processor {
     cfg: Config,
-    consumer: StreamConsumer<ProcessorContext>,
+    /// Records and rebalances from the receiver thread, in the consumer's order.
+    feed: mpsc::Receiver<Feed>,
+    receiver: Option<std::thread::JoinHandle<()>>,
     db: AuditLog,
     topics: Topics,
     metrics: Arc<Metrics>,
@@ -166,8 +177,8 @@ pub struct Processor {
     /// may commit (its offsets and snapshots would skip the abandoned records for good).
     abandoned: bool,
     progress: Arc<Progress>,
-    /// Time in the record step and in receiving records since the last flush (added to the
-    /// metrics once per batch, not once per record).
+    /// Time in the record step and waiting for records from the receiver since the last flush
+    /// (added to the metrics once per batch, not once per record).
     step_time: Duration,
     recv_time: Duration,
 }
@@ -193,9 +204,13 @@ impl Processor {
             ready,
             progress: progress.clone(),
         };
-        let consumer: StreamConsumer<ProcessorContext> =
-            crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
+        let consumer: BaseConsumer<ProcessorContext> = crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
         consumer.subscribe(&[&cfg.topics.signals_topic])?;
+        let (tx, feed) = mpsc::channel(FEED_CHUNKS);
+        let receiver = std::thread::Builder::new()
+            .name("kafka-receiver".into())
+            .spawn(move || receive(consumer, tx))
+            .map_err(|e| KafkaError::Subscription(format!("cannot start the receiver thread: {e}")))?;
         let topics = Topics {
             signals: cfg.topics.signals_topic.clone(),
             changes: cfg.topics.changes_topic.clone(),
@@ -204,7 +219,8 @@ impl Processor {
         };
         Ok(Processor {
             cfg,
-            consumer,
+            feed,
+            receiver: Some(receiver),
             db,
             topics,
             metrics,
@@ -222,6 +238,21 @@ impl Processor {
     }
 
     pub async fn run(mut self) -> Result<(), LoopError> {
+        let result = self.consume().await;
+        // Shutdown (or a failure): write what was consumed, with a snapshot of every partition,
+        // then let the receiver leave the group.
+        let result = match result {
+            Ok(()) => self.flush(true).await,
+            Err(e) => Err(e),
+        };
+        self.feed.close();
+        if let Some(receiver) = self.receiver.take() {
+            let _ = tokio::task::spawn_blocking(move || receiver.join()).await;
+        }
+        result
+    }
+
+    async fn consume(&mut self) -> Result<(), LoopError> {
         // The loop's futures live across iterations: creating a cancellation waiter and a timer
         // for every record cost more than the record step itself.
         let cancelled = self.cancel.clone().cancelled_owned();
@@ -229,14 +260,11 @@ impl Processor {
         // Armed when a batch takes its first record; polled only while a batch waits.
         let linger = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(linger);
-        let mut sample = 0u32;
         loop {
-            // One record in SAMPLE is timed (reading the clock for each one showed in profiles).
-            sample = sample.wrapping_add(1);
-            let waiting = sample.is_multiple_of(SAMPLE).then(Instant::now);
+            let waiting = Instant::now();
             tokio::select! {
                 biased;
-                _ = &mut cancelled => break,
+                _ = &mut cancelled => return Ok(()),
                 // A finished write is handled at once, not at the next flush: a permanent error
                 // must stop the processor even when no more input arrives. A batch that came due
                 // while the writer was busy goes at once.
@@ -253,57 +281,47 @@ impl Processor {
                 _ = &mut linger, if self.batch_started.is_some() && self.in_flight.is_none() => {
                     self.flush(false).await?;
                 }
-                msg = self.consumer.recv() => {
-                    let received = waiting.map(|w| {
-                        let now = Instant::now();
-                        self.recv_time += (now - w) * SAMPLE;
-                        now
-                    });
-                    apply_rebalance(self.consumer.context(), &mut self.partitions, &mut self.batch);
-                    match msg {
-                        Ok(m) => {
-                            let ts = m.timestamp().to_millis();
-                            let (partition, offset) = (m.partition(), m.offset());
-                            match self.partitions.get_mut(&partition) {
-                                Some(ps) => {
-                                    if ps.step(offset, ts, m.key(), m.payload(), &self.topics, &mut self.batch)
-                                        && self.batch_started.is_none()
-                                    {
-                                        let now = Instant::now();
-                                        self.batch_started = Some(now);
-                                        let due = now + self.cfg.batch_max_wait();
-                                        linger.as_mut().reset(tokio::time::Instant::from_std(due));
+                feed = self.feed.recv() => {
+                    self.recv_time += waiting.elapsed();
+                    match feed.ok_or(LoopError::Receiver)? {
+                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch),
+                        Feed::Records(chunk) => {
+                            // Timed per chunk, not per record (a clock read per record showed
+                            // in profiles).
+                            let mut stepping = Instant::now();
+                            for r in chunk.records() {
+                                match self.partitions.get_mut(&r.partition) {
+                                    Some(ps) => {
+                                        if ps.step(r.offset, r.timestamp, r.key, r.payload, &self.topics, &mut self.batch)
+                                            && self.batch_started.is_none()
+                                        {
+                                            let now = Instant::now();
+                                            self.batch_started = Some(now);
+                                            let due = now + self.cfg.batch_max_wait();
+                                            linger.as_mut().reset(tokio::time::Instant::from_std(due));
+                                        }
+                                    }
+                                    // Not ours (any more); the owner reads it. Counted: a
+                                    // processor that keeps fetching records it drops has lost
+                                    // track of its assignment.
+                                    None => {
+                                        self.metrics.not_ours.inc();
                                     }
                                 }
-                                // Not ours (any more); the owner reads it. Counted: a processor
-                                // that keeps fetching records it drops has lost track of its
-                                // assignment.
-                                None => {
-                                    self.metrics.not_ours.inc();
+                                // A full batch waits for the writer: this is the only place
+                                // where the database holds back consumption.
+                                if self.batch_full() {
+                                    self.step_time += stepping.elapsed();
+                                    self.flush(false).await?;
+                                    stepping = Instant::now();
                                 }
                             }
-                            drop(m);
-                            if let Some(r) = received {
-                                self.step_time += r.elapsed() * SAMPLE;
-                            }
-                            // A full batch waits for the writer: this is the only place where
-                            // the database holds back consumption.
-                            if self.batch_full() {
-                                self.flush(false).await?;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "consumer error");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            self.step_time += stepping.elapsed();
                         }
                     }
                 }
             }
         }
-        // Shutdown: write what was consumed, with a snapshot of every partition.
-        self.flush(true).await?;
-        self.consumer.unsubscribe();
-        Ok(())
     }
 
     fn batch_full(&self) -> bool {
@@ -481,16 +499,9 @@ impl Writer {
     }
 }
 
-/// Records of one in this many are timed for the breakdown (and count this many times).
-const SAMPLE: u32 = 16;
-
 /// Take in what the rebalance callback did: revoked partitions go (with their part of the
 /// batch), assigned ones start from their restored state.
-fn apply_rebalance(ctx: &ProcessorContext, partitions: &mut HashMap<i32, Partition>, batch: &mut BatchWrite) {
-    if !ctx.pending.swap(false, Ordering::AcqRel) {
-        return;
-    }
-    let events = std::mem::take(&mut *ctx.events.lock().expect("not poisoned"));
+fn apply_rebalance(events: Vec<Rebalanced>, partitions: &mut HashMap<i32, Partition>, batch: &mut BatchWrite) {
     for e in events {
         match e {
             Rebalanced::Revoked(ps) => {
@@ -509,6 +520,135 @@ fn apply_rebalance(ctx: &ProcessorContext, partitions: &mut HashMap<i32, Partiti
             }
         }
     }
+}
+
+/// Chunks in the channel between the receiver and the loop (each up to [`CHUNK_RECORDS`]).
+const FEED_CHUNKS: usize = 16;
+/// Records in one chunk at most. A chunk goes as soon as the consumer has nothing more ready,
+/// so a lone record does not wait for others.
+const CHUNK_RECORDS: usize = 512;
+
+/// What the receiver hands to the loop.
+enum Feed {
+    Records(Chunk),
+    Rebalanced(Vec<Rebalanced>),
+}
+
+/// Records copied out of librdkafka's buffers (a borrowed message cannot leave the thread that
+/// polled it): their fields, and their keys and payloads end to end in one buffer.
+struct Chunk {
+    records: Vec<Held>,
+    bytes: Vec<u8>,
+}
+
+struct Held {
+    partition: i32,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<std::ops::Range<usize>>,
+    payload: Option<std::ops::Range<usize>>,
+}
+
+/// One record of a chunk, as the record step takes it.
+struct Record<'a> {
+    partition: i32,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<&'a [u8]>,
+    payload: Option<&'a [u8]>,
+}
+
+impl Chunk {
+    fn new() -> Chunk {
+        Chunk {
+            records: Vec::with_capacity(CHUNK_RECORDS),
+            bytes: Vec::with_capacity(CHUNK_RECORDS * 128),
+        }
+    }
+
+    fn push<M: Message>(&mut self, m: &M) {
+        let mut hold = |b: Option<&[u8]>| {
+            b.map(|b| {
+                let start = self.bytes.len();
+                self.bytes.extend_from_slice(b);
+                start..self.bytes.len()
+            })
+        };
+        let key = hold(m.key());
+        let payload = hold(m.payload());
+        self.records.push(Held {
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp: m.timestamp().to_millis(),
+            key,
+            payload,
+        });
+    }
+
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    fn records(&self) -> impl Iterator<Item = Record<'_>> {
+        self.records.iter().map(|h| Record {
+            partition: h.partition,
+            offset: h.offset,
+            timestamp: h.timestamp,
+            key: h.key.clone().map(|r| &self.bytes[r]),
+            payload: h.payload.clone().map(|r| &self.bytes[r]),
+        })
+    }
+}
+
+/// The receiver thread: poll the consumer (which runs the rebalance callback), and hand records
+/// and rebalances to the loop in the order they came. Ends when the loop closes the channel,
+/// then leaves the group.
+fn receive(consumer: BaseConsumer<ProcessorContext>, tx: mpsc::Sender<Feed>) {
+    let ctx = consumer.context();
+    let mut chunk = Chunk::new();
+    // A chunk that cannot be handed over means the loop is gone.
+    let send = |feed: Feed| tx.blocking_send(feed).is_ok();
+    loop {
+        // Wait for records only when there is nothing to hand over: otherwise hand the chunk
+        // over as soon as the consumer has nothing more ready.
+        let timeout = if chunk.len() == 0 {
+            Duration::from_millis(100)
+        } else {
+            Duration::ZERO
+        };
+        let polled = consumer.poll(timeout);
+        // The rebalance callback ran inside that poll: what it did comes before any record it
+        // returned (records fetched under the old assignment were purged by librdkafka).
+        if ctx.pending.swap(false, Ordering::AcqRel) {
+            let events = std::mem::take(&mut *ctx.events.lock().expect("not poisoned"));
+            if chunk.len() > 0 && !send(Feed::Records(std::mem::replace(&mut chunk, Chunk::new()))) {
+                break;
+            }
+            if !send(Feed::Rebalanced(events)) {
+                break;
+            }
+        }
+        // Whether the chunk goes now: it is full, or nothing more is ready.
+        let hand_over = match polled {
+            Some(Ok(m)) => {
+                chunk.push(&m);
+                chunk.len() >= CHUNK_RECORDS
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "consumer error");
+                if chunk.len() == 0 {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                chunk.len() > 0
+            }
+            None if chunk.len() == 0 && tx.is_closed() => break,
+            None => chunk.len() > 0,
+        };
+        if hand_over && !send(Feed::Records(std::mem::replace(&mut chunk, Chunk::new()))) {
+            break;
+        }
+    }
+    consumer.unsubscribe();
 }
 
 /// Forget the partitions a finished write found fenced, and return them. Only the state of the

@@ -86,7 +86,8 @@ impl Default for Metrics {
         let time = Family::<Labels, Counter<f64, AtomicU64>>::default();
         r.register(
             "vitals_processor_time_seconds",
-            "Seconds spent by phase: step (decode, validate, engine, batch rows), close (offsets and \
+            "Seconds spent by phase: recv (the loop waiting for records from the receiver thread), step \
+             (decode, validate, engine, batch rows), close (offsets and \
              snapshot serialisation), wait_write (the loop waiting for the previous batch), db_<statement> \
              (each statement of the batch transaction, round trip included), relay_<step> (outbox relay: fetch, publish, delete).",
             time.clone(),
