@@ -36,6 +36,9 @@ struct Args {
     offline: bool,
 }
 
+/// Every run of one size: (signals, bare rates, processor runs, bare CPU µs per signal).
+type SizeRuns = (usize, Vec<f64>, Vec<ProcRun>, Vec<f64>);
+
 /// One processor run.
 struct ProcRun {
     rate: f64,
@@ -79,12 +82,18 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect(&stack::database_url())
         .await?;
-    let mut results: Vec<(usize, Vec<f64>, Vec<ProcRun>)> =
-        sizes.iter().map(|(n, ..)| (*n, Vec::new(), Vec::new())).collect();
+    let mut results: Vec<SizeRuns> = sizes
+        .iter()
+        .map(|(n, ..)| (*n, Vec::new(), Vec::new(), Vec::new()))
+        .collect();
     for run in 1..=args.runs {
         for (i, (n, name, topics, _)) in sizes.iter().enumerate() {
+            let cpu0 = cpu::of_pid(std::process::id());
             let bare = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
-            eprintln!("run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s");
+            let bare_cpu = (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / *n as f64;
+            eprintln!(
+                "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {bare_cpu:.2} µs CPU per signal"
+            );
             let schema = format!("{name}_{run}");
             let p = processor_run(&db, topics, &schema, *n, &args.extra).await?;
             eprintln!(
@@ -96,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
                 p.cpu_broker_us
             );
             results[i].1.push(bare);
+            results[i].3.push(bare_cpu);
             results[i].2.push(p);
         }
     }
@@ -104,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
         "e2e-bench: {} partitions, {} interleaved run(s) per size",
         args.partitions, args.runs
     );
-    for (n, bare, procs) in &results {
+    for (n, bare, procs, bare_cpu) in &results {
         let rates: Vec<f64> = procs.iter().map(|p| p.rate).collect();
         let ratios: Vec<f64> = rates.iter().zip(bare).map(|(p, b)| p / b).collect();
         println!(
@@ -115,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         println!("  processor → Postgres     {}", spread(&rates, "signals/s"));
         println!("  ratio (same run)         {}   target ≥ 0.8", spread(&ratios, ""));
         let per = |f: fn(&ProcRun) -> f64| spread(&procs.iter().map(f).collect::<Vec<_>>(), "µs/signal");
+        println!("  CPU, bare loop           {}", spread(bare_cpu, "µs/signal"));
         println!("  CPU, processor           {}", per(|p| p.cpu_processor_us));
         println!("  CPU, Postgres            {}", per(|p| p.cpu_postgres_us));
         println!("  CPU, Kafka broker        {}", per(|p| p.cpu_broker_us));
