@@ -2,7 +2,7 @@
 //! a `read_committed` consumer of the changes topic, under a steady background load.
 //!
 //!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
-//!   target/release/detect-bench [--samples 200] [--background 110000]
+//!   target/release/detect-bench [--samples 200] [--background 170000]
 
 use clap::Parser;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -21,7 +21,7 @@ struct Args {
     samples: usize,
     /// Background load, signals per second (default: about half of the processor's sustained
     /// end-to-end throughput on this machine, from e2e-bench).
-    #[arg(long, default_value_t = 110_000)]
+    #[arg(long, default_value_t = 170_000)]
     background: u64,
     /// Pause between decisive signals, ms.
     #[arg(long, default_value_t = 50)]

@@ -37,7 +37,7 @@ struct Args {
 }
 
 /// Every run of one size: (signals, bare rates, processor runs, bare CPU µs per signal).
-type SizeRuns = (usize, Vec<f64>, Vec<ProcRun>, Vec<f64>);
+type SizeRuns = (usize, Vec<BareRun>, Vec<ProcRun>, Vec<f64>);
 
 /// One processor run.
 struct ProcRun {
@@ -51,6 +51,41 @@ struct ProcRun {
     /// Seconds by phase, from the processor's `vitals_processor_time_seconds`.
     phases: BTreeMap<String, f64>,
     outbox_backlog: i64,
+    /// Signals per second in each fifth of the run (the first from the first commit).
+    fifths: Vec<f64>,
+}
+
+/// One bare run: its rate, and the rate in each fifth of the run.
+struct BareRun {
+    rate: f64,
+    fifths: Vec<f64>,
+}
+
+/// Signals per second in each fifth of a run, from (seconds, signals done) samples taken along
+/// it: the time each fifth was crossed is interpolated between the samples around it.
+fn fifths(samples: &[(f64, f64)], n: f64) -> Vec<f64> {
+    let crossed = |target: f64| {
+        let i = samples.iter().position(|s| s.1 >= target)?;
+        if i == 0 {
+            return Some(samples[0].0);
+        }
+        let ((t0, c0), (t1, c1)) = (samples[i - 1], samples[i]);
+        Some(t0 + (t1 - t0) * (target - c0) / (c1 - c0).max(1.0))
+    };
+    let start = samples.first().copied().unwrap_or_default();
+    let mut marks = vec![start];
+    for k in 1..=5 {
+        let target = n * k as f64 / 5.0;
+        if target > start.1 {
+            if let Some(t) = crossed(target) {
+                marks.push((t, target));
+            }
+        }
+    }
+    marks
+        .windows(2)
+        .map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0).max(1e-9))
+        .collect()
 }
 
 #[tokio::main]
@@ -89,7 +124,8 @@ async fn main() -> anyhow::Result<()> {
     for run in 1..=args.runs {
         for (i, (n, name, topics, _)) in sizes.iter().enumerate() {
             let cpu0 = cpu::of_pid(std::process::id());
-            let bare = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
+            let bare_run = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
+            let bare = bare_run.rate;
             let bare_cpu = (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / *n as f64;
             eprintln!(
                 "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {bare_cpu:.2} µs CPU per signal"
@@ -104,7 +140,7 @@ async fn main() -> anyhow::Result<()> {
                 p.cpu_postgres_us,
                 p.cpu_broker_us
             );
-            results[i].1.push(bare);
+            results[i].1.push(bare_run);
             results[i].3.push(bare_cpu);
             results[i].2.push(p);
         }
@@ -114,7 +150,8 @@ async fn main() -> anyhow::Result<()> {
         "e2e-bench: {} partitions, {} interleaved run(s) per size",
         args.partitions, args.runs
     );
-    for (n, bare, procs, bare_cpu) in &results {
+    for (n, bare_runs, procs, bare_cpu) in &results {
+        let bare: &Vec<f64> = &bare_runs.iter().map(|b| b.rate).collect();
         let rates: Vec<f64> = procs.iter().map(|p| p.rate).collect();
         let ratios: Vec<f64> = rates.iter().zip(bare).map(|(p, b)| p / b).collect();
         println!(
@@ -129,6 +166,28 @@ async fn main() -> anyhow::Result<()> {
         println!("  CPU, processor           {}", per(|p| p.cpu_processor_us));
         println!("  CPU, Postgres            {}", per(|p| p.cpu_postgres_us));
         println!("  CPU, Kafka broker        {}", per(|p| p.cpu_broker_us));
+        // Does the rate fall as the run grows? The median rate of each fifth, over the runs.
+        let by_fifth = |runs: Vec<&Vec<f64>>| {
+            (0..5)
+                .map(|k| {
+                    let v: Vec<f64> = runs.iter().filter_map(|f| f.get(k).copied()).collect();
+                    if v.is_empty() {
+                        "-".to_string()
+                    } else {
+                        format!("{:.0}", median(&v))
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        println!(
+            "  rate by fifth of the run, bare loop   {} signals/s",
+            by_fifth(bare_runs.iter().map(|b| &b.fifths).collect())
+        );
+        println!(
+            "  rate by fifth of the run, processor   {} signals/s",
+            by_fifth(procs.iter().map(|p| &p.fifths).collect())
+        );
         println!(
             "  outbox rows unpublished at the last commit: {}",
             procs
@@ -157,7 +216,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// The bare loop: consume and decode, nothing else. Signals per second.
-async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<f64> {
+async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<BareRun> {
     let c: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", stack::brokers())
         .set("group.id", group)
@@ -172,16 +231,23 @@ async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<f64> {
     let mut seen = 0usize;
     let mut decoded = 0usize;
     let mut start = None;
+    let mut marks = Vec::new();
     while seen < n {
         let m = c.recv().await?;
-        start.get_or_insert_with(Instant::now);
+        let s = *start.get_or_insert_with(Instant::now);
         if decode_signal(m.payload().unwrap_or_default()).is_ok() {
             decoded += 1;
+        }
+        if seen == 0 || (seen + 1).is_multiple_of((n / 5).max(1)) {
+            marks.push((s.elapsed().as_secs_f64(), (seen + 1) as f64));
         }
         seen += 1;
     }
     anyhow::ensure!(decoded == n, "the bare loop decoded {decoded} of {n}");
-    Ok(n as f64 / start.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64()))
+    Ok(BareRun {
+        rate: n as f64 / start.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64()),
+        fifths: fifths(&marks, n as f64),
+    })
 }
 
 /// The processor on a fresh schema: rate from its first committed batch to the last offset in
@@ -204,11 +270,15 @@ async fn processor_run(
     let deadline = Instant::now() + Duration::from_secs(3600);
     let (mut first, mut first_at) = (0i64, None);
     let mut last_report = Instant::now();
+    let mut samples = Vec::new();
     loop {
         let c: i64 = sqlx::query_scalar(&query).fetch_one(db).await.unwrap_or(0);
         if c > 0 && first_at.is_none() {
             first = c;
             first_at = Some(Instant::now());
+        }
+        if let Some(t) = first_at {
+            samples.push((t.elapsed().as_secs_f64(), c as f64));
         }
         if c >= n as i64 {
             break;
@@ -243,6 +313,7 @@ async fn processor_run(
         cpu_broker_us: per(broker1 - broker0),
         phases: phases(&metrics),
         outbox_backlog,
+        fifths: fifths(&samples, n as f64),
     })
 }
 
