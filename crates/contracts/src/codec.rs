@@ -255,10 +255,7 @@ record!(EndpointState, EndpointState, crate::fast_encode::endpoint_state);
 
 /// Encode with the current schema of `T`.
 pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
-    let (schema, fp) = current_schema(T::KIND);
-    let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&fp.to_le_bytes());
+    let (schema, mut out) = headed::<T>();
     if value.encode_body(&mut out) {
         return Ok(out);
     }
@@ -269,11 +266,17 @@ pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
 /// encoders equal to it.
 #[doc(hidden)]
 pub fn encode_generic<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
+    let (schema, out) = headed::<T>();
+    encode_with(schema, value, out)
+}
+
+/// The current schema of `T`, and a buffer holding its single-object header.
+fn headed<T: Record>() -> (&'static Schema, Vec<u8>) {
     let (schema, fp) = current_schema(T::KIND);
     let mut out = Vec::with_capacity(128);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&fp.to_le_bytes());
-    encode_with(schema, value, out)
+    (schema, out)
 }
 
 /// The body through apache-avro after the header in `out`.

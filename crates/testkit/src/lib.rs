@@ -400,15 +400,13 @@ pub async fn metric(port: u16, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
 }
 
-/// Run a stack script command (scripts/stack.sh kafka-down, pg-up, ...).
 /// A real Alertmanager on 127.0.0.1:`port` with `config`, its data in a new folder, started by
 /// the stack script (`scripts/stack.sh am-run`, which execs it: the returned process is the
 /// Alertmanager, to kill or restart).
 pub fn alertmanager(config: &std::path::Path, port: u16) -> Service {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
     let storage = std::env::temp_dir().join(unique("am-data"));
     let args: Vec<String> = vec![
-        script.display().to_string(),
+        stack_script().display().to_string(),
         "am-run".into(),
         config.display().to_string(),
         port.to_string(),
@@ -447,8 +445,14 @@ pub fn health_changed(
     }
 }
 
+/// `scripts/stack.sh` of this checkout.
+fn stack_script() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh")
+}
+
+/// Run a stack script command (scripts/stack.sh kafka-down, pg-up, ...).
 pub fn stack(cmd: &str) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
+    let script = stack_script();
     let status = Command::new("bash")
         .arg(script)
         .arg(cmd)

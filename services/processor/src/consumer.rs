@@ -57,8 +57,8 @@ pub struct ProcessorContext {
     handle: tokio::runtime::Handle,
     cancel: CancellationToken,
     events: Mutex<Vec<Rebalanced>>,
-    /// `events` has something: the loop looks at it only then (not a lock per record).
-    pending: std::sync::atomic::AtomicBool,
+    /// `events` has something: the receiver looks at it only then (not a lock per poll).
+    pending: AtomicBool,
     /// True while the consumer holds an assignment whose partitions are all restored (an
     /// empty assignment counts: that processor is ready, with nothing to do).
     ready: Arc<AtomicBool>,
@@ -118,7 +118,7 @@ impl ConsumerContext for ProcessorContext {
 }
 
 impl ProcessorContext {
-    /// Hand a rebalance to the loop (which applies it before its next record).
+    /// Hand a rebalance to the receiver, which passes it on to the loop before any later record.
     fn rebalanced(&self, e: Rebalanced) {
         self.events.lock().expect("not poisoned").push(e);
         self.pending.store(true, Ordering::Release);
@@ -200,7 +200,7 @@ impl Processor {
             handle: tokio::runtime::Handle::current(),
             cancel: cancel.clone(),
             events: Mutex::new(Vec::new()),
-            pending: std::sync::atomic::AtomicBool::new(false),
+            pending: AtomicBool::new(false),
             ready,
             progress: progress.clone(),
         };
@@ -238,12 +238,11 @@ impl Processor {
     }
 
     pub async fn run(mut self) -> Result<(), LoopError> {
-        let result = self.consume().await;
-        // Shutdown (or a failure): write what was consumed, with a snapshot of every partition,
-        // then let the receiver leave the group.
-        let result = match result {
+        // Shutdown: write what was consumed, with a snapshot of every partition; then (after a
+        // failure too) let the receiver leave the group.
+        let result = match self.consume().await {
             Ok(()) => self.flush(true).await,
-            Err(e) => Err(e),
+            failed => failed,
         };
         self.feed.close();
         if let Some(receiver) = self.receiver.take() {
@@ -589,6 +588,10 @@ impl Chunk {
         self.records.len()
     }
 
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
     fn records(&self) -> impl Iterator<Item = Record<'_>> {
         self.records.iter().map(|h| Record {
             partition: h.partition,
@@ -606,12 +609,15 @@ impl Chunk {
 fn receive(consumer: BaseConsumer<ProcessorContext>, tx: mpsc::Sender<Feed>) {
     let ctx = consumer.context();
     let mut chunk = Chunk::new();
-    // A chunk that cannot be handed over means the loop is gone.
-    let send = |feed: Feed| tx.blocking_send(feed).is_ok();
+    // Hand the chunk over (false: the loop is gone).
+    let hand_over = |chunk: &mut Chunk| {
+        tx.blocking_send(Feed::Records(std::mem::replace(chunk, Chunk::new())))
+            .is_ok()
+    };
     loop {
         // Wait for records only when there is nothing to hand over: otherwise hand the chunk
         // over as soon as the consumer has nothing more ready.
-        let timeout = if chunk.len() == 0 {
+        let timeout = if chunk.is_empty() {
             Duration::from_millis(100)
         } else {
             Duration::ZERO
@@ -621,30 +627,27 @@ fn receive(consumer: BaseConsumer<ProcessorContext>, tx: mpsc::Sender<Feed>) {
         // returned (records fetched under the old assignment were purged by librdkafka).
         if ctx.pending.swap(false, Ordering::AcqRel) {
             let events = std::mem::take(&mut *ctx.events.lock().expect("not poisoned"));
-            if chunk.len() > 0 && !send(Feed::Records(std::mem::replace(&mut chunk, Chunk::new()))) {
-                break;
-            }
-            if !send(Feed::Rebalanced(events)) {
+            if (!chunk.is_empty() && !hand_over(&mut chunk)) || tx.blocking_send(Feed::Rebalanced(events)).is_err() {
                 break;
             }
         }
         // Whether the chunk goes now: it is full, or nothing more is ready.
-        let hand_over = match polled {
+        let now = match polled {
             Some(Ok(m)) => {
                 chunk.push(&m);
                 chunk.len() >= CHUNK_RECORDS
             }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "consumer error");
-                if chunk.len() == 0 {
+                if chunk.is_empty() {
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                chunk.len() > 0
+                !chunk.is_empty()
             }
-            None if chunk.len() == 0 && tx.is_closed() => break,
-            None => chunk.len() > 0,
+            None if chunk.is_empty() && tx.is_closed() => break,
+            None => !chunk.is_empty(),
         };
-        if hand_over && !send(Feed::Records(std::mem::replace(&mut chunk, Chunk::new()))) {
+        if now && !hand_over(&mut chunk) {
             break;
         }
     }

@@ -36,9 +36,6 @@ struct Args {
     offline: bool,
 }
 
-/// Every run of one size: (signals, bare rates, processor runs, bare CPU µs per signal).
-type SizeRuns = (usize, Vec<BareRun>, Vec<ProcRun>, Vec<f64>);
-
 /// One processor run.
 struct ProcRun {
     rate: f64,
@@ -55,9 +52,11 @@ struct ProcRun {
     fifths: Vec<f64>,
 }
 
-/// One bare run: its rate, and the rate in each fifth of the run.
+/// One bare run: its rate, its CPU µs per signal (this process, librdkafka's threads included),
+/// and the rate in each fifth of the run.
 struct BareRun {
     rate: f64,
+    cpu_us: f64,
     fifths: Vec<f64>,
 }
 
@@ -117,18 +116,15 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect(&stack::database_url())
         .await?;
-    let mut results: Vec<SizeRuns> = sizes
-        .iter()
-        .map(|(n, ..)| (*n, Vec::new(), Vec::new(), Vec::new()))
-        .collect();
+    let mut results: Vec<(usize, Vec<BareRun>, Vec<ProcRun>)> =
+        sizes.iter().map(|(n, ..)| (*n, Vec::new(), Vec::new())).collect();
     for run in 1..=args.runs {
         for (i, (n, name, topics, _)) in sizes.iter().enumerate() {
-            let cpu0 = cpu::of_pid(std::process::id());
             let bare_run = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
             let bare = bare_run.rate;
-            let bare_cpu = (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / *n as f64;
             eprintln!(
-                "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {bare_cpu:.2} µs CPU per signal"
+                "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {:.2} µs CPU per signal",
+                bare_run.cpu_us
             );
             let schema = format!("{name}_{run}");
             let p = processor_run(&db, topics, &schema, *n, &args.extra).await?;
@@ -141,7 +137,6 @@ async fn main() -> anyhow::Result<()> {
                 p.cpu_broker_us
             );
             results[i].1.push(bare_run);
-            results[i].3.push(bare_cpu);
             results[i].2.push(p);
         }
     }
@@ -150,19 +145,20 @@ async fn main() -> anyhow::Result<()> {
         "e2e-bench: {} partitions, {} interleaved run(s) per size",
         args.partitions, args.runs
     );
-    for (n, bare_runs, procs, bare_cpu) in &results {
-        let bare: &Vec<f64> = &bare_runs.iter().map(|b| b.rate).collect();
+    for (n, bare_runs, procs) in &results {
+        let bare: Vec<f64> = bare_runs.iter().map(|b| b.rate).collect();
         let rates: Vec<f64> = procs.iter().map(|p| p.rate).collect();
-        let ratios: Vec<f64> = rates.iter().zip(bare).map(|(p, b)| p / b).collect();
+        let ratios: Vec<f64> = rates.iter().zip(&bare).map(|(p, b)| p / b).collect();
         println!(
             "\n{n} signals ({} transitions recorded)",
             procs.first().map_or(0, |p| p.transitions)
         );
-        println!("  bare consumer + decode   {}", spread(bare, "signals/s"));
+        println!("  bare consumer + decode   {}", spread(&bare, "signals/s"));
         println!("  processor → Postgres     {}", spread(&rates, "signals/s"));
         println!("  ratio (same run)         {}   target ≥ 0.8", spread(&ratios, ""));
         let per = |f: fn(&ProcRun) -> f64| spread(&procs.iter().map(f).collect::<Vec<_>>(), "µs/signal");
-        println!("  CPU, bare loop           {}", spread(bare_cpu, "µs/signal"));
+        let bare_cpu: Vec<f64> = bare_runs.iter().map(|b| b.cpu_us).collect();
+        println!("  CPU, bare loop           {}", spread(&bare_cpu, "µs/signal"));
         println!("  CPU, processor           {}", per(|p| p.cpu_processor_us));
         println!("  CPU, Postgres            {}", per(|p| p.cpu_postgres_us));
         println!("  CPU, Kafka broker        {}", per(|p| p.cpu_broker_us));
@@ -228,24 +224,29 @@ async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<BareRun
         .set("max.partition.fetch.bytes", "8388608")
         .create()?;
     c.subscribe(&[topic])?;
+    let cpu0 = cpu::of_pid(std::process::id());
     let mut seen = 0usize;
     let mut decoded = 0usize;
     let mut start = None;
+    // (seconds, records) at the first record and at each fifth; a comparison per record.
     let mut marks = Vec::new();
+    let mut next_mark = 1;
     while seen < n {
         let m = c.recv().await?;
         let s = *start.get_or_insert_with(Instant::now);
         if decode_signal(m.payload().unwrap_or_default()).is_ok() {
             decoded += 1;
         }
-        if seen == 0 || (seen + 1).is_multiple_of((n / 5).max(1)) {
-            marks.push((s.elapsed().as_secs_f64(), (seen + 1) as f64));
-        }
         seen += 1;
+        if seen == next_mark {
+            marks.push((s.elapsed().as_secs_f64(), seen as f64));
+            next_mark = (marks.len() * n / 5).max(seen + 1);
+        }
     }
     anyhow::ensure!(decoded == n, "the bare loop decoded {decoded} of {n}");
     Ok(BareRun {
         rate: n as f64 / start.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64()),
+        cpu_us: (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / n as f64,
         fifths: fifths(&marks, n as f64),
     })
 }
