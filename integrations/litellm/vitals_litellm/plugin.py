@@ -1,0 +1,265 @@
+"""The LiteLLM callback: it reports every call attempt to vitals and narrows LiteLLM's choice of
+deployment to what vitals keeps in rotation. One object does both, through two extension points
+LiteLLM supports for `CustomLogger`s registered in `litellm.callbacks` (or the proxy's
+`litellm_settings.callbacks`):
+
+* the success and failure events (`log_*_event`, `async_log_*_event`), called once per attempt,
+  retries and fallbacks included, after the attempt;
+* `async_filter_deployments`, which the Router runs on the deployments left after its own
+  cooldowns, before its routing strategy picks one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field, fields
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from . import outcome as oc
+from .reporter import Report, Reporter, escape_name
+from .view import OPEN, Follower, HealthView
+
+log = logging.getLogger("vitals_litellm")
+
+ROUTING_MODES = ("weighted", "exclude", "off")
+
+
+@dataclass
+class Settings:
+    """How the callback reaches vitals. Every field has an environment variable (`VITALS_` and the
+    field's name in capitals, e.g. `VITALS_KAFKA_BROKERS`)."""
+
+    kafka_brokers: str = "127.0.0.1:9092"
+    # "kafka" (Avro single-object records on the signals topic) or "http" (the API's ingest).
+    transport: str = "kafka"
+    ingest_url: str = ""
+    token: str = ""
+    gateway: str = field(default_factory=lambda: f"litellm-{socket.gethostname()}")
+    signals_topic: str = "vitals.signals.v1"
+    state_topic: str = "vitals.health-state.v1"
+    changes_topic: str = "vitals.health-changes.v1"
+    queue_size: int = 10_000
+    delivery_timeout_s: float = 30.0
+    # "weighted": one deployment chosen by vitals' weights; "exclude": every deployment in
+    # rotation, LiteLLM's strategy picks; "off": report only.
+    routing: str = "weighted"
+    stale_after_s: float = 15.0
+    open_after_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env=None, **overrides) -> Settings:
+        env = os.environ if env is None else env
+        s = cls()
+        for f in fields(cls):
+            raw = env.get(f"VITALS_{f.name.upper()}")
+            if raw is not None and raw != "":
+                kind = type(getattr(s, f.name))
+                try:
+                    setattr(s, f.name, kind(raw))
+                except ValueError as e:
+                    raise ValueError(f"VITALS_{f.name.upper()}={raw!r}: {e}") from None
+        for k, v in overrides.items():
+            if not hasattr(s, k):
+                raise TypeError(f"unknown setting {k!r}")
+            setattr(s, k, v)
+        if s.routing not in ROUTING_MODES:
+            raise ValueError(f"VITALS_ROUTING must be one of {', '.join(ROUTING_MODES)}, not {s.routing!r}")
+        return s
+
+
+class _Counts:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.values: dict[str, int] = {}
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.values[name] = self.values.get(name, 0) + n
+
+
+def _micros(t) -> int | None:
+    if t is None:
+        return None
+    if isinstance(t, (int, float)):
+        return int(t * 1_000_000)
+    try:
+        return int(t.timestamp() * 1_000_000)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def endpoint_name(deployment_or_model_info: dict | None) -> str | None:
+    """The vitals endpoint of a deployment: its `model_info.vitals_endpoint` if set, else its
+    `model_info.id` (set `id` in the config for readable names; LiteLLM makes one up otherwise)."""
+    d = deployment_or_model_info or {}
+    info = d.get("model_info", d) if isinstance(d, dict) else {}
+    if not isinstance(info, dict):
+        return None
+    return info.get("vitals_endpoint") or info.get("id")
+
+
+class VitalsCallback(CustomLogger):
+    """Report to vitals and route by it. Nothing starts until the first call (or `start()`), so
+    importing the module and building the object are free; a process that forks starts its own."""
+
+    def __init__(self, settings: Settings | None = None, **overrides):
+        super().__init__()
+        self.settings = settings or Settings.from_env(**overrides)
+        self.counts = _Counts()
+        self.view = HealthView(self.settings.stale_after_s, self.settings.open_after_s)
+        self.reporter: Reporter | None = None
+        self.follower: Follower | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+        self._failed = False
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def start(self) -> VitalsCallback:
+        """Start the reporter and the health follower in this process (idempotent)."""
+        if self._pid == os.getpid() or self._failed:
+            return self
+        with self._lock:
+            if self._pid == os.getpid() or self._failed:
+                return self
+            s = self.settings
+            try:
+                self.view = HealthView(s.stale_after_s, s.open_after_s)
+                self.reporter = Reporter(
+                    gateway=s.gateway, transport=s.transport, brokers=s.kafka_brokers, topic=s.signals_topic,
+                    ingest_url=s.ingest_url, token=s.token or None, queue_size=s.queue_size,
+                    delivery_timeout_s=s.delivery_timeout_s,
+                )
+                if s.routing != "off":
+                    self.follower = Follower(self.view, s.kafka_brokers, s.state_topic, s.changes_topic).start()
+            except Exception as e:  # noqa: BLE001 - a broken setting disables vitals, never LiteLLM
+                self._failed = True
+                log.error("vitals: disabled, could not start: %s", e)
+                return self
+            self._pid = os.getpid()
+            atexit.register(self.close)
+            log.info("vitals: reporting to %s, routing %s", s.transport, s.routing)
+        return self
+
+    def close(self, timeout_s: float = 10.0) -> dict:
+        """Flush the reports (waiting up to `timeout_s`) and stop following."""
+        if self.follower is not None:
+            self.follower.stop()
+        if self.reporter is not None and self._pid == os.getpid():
+            self.reporter.close(timeout_s)
+        return self.stats()
+
+    def stats(self) -> dict:
+        """Counters: reports queued, delivered and dropped (by reason), routing decisions."""
+        out = dict(self.reporter.counters.snapshot()) if self.reporter else {}
+        out.update(self.counts.values)
+        out["view_endpoints"] = len(self.view)
+        out["view_freshness"] = self.view.freshness() if self.view.loaded.is_set() else "loading"
+        return out
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _report(self, kwargs: dict, exc: BaseException | None, start_time, end_time) -> None:
+        """Never raises: whatever goes wrong here is counted and logged, the call goes on."""
+        try:
+            if kwargs.get("_vitals_reported"):
+                return  # the sync and async events of one attempt
+            kwargs["_vitals_reported"] = True
+            self.start()
+            if self.reporter is None:
+                return
+            slo = kwargs.get("standard_logging_object") or {}
+            lp = kwargs.get("litellm_params") or {}
+            meta = lp.get("metadata") or {}
+            info = lp.get("model_info") or meta.get("model_info") or {}
+            group = slo.get("model_group") or meta.get("model_group")
+            deployment = endpoint_name(info) or slo.get("model_id")
+            if not group or not deployment:
+                self.counts.add("not_routed")  # not a Router call: no deployment to report on
+                return
+            if exc is None:
+                exc = kwargs.get("exception")
+            outcome = oc.classify(exc)
+            if outcome is None:
+                self.counts.add("not_upstream_failures")
+                return
+            pool, endpoint = escape_name(group), escape_name(deployment)
+            if pool is None or endpoint is None:
+                self.reporter.counters.add("refused_names")
+                log.warning("vitals: a name vitals cannot take, not reported: pool=%r endpoint=%r",
+                            str(group)[:80], str(deployment)[:80])
+                return
+            started = _micros(start_time) or _micros(slo.get("startTime")) or time.time_ns() // 1000
+            ended = _micros(end_time) or _micros(slo.get("endTime")) or started
+            ttft = None
+            if kwargs.get("stream") or slo.get("stream"):
+                first = _micros(kwargs.get("completion_start_time"))
+                if first is not None and first > started and (exc is None or first < ended):
+                    ttft = first - started
+            self.reporter.report(Report(
+                pool=pool, endpoint=endpoint, occurred_at=started, outcome=outcome.outcome,
+                http_status=outcome.http_status, latency_us=max(0, ended - started), ttft_us=ttft,
+                model=str(slo.get("model") or kwargs.get("model") or "")[:256] or None,
+                retry_after_ms=outcome.retry_after_ms,
+            ))
+        except Exception as e:  # noqa: BLE001
+            self.counts.add("report_errors")
+            log.warning("vitals: a call could not be reported: %s", e)
+
+    def log_success_event(self, kwargs, response_obj, start_time, end_time):
+        self._report(kwargs, None, start_time, end_time)
+
+    def log_failure_event(self, kwargs, response_obj, start_time, end_time):
+        self._report(kwargs, kwargs.get("exception"), start_time, end_time)
+
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
+        self._report(kwargs, None, start_time, end_time)
+
+    async def async_log_failure_event(self, kwargs, response_obj, start_time, end_time):
+        self._report(kwargs, kwargs.get("exception"), start_time, end_time)
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def filter(self, model_group: str, deployments: list) -> list:
+        """The deployments LiteLLM may choose from: in `weighted` mode one, chosen by vitals'
+        weights (slow start included); in `exclude` mode those vitals keeps in rotation; all of
+        them when the view has failed open, the pool is in panic mode or the view is not loaded
+        yet; none when vitals has taken every one out of rotation (LiteLLM then falls back)."""
+        mode = self.settings.routing
+        if mode == "off" or not deployments:
+            return deployments
+        try:
+            self.start()
+            if not self.view.loaded.is_set():
+                self.counts.add("route_not_loaded")
+                return deployments
+            pool = escape_name(model_group)
+            names = [escape_name(endpoint_name(d)) or "" for d in deployments]
+            weights = self.view.weights(pool or "", names)
+            if weights is None:
+                self.counts.add("route_open" if self.view.freshness() == OPEN else "route_panic")
+                return deployments
+            if mode == "exclude":
+                kept = [d for d, w in zip(deployments, weights) if w > 0]
+            else:
+                i = self.view.choose(pool or "", names)
+                kept = [] if i is None else [deployments[i]]
+            if len(kept) < len(deployments):
+                self.counts.add("route_narrowed")
+            if not kept:
+                self.counts.add("route_none_in_rotation")
+            return kept
+        except Exception as e:  # noqa: BLE001 - routing errors fail open
+            self.counts.add("route_errors")
+            log.warning("vitals: routing by health failed, all deployments kept: %s", e)
+            return deployments
+
+    async def async_filter_deployments(self, model, healthy_deployments, messages, request_kwargs=None,
+                                       parent_otel_span=None):
+        return self.filter(model, healthy_deployments)

@@ -1,0 +1,285 @@
+"""The health of every endpoint, as vitals' processor publishes it, with the semantics of the Rust
+health view (crates/healthview): a cold start from the compacted state topic (read to its end),
+then the changes topic from a minute before the cold start began; a per-endpoint `seq` drops
+duplicates and detects gaps (a gap re-reads the state topic, at most once per 10 s); a recovering
+endpoint's weight ramps locally from `ramp_ms`; panic mode spreads over every endpoint. A view
+that hears nothing from the processor (no change, no tick) for `stale_after` is *stale* and keeps
+routing as last known; after `open_after` it *fails open*."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from .avro import decode_health
+
+log = logging.getLogger("vitals_litellm")
+
+FRESH, STALE, OPEN = "fresh", "stale", "open"
+# States in which an endpoint serves no traffic (weight 0 unless the pool panics).
+OUT_OF_ROTATION = ("UNHEALTHY", "MAINTENANCE")
+
+
+@dataclass
+class Endpoint:
+    state: str = "HEALTHY"
+    weight: float = 1.0
+    ramp_ms: int = 0
+    since_us: int = 0
+    seq: int = -1
+    reason: str = ""
+    retry_at_us: int | None = None
+
+    def weight_at(self, now_us: int) -> float:
+        """The weight now: a recovering endpoint ramps from its weight to 1 over `ramp_ms`."""
+        if self.ramp_ms <= 0 or self.weight >= 1.0:
+            return self.weight
+        done = min(1.0, max(0.0, (now_us - self.since_us) / (self.ramp_ms * 1000.0)))
+        return self.weight + (1.0 - self.weight) * done
+
+
+@dataclass
+class Pool:
+    seq: int = -1
+    panic: bool = False
+    correlated_outage: bool = False
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class HealthView:
+    """Endpoints by (pool, endpoint); thread-safe. Applying is the follower's, reading anyone's."""
+
+    def __init__(self, stale_after_s: float = 15.0, open_after_s: float = 60.0):
+        self._lock = threading.Lock()
+        self._endpoints: dict[tuple[str, str], Endpoint] = {}
+        self._pools: dict[str, Pool] = {}
+        self.stale_after_us = int(stale_after_s * 1e6)
+        self.open_after_us = int(max(open_after_s, stale_after_s) * 1e6)
+        self._heard_us = 0
+        self.loaded = threading.Event()  # the cold start is done
+        self.applied = self.duplicates = self.gaps = self.rereads = 0
+
+    # -- applying -----------------------------------------------------------------------------
+
+    def heard(self, at_us: int) -> None:
+        self._heard_us = max(self._heard_us, at_us)
+
+    def apply_state(self, s: dict) -> None:
+        with self._lock:
+            ep = self._endpoints.setdefault((s["pool"], s["endpoint"]), Endpoint())
+            if s["seq"] > ep.seq or ep.seq < 0:
+                ep.state, ep.weight, ep.ramp_ms = s["state"], s["weight"], s.get("ramp_ms", 0)
+                ep.since_us, ep.seq, ep.reason = _micros(s["since"]), s["seq"], s.get("reason", "")
+
+    def apply_change(self, h: dict) -> str:
+        """'next', 'gap' or 'duplicate'."""
+        with self._lock:
+            ep = self._endpoints.setdefault((h["pool"], h["endpoint"]), Endpoint())
+            if h["seq"] <= ep.seq:
+                self.duplicates += 1
+                return "duplicate"
+            applied = "gap" if ep.seq >= 0 and h["seq"] > ep.seq + 1 else "next"
+            ep.state, ep.weight, ep.ramp_ms = h["to_state"], h["weight"], h.get("ramp_ms", 0)
+            ep.since_us, ep.seq, ep.reason = _micros(h["stream_time"]), h["seq"], h.get("reason", "")
+            retry_at = h.get("retry_at")
+            ep.retry_at_us = None if retry_at is None else _micros(retry_at)
+            if applied == "gap":
+                self.gaps += 1
+            else:
+                self.applied += 1
+            return applied
+
+    def apply_pool(self, p: dict) -> bool:
+        with self._lock:
+            pool = self._pools.setdefault(p["pool"], Pool())
+            if p["seq"] > pool.seq:
+                pool.seq, pool.panic, pool.correlated_outage = p["seq"], p["panic"], p["correlated_outage"]
+                return True
+            return False
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def freshness(self, at_us: int | None = None) -> str:
+        heard = self._heard_us
+        silent = (at_us if at_us is not None else now_us()) - heard
+        if heard == 0 or silent <= self.stale_after_us:
+            return FRESH
+        return STALE if silent <= self.open_after_us else OPEN
+
+    def endpoint(self, pool: str, endpoint: str) -> Endpoint | None:
+        with self._lock:
+            ep = self._endpoints.get((pool, endpoint))
+            return None if ep is None else Endpoint(**ep.__dict__)
+
+    def panic(self, pool: str) -> bool:
+        with self._lock:
+            p = self._pools.get(pool)
+            return bool(p and p.panic)
+
+    def weights(self, pool: str, endpoints: list[str], at_us: int | None = None) -> list[float] | None:
+        """Each candidate's weight at `at_us` (one the view does not know weighs 1); None when
+        every candidate is to be used alike: the view failed open or the pool is in panic mode."""
+        t = at_us if at_us is not None else now_us()
+        if self.freshness(t) == OPEN:
+            return None
+        with self._lock:
+            p = self._pools.get(pool)
+            if p is not None and p.panic:
+                return None
+            out = []
+            for name in endpoints:
+                ep = self._endpoints.get((pool, name))
+                out.append(1.0 if ep is None else ep.weight_at(t))
+            return out
+
+    def choose(self, pool: str, endpoints: list[str], at_us: int | None = None,
+               rng: random.Random | None = None) -> int | None:
+        """The index of one of `endpoints` by weight (uniformly in panic or failed open); None if
+        every weight is 0."""
+        if not endpoints:
+            return None
+        w = self.weights(pool, endpoints, at_us)
+        r = (rng or random).random()
+        if w is None:
+            return min(int(r * len(endpoints)), len(endpoints) - 1)
+        total = sum(w)
+        if total <= 0:
+            return None
+        x = r * total
+        for i, wi in enumerate(w):
+            if x < wi:
+                return i
+            x -= wi
+        return max(i for i, wi in enumerate(w) if wi > 0)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._endpoints)
+
+
+def _micros(t) -> int:
+    """fastavro reads timestamp-micros as an aware datetime; µs since the epoch either way."""
+    if isinstance(t, int):
+        return t
+    return int(t.timestamp() * 1_000_000)
+
+
+class Follower:
+    """Keeps a HealthView current from Kafka on a thread of its own (started by `start()`)."""
+
+    def __init__(self, view: HealthView, brokers: str, state_topic: str = "vitals.health-state.v1",
+                 changes_topic: str = "vitals.health-changes.v1", kafka_options: dict | None = None,
+                 reread_after_gap_s: float = 10.0):
+        self.view = view
+        self.brokers = brokers
+        self.state_topic = state_topic
+        self.changes_topic = changes_topic
+        self.kafka_options = dict(kafka_options or {})
+        self.reread_after_gap_s = reread_after_gap_s
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vitals-litellm-view", daemon=True)
+
+    def start(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _consumer(self):
+        from confluent_kafka import Consumer
+
+        conf = {
+            "bootstrap.servers": self.brokers,
+            "group.id": "vitals-litellm-view",  # nothing is committed: positions are explicit
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+        conf.update(self.kafka_options)
+        return Consumer(conf, logger=logging.getLogger("vitals_litellm.kafka"))
+
+    def _partitions(self, c, topic: str) -> list[int]:
+        md = c.list_topics(topic, timeout=10)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise RuntimeError(f"no topic {topic} on {self.brokers}")
+        return sorted(t.partitions)
+
+    def load_state(self) -> None:
+        """Every partition of the state topic from its beginning to its high watermark."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        c = self._consumer()
+        try:
+            ends = {}
+            for p in self._partitions(c, self.state_topic):
+                low, high = c.get_watermark_offsets(TopicPartition(self.state_topic, p), timeout=10)
+                if high > low:
+                    ends[p] = high
+            c.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING) for p in ends])
+            while ends and not self._stop.is_set():
+                m = c.poll(0.5)
+                if m is None or m.error():
+                    continue
+                kind, rec = decode_health(m.value())
+                if kind == "EndpointState":
+                    self.view.apply_state(rec)
+                if m.offset() + 1 >= ends.get(m.partition(), 0):
+                    ends.pop(m.partition(), None)
+        finally:
+            c.close()
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_END, TopicPartition
+
+        while not self._stop.is_set():
+            try:
+                since_ms = int(time.time() * 1000) - 60_000
+                self.load_state()
+                self.view.heard(now_us())
+                self.view.loaded.set()
+                c = self._consumer()
+                parts = [TopicPartition(self.changes_topic, p, since_ms)
+                         for p in self._partitions(c, self.changes_topic)]
+                at = c.offsets_for_times(parts, timeout=10)
+                c.assign([TopicPartition(self.changes_topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                          for tp in at])
+                self.error = None
+                self._follow(c)
+                return
+            except Exception as e:  # noqa: BLE001 - the broker is away: try again, fail open meanwhile
+                self.error = str(e)
+                log.warning("vitals: following health failed (retrying in 2 s): %s", e)
+                self._stop.wait(2.0)
+
+    def _follow(self, c) -> None:
+        gap = False
+        reread = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                m = c.poll(0.1)
+                if m is not None and not m.error():
+                    self.view.heard(now_us())
+                    kind, rec = decode_health(m.value())
+                    if kind == "HealthChanged":
+                        gap |= self.view.apply_change(rec) == "gap"
+                    elif kind == "PoolHealthChanged":
+                        self.view.apply_pool(rec)
+                if gap and time.monotonic() - reread >= self.reread_after_gap_s:
+                    try:
+                        self.load_state()
+                        self.view.rereads += 1
+                        gap = False
+                    except Exception as e:  # noqa: BLE001
+                        log.warning("vitals: re-reading the state topic failed: %s", e)
+                    reread = time.monotonic()
+        finally:
+            c.close()
