@@ -3,6 +3,8 @@
 #
 #   scripts/demo.sh            # about four minutes
 #   scripts/demo.sh --check    # the same, exiting 1 if a fault is missed or does not heal (CI)
+#   scripts/demo.sh --gateway litellm   # LiteLLM's proxy in front instead of vitals' router
+#                                        # (deploy/litellm/demo.yaml, vitals-litellm reporting and routing)
 #
 # It brings up the local stack (Kafka + Postgres), builds and starts the processor, the API, the
 # upstream simulator (deploy/demo/sim.toml: pools "chat" and "batch"), the prober
@@ -15,6 +17,20 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 say() { echo "[demo] $*" >&2; }
+
+gateway=router
+demo_args=()
+while (($#)); do
+  case $1 in
+    --gateway) gateway=${2:-}; shift 2 || { say "--gateway needs router or litellm"; exit 2; } ;;
+    --gateway=*) gateway=${1#--gateway=}; shift ;;
+    *) demo_args+=("$1"); shift ;;
+  esac
+done
+case $gateway in
+  router|litellm) ;;
+  *) say "--gateway must be router or litellm, not '$gateway'"; exit 2 ;;
+esac
 
 # Every port the demo listens on must be free: an earlier demo or scripts/run.sh would answer
 # in its place.
@@ -83,9 +99,21 @@ start upstream-sim target/release/vitals-upstream-sim --config deploy/demo/sim.t
 ready upstream-sim http://127.0.0.1:9310/endpoints
 start prober target/release/vitals-prober --config deploy/demo/targets.toml --name demo-prober
 ready prober http://127.0.0.1:9465/readyz
-start router target/release/vitals-router --config deploy/demo/routes.toml
-ready router http://127.0.0.1:8090/healthz
+routes=deploy/demo/routes.toml
+if [[ $gateway == litellm ]]; then
+  # LiteLLM's proxy from its virtual environment (scripts/install-deps.sh), with vitals-litellm.
+  venv=${VITALS_LITELLM_VENV:-/opt/vitals-litellm-venv}
+  export LITELLM_MASTER_KEY=${LITELLM_MASTER_KEY:-sk-vitals-demo-$(od -An -tx1 -N12 /dev/urandom | tr -d ' \n')}
+  export VITALS_DEMO_ROUTER_KEY=$LITELLM_MASTER_KEY
+  start litellm env LITELLM_LOCAL_MODEL_COST_MAP=True VITALS_GATEWAY=demo-litellm \
+    "$venv/bin/litellm" --config deploy/litellm/demo.yaml --host 127.0.0.1 --port 8090
+  ready litellm http://127.0.0.1:8090/health/liveliness
+  routes=deploy/litellm/demo-routes.toml
+else
+  start router target/release/vitals-router --config deploy/demo/routes.toml
+  ready router http://127.0.0.1:8090/healthz
+fi
 
-say "the services run; logs in $logs/. Playing the timeline of deploy/demo/timeline.toml"
-target/release/vitals-demo --routes deploy/demo/routes.toml --timeline deploy/demo/timeline.toml \
-  --api http://127.0.0.1:8080 --router http://127.0.0.1:8090 --sim-admin http://127.0.0.1:9310 "$@"
+say "the services run; logs in $logs/. Playing the timeline of deploy/demo/timeline.toml through the $gateway"
+target/release/vitals-demo --routes "$routes" --timeline deploy/demo/timeline.toml \
+  --api http://127.0.0.1:8080 --router http://127.0.0.1:8090 --sim-admin http://127.0.0.1:9310 ${demo_args[@]+"${demo_args[@]}"}

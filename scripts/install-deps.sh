@@ -33,3 +33,17 @@ if ! python3 -c 'import playwright' 2>/dev/null; then
   echo "[deps] pip install playwright (the dashboard's browser tests drive the system chromium)" >&2
   python3 -m pip install -q --root-user-action=ignore 'playwright>=1.40,<2'
 fi
+# LiteLLM in a virtual environment of its own (integrations/litellm's tests, tests/system's LiteLLM
+# tests and `scripts/demo.sh --gateway litellm`), with the plug-in of this checkout installed in it.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${VITALS_LITELLM_VENV:-/opt/vitals-litellm-venv}
+req="$root/integrations/litellm/requirements-test.txt"
+stamp="$venv/.vitals-requirements"
+if [[ ! -x "$venv/bin/python" ]] || ! cmp -s "$req" "$stamp"; then
+  echo "[deps] LiteLLM's virtual environment in $venv (pip install -r integrations/litellm/requirements-test.txt)" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  cp "$req" "$stamp"
+fi
+"$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$root/integrations/litellm"
+rm -rf "$root/integrations/litellm/build" "$root"/integrations/litellm/*.egg-info

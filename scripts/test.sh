@@ -13,4 +13,9 @@ fi
 export VITALS_TEST_KAFKA=${VITALS_TEST_KAFKA:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
 export VITALS_TEST_DATABASE_URL=${VITALS_TEST_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
 export VITALS_TEST_READER_DATABASE_URL=${VITALS_TEST_READER_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
-cargo test --workspace --release --no-fail-fast "$@"
+status=0
+cargo test --workspace --release --no-fail-fast "$@" || status=$?
+# The LiteLLM plug-in's own tests, in LiteLLM's virtual environment (scripts/install-deps.sh).
+venv=${VITALS_LITELLM_VENV:-/opt/vitals-litellm-venv}
+(cd integrations/litellm/tests && LITELLM_LOCAL_MODEL_COST_MAP=True "$venv/bin/python" -m pytest -q -p no:warnings -p no:cacheprovider) || status=$?
+exit $status

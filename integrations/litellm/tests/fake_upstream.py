@@ -14,6 +14,12 @@ def _chunk(content=None, finish=None):
                                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
 
 
+def _role_chunk():
+    return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "sim",
+                                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                               "finish_reason": None}]}) + "\n\n"
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -55,6 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
             self.wfile.flush()
 
+        send(_role_chunk())  # at once, as upstreams do: the first token comes later
         time.sleep(self.server.ttft_s)
         for i in range(3):
             send(_chunk(f"t{i} "))

@@ -199,7 +199,9 @@ class VitalsCallback(CustomLogger):
             ended = _micros(end_time) or _micros(slo.get("endTime")) or started
             ttft = None
             if kwargs.get("stream") or slo.get("stream"):
-                first = _micros(kwargs.get("completion_start_time"))
+                # The first content token (seen by the chunk hook below); LiteLLM's own
+                # completion_start_time is its first chunk, often an empty role chunk.
+                first = _micros(kwargs.get("_vitals_first_token") or kwargs.get("completion_start_time"))
                 if first is not None and first > started and (exc is None or first < ended):
                     ttft = first - started
             self.reporter.report(Report(
@@ -223,6 +225,20 @@ class VitalsCallback(CustomLogger):
 
     async def async_log_failure_event(self, kwargs, response_obj, start_time, end_time):
         self._report(kwargs, kwargs.get("exception"), start_time, end_time)
+
+    async def async_post_call_streaming_deployment_hook(self, request_data, response_chunk, call_type):
+        """Called by LiteLLM for every chunk of a stream: notes when the first content (or tool
+        call) arrived, in the attempt's own logging dict. Returns None: the chunk is unchanged."""
+        if "_vitals_first_token" in request_data:
+            return None
+        try:
+            choices = getattr(response_chunk, "choices", None)
+            delta = getattr(choices[0], "delta", None) if choices else None
+            if delta is not None and (getattr(delta, "content", None) or getattr(delta, "tool_calls", None)):
+                request_data["_vitals_first_token"] = time.time()
+        except Exception:  # noqa: BLE001 - never in the way of the stream
+            pass
+        return None
 
     # -- routing ------------------------------------------------------------------------------
 

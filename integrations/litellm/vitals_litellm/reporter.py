@@ -249,7 +249,10 @@ class Reporter:
         self._stop.set()
         self._thread.join(timeout_s)
         if self._producer is not None:
-            left = self._producer.flush(timeout_s)
-            if left:
-                self.counters.add("dropped_undelivered", left)
+            self._producer.flush(timeout_s)
+            # What the broker neither confirmed nor refused by now is lost with the process.
+            c = self.counters.snapshot()
+            missing = c["sent"] - c["delivered"] - c["dropped_undelivered"]
+            if missing > 0:
+                self.counters.add("dropped_undelivered", missing)
         return self.counters.snapshot()

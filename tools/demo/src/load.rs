@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 pub struct Call {
     pub pool: String,
     pub started: Instant,
-    /// The endpoint that served it (the router's `x-vitals-endpoint`), if any.
+    /// The endpoint that served it (the router's `x-vitals-endpoint`, LiteLLM's
+    /// `x-litellm-model-id`), if any.
     pub endpoint: Option<String>,
     /// 200 and the whole stream arrived.
     pub ok: bool,
@@ -63,8 +64,9 @@ pub struct Generator {
 }
 
 impl Generator {
-    /// `rate` calls a second to each `(pool, model)` through the router at `router`.
-    pub fn start(router: &str, pools: &[(String, String)], rate: f64) -> Generator {
+    /// `rate` calls a second to each `(pool, model)` through the router at `router`, with `key`
+    /// as a bearer token when given (LiteLLM's proxy wants one).
+    pub fn start(router: &str, key: Option<&str>, pools: &[(String, String)], rate: f64) -> Generator {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
@@ -77,6 +79,7 @@ impl Generator {
             .map(|(pool, model)| {
                 let (client, calls, stop, url, pool) =
                     (client.clone(), calls.clone(), stop.clone(), url.clone(), pool.clone());
+                let key = key.map(str::to_owned);
                 let body = serde_json::json!({
                     "model": model, "stream": true, "max_tokens": 6,
                     "messages": [{"role": "user", "content": "are you there?"}],
@@ -86,11 +89,17 @@ impl Generator {
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     while !stop.stopped() {
                         tick.tick().await;
-                        let (client, calls, url, pool, body) =
-                            (client.clone(), calls.clone(), url.clone(), pool.clone(), body.clone());
+                        let (client, calls, url, pool, body, key) = (
+                            client.clone(),
+                            calls.clone(),
+                            url.clone(),
+                            pool.clone(),
+                            body.clone(),
+                            key.clone(),
+                        );
                         tokio::spawn(async move {
                             let started = Instant::now();
-                            let call = one(&client, &url, &body, started).await;
+                            let call = one(&client, &url, key.as_deref(), &body, started).await;
                             calls.push(Call { pool, started, ..call });
                         });
                     }
@@ -108,7 +117,13 @@ impl Generator {
     }
 }
 
-async fn one(client: &reqwest::Client, url: &str, body: &serde_json::Value, started: Instant) -> Call {
+async fn one(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+    started: Instant,
+) -> Call {
     let mut call = Call {
         pool: String::new(),
         started,
@@ -116,12 +131,16 @@ async fn one(client: &reqwest::Client, url: &str, body: &serde_json::Value, star
         ok: false,
         first_token: None,
     };
-    let Ok(r) = client.post(url).json(body).send().await else {
+    let mut req = client.post(url).json(body);
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let Ok(r) = req.send().await else {
         return call;
     };
-    call.endpoint = r
-        .headers()
-        .get("x-vitals-endpoint")
+    call.endpoint = ["x-vitals-endpoint", "x-litellm-model-id"]
+        .iter()
+        .find_map(|h| r.headers().get(*h))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let status = r.status();

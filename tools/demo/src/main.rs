@@ -27,6 +27,9 @@ struct Args {
     /// The router's base URL.
     #[arg(long, default_value = "http://127.0.0.1:8090")]
     router: String,
+    /// A bearer token for the router (LiteLLM's proxy: its master key).
+    #[arg(long, env = "VITALS_DEMO_ROUTER_KEY", hide_env_values = true)]
+    router_key: Option<String>,
     /// The routes file the router runs with (pools and their models).
     #[arg(long, default_value = "deploy/demo/routes.toml")]
     routes: PathBuf,
@@ -381,7 +384,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         follower.cold_start.as_secs_f64() * 1000.0
     );
 
-    let generator = load::Generator::start(&args.router, &pools, args.rate);
+    let generator = load::Generator::start(&args.router, args.router_key.as_deref(), &pools, args.rate);
     println!(
         "{} load: {} calls/s to each of {} through the router at {}",
         clock.now(),

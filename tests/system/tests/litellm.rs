@@ -1,0 +1,579 @@
+//! vitals with the real LiteLLM (integrations/litellm, in the virtual environment that
+//! `scripts/install-deps.sh` makes) and the real broker, database, processor, prober and upstream
+//! simulator: LiteLLM's own reports take a slow and a refusing deployment out of rotation, LiteLLM
+//! stops choosing them, and takes them back after they heal; a frozen processor makes LiteLLM fail
+//! open; the same through the LiteLLM proxy with a YAML config. Needs the local stack: run
+//! `scripts/test.sh`.
+
+use futures::StreamExt;
+use rdkafka::consumer::Consumer;
+use rdkafka::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use vitals_contracts::{decode_signal, CallOutcome, OutcomeClass, Signal};
+use vitals_testkit::{brokers, free_port, http_get, unique, wait_until, Service, Stamp, Topics};
+use vitals_upstream_sim::{Behaviour, Sim, SimConfig};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The virtual environment's Python, with LiteLLM and vitals-litellm installed.
+fn venv_bin(name: &str) -> PathBuf {
+    let dir = std::env::var("VITALS_LITELLM_VENV").unwrap_or_else(|_| "/opt/vitals-litellm-venv".into());
+    let p = PathBuf::from(dir).join("bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/install-deps.sh (it makes LiteLLM's virtual environment)",
+        p.display()
+    );
+    p
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
+    pairs.iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect()
+}
+
+fn healthy() -> Behaviour {
+    Behaviour {
+        ttft_ms: 30,
+        tokens: 2,
+        token_ms: 5,
+        ..Behaviour::default()
+    }
+}
+
+/// The processor, the prober and three simulated deployments e0, e1, e2 of one pool.
+struct Stack {
+    sim: Sim,
+    topics: Topics,
+    schema: String,
+    db: sqlx::PgPool,
+    processor: Service,
+    _prober: Service,
+}
+
+impl Stack {
+    async fn start(name: &str, pool: &str) -> Stack {
+        let mut sc = SimConfig::healthy(3, 7);
+        for e in &mut sc.endpoints {
+            e.behaviour = healthy();
+        }
+        let sim = Sim::start(sc).await.unwrap();
+        let topics = Topics::create(&unique(name), 2, Stamp::LogAppendTime).await;
+        let schema = unique(name);
+        let db = vitals_testkit::migrated_schema(&schema).await;
+        let processor = vitals_testkit::start_processor(
+            &topics,
+            &unique(&format!("{name}_proc")),
+            &schema,
+            &["--view-tick-interval-ms", "1000", "--tick-interval-ms", "1000"],
+        );
+        // The prober readmits a healed deployment (health route, one a second, fast while out).
+        let cfg = std::env::temp_dir().join(format!("{}.toml", unique(name)));
+        let mut targets = String::from("[defaults]\ninterval_ms = 1000\nfast_interval_ms = 200\ntimeout_ms = 150\n");
+        for (ep, addr) in sim.endpoints() {
+            targets.push_str(&format!(
+                "[[target]]\nid = \"{ep}\"\npool = \"{pool}\"\nendpoint = \"{ep}\"\nkind = \"http\"\nurl = \"http://{addr}/health\"\n"
+            ));
+        }
+        std::fs::write(&cfg, targets).unwrap();
+        let prober_port = free_port();
+        let b = brokers();
+        let prober = Service::start(
+            "vitals-prober",
+            &format!("{name}-prober"),
+            &flags(&[
+                ("--config", cfg.to_str().unwrap()),
+                ("--name", &unique("p")),
+                ("--brokers", &b),
+                ("--signals-topic", &topics.signals),
+                ("--state-topic", &topics.state),
+                ("--shard-topic", &unique(&format!("{name}_shards"))),
+                ("--http-addr", &format!("127.0.0.1:{prober_port}")),
+            ]),
+        );
+        wait_until("prober ready", Duration::from_secs(30), || async move {
+            http_get(prober_port, "/readyz").await.as_deref() == Some("ready")
+        })
+        .await;
+        Stack {
+            sim,
+            topics,
+            schema,
+            db,
+            processor,
+            _prober: prober,
+        }
+    }
+
+    /// The environment that points vitals-litellm at this stack.
+    fn env(&self, gateway: &str) -> Vec<(String, String)> {
+        [
+            ("VITALS_KAFKA_BROKERS", brokers()),
+            ("VITALS_SIGNALS_TOPIC", self.topics.signals.clone()),
+            ("VITALS_STATE_TOPIC", self.topics.state.clone()),
+            ("VITALS_CHANGES_TOPIC", self.topics.changes.clone()),
+            ("VITALS_GATEWAY", gateway.to_owned()),
+            ("VITALS_STALE_AFTER_S", "2".into()),
+            ("VITALS_OPEN_AFTER_S", "5".into()),
+            ("LITELLM_LOCAL_MODEL_COST_MAP", "True".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    fn set(&self, ep: &str, b: Behaviour) {
+        self.sim.set(ep, b).unwrap();
+    }
+
+    /// The transitions of `ep` into `to` (time in unix seconds, trigger ids, first-token p50).
+    async fn transitions(&self, ep: &str, to: &str) -> Vec<(f64, Vec<String>, Option<f64>)> {
+        sqlx::query_as::<_, (f64, Vec<String>, Option<f64>)>(
+            "SELECT extract(epoch FROM stream_time)::float8, trigger_ids, ttft_p50_ms FROM transitions \
+             WHERE endpoint = $1 AND to_state = $2 ORDER BY seq",
+        )
+        .bind(ep)
+        .bind(to)
+        .fetch_all(&self.db)
+        .await
+        .unwrap()
+    }
+
+    /// The first transition of `ep` into `to` after `since` (unix s), waiting up to `within`.
+    async fn transition_after(&self, ep: &str, to: &str, since: f64, within: Duration) -> (f64, Vec<String>, Option<f64>) {
+        let found = Arc::new(Mutex::new(None));
+        let f = found.clone();
+        wait_until(&format!("{ep} {to}"), within, || {
+            let f = f.clone();
+            async move {
+                let t = self.transitions(ep, to).await.into_iter().find(|t| t.0 >= since);
+                let got = t.is_some();
+                *f.lock().unwrap() = t;
+                got
+            }
+        })
+        .await;
+        let t = found.lock().unwrap().take().unwrap();
+        t
+    }
+
+    async fn finish(self) {
+        vitals_testkit::drop_schema(&self.db, &self.schema).await;
+        self.sim.shutdown().await;
+    }
+}
+
+/// The call reports on the signals topic so far, by event id.
+async fn reports(topic: &str) -> HashMap<String, CallOutcome> {
+    let c = vitals_testkit::consumer(&unique("litellm_reader"));
+    c.subscribe(&[topic]).unwrap();
+    let mut out = HashMap::new();
+    let until = (unix_now() * 1e6) as i64;
+    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(3), c.recv()).await {
+        if let Some(Ok(Signal::Call(call))) = m.payload().map(decode_signal) {
+            let late = call.occurred_at > until;
+            out.insert(call.event_id.clone(), call);
+            if late {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Calls as their gateway saw them: (start, unix s; deployment that served or was tried; ok).
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<(f64, String, bool)>>>);
+
+impl Seen {
+    fn push(&self, t: f64, dep: String, ok: bool) {
+        self.0.lock().unwrap().push((t, dep, ok));
+    }
+    /// Calls started at or after `since`, by deployment.
+    fn by_deployment(&self, since: f64) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for (_, d, _) in self.0.lock().unwrap().iter().filter(|(t, _, _)| *t >= since) {
+            *m.entry(d.clone()).or_default() += 1;
+        }
+        m
+    }
+    fn failed(&self, since: f64) -> usize {
+        self.0.lock().unwrap().iter().filter(|(t, _, ok)| *t >= since && !ok).count()
+    }
+    fn last(&self, dep: &str, since: f64) -> Option<f64> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, d, _)| *t >= since && d == dep)
+            .map(|(t, _, _)| *t)
+            .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))))
+    }
+    /// Wait until `dep` got no attempt in the last `quiet` seconds while at least `min` calls
+    /// were made; then the time of the last attempt it got after `since`.
+    async fn wait_left_out(&self, dep: &str, since: f64, quiet: f64, within: Duration) -> f64 {
+        let s = self.clone();
+        wait_until(&format!("{dep} left out"), within, || {
+            let from = unix_now() - quiet;
+            let counts = s.by_deployment(from);
+            let total: usize = counts.values().sum();
+            let out = total as f64 >= quiet * 10.0 && !counts.contains_key(dep) && from > since;
+            async move { out }
+        })
+        .await;
+        self.last(dep, since).unwrap_or(since)
+    }
+    async fn wait_chosen(&self, dep: &str, since: f64, within: Duration) -> f64 {
+        let s = self.clone();
+        wait_until(&format!("{dep} chosen again"), within, || {
+            let got = s.last(dep, since).is_some();
+            async move { got }
+        })
+        .await;
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, d, _)| *t >= since && d == dep)
+            .map(|(t, _, _)| *t)
+            .fold(f64::MAX, f64::min)
+    }
+}
+
+/// LiteLLM's Router in a Python process (integrations/litellm/tests/drive_router.py): every
+/// attempt it makes, and the callback's counters.
+struct Driver {
+    child: Child,
+    seen: Seen,
+    stats: Arc<Mutex<serde_json::Value>>,
+}
+
+impl Driver {
+    fn start(stack: &Stack, pool: &str, gateway: &str) -> Driver {
+        let script = repo().join("integrations/litellm/tests/drive_router.py");
+        let mut cmd = Command::new(venv_bin("python"));
+        cmd.arg(script).args(["--group", pool, "--rate", "20", "--timeout", "5"]);
+        for (ep, addr) in stack.sim.endpoints() {
+            cmd.args(["--deployment", &format!("{ep}=http://{addr}")]);
+        }
+        let log = std::env::temp_dir().join(format!("{}.log", unique("litellm-driver")));
+        let mut child = cmd
+            .envs(stack.env(gateway))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("the LiteLLM driver starts");
+        eprintln!("litellm driver log: {}", log.display());
+        let seen = Seen::default();
+        let stats = Arc::new(Mutex::new(serde_json::Value::Null));
+        let out = child.stdout.take().unwrap();
+        {
+            let (seen, stats) = (seen.clone(), stats.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                        continue;
+                    };
+                    if let Some(dep) = v.get("attempt").and_then(|d| d.as_str()) {
+                        let t = v["t"].as_f64().unwrap_or(0.0);
+                        seen.push(t, dep.to_owned(), v["ok"].as_bool().unwrap_or(false));
+                    } else if let Some(s) = v.get("stats").or_else(|| v.get("final")) {
+                        *stats.lock().unwrap() = s.clone();
+                    }
+                }
+            });
+        }
+        Driver { child, seen, stats }
+    }
+
+    fn stat(&self, name: &str) -> serde_json::Value {
+        self.stats.lock().unwrap().get(name).cloned().unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Close its input: it stops, flushes its reports and prints its final counters.
+    fn stop(mut self) -> serde_json::Value {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+        let s = self.stats.lock().unwrap().clone();
+        s
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails_open_without_vitals() {
+    let pool = "llm";
+    let stack = Stack::start("litellm_router", pool).await;
+    let gateway = unique("litellm-router");
+    let driver = Driver::start(&stack, pool, &gateway);
+    let seen = driver.seen.clone();
+    // Warm-up: the view loaded and fresh, every deployment chosen.
+    let started = unix_now();
+    wait_until("LiteLLM choosing all three deployments", Duration::from_secs(90), || {
+        let ok = seen.by_deployment(unix_now() - 3.0).len() == 3 && driver.stat("view_freshness") == "fresh";
+        async move { ok }
+    })
+    .await;
+    eprintln!("warm-up: {:.1} s", unix_now() - started);
+
+    // 1. e1 answers its first token after 2 s, behind 200 OK.
+    stack.set("e1", Behaviour { ttft_ms: 2000, ..healthy() });
+    let fault = unix_now();
+    let (out, triggers, ttft_p50) = stack.transition_after("e1", "unhealthy", fault, Duration::from_secs(60)).await;
+    let last = seen.wait_left_out("e1", fault, 3.0, Duration::from_secs(30)).await;
+    eprintln!(
+        "slow first tokens: ejected {:.1} s after the fault (first token p50 {ttft_p50:?} ms); LiteLLM's last attempt on e1 {:+.2} s from the ejection",
+        out - fault,
+        last - out
+    );
+    assert!(ttft_p50.is_some_and(|p| p > 1250.0), "ejected for its first tokens: {ttft_p50:?}");
+    let reported = reports(&stack.topics.signals).await;
+    let from_litellm: Vec<&CallOutcome> = triggers
+        .iter()
+        .filter_map(|id| reported.get(id))
+        .filter(|c| c.gateway == gateway)
+        .collect();
+    assert!(
+        !from_litellm.is_empty() && from_litellm.iter().all(|c| c.ttft_us.is_some_and(|t| t > 1_250_000)),
+        "the ejection's evidence is LiteLLM's reports of slow first tokens: {triggers:?}"
+    );
+    // Healed: readmitted (the prober), chosen again.
+    stack.set("e1", healthy());
+    let heal = unix_now();
+    let back = seen.wait_chosen("e1", heal, Duration::from_secs(60)).await;
+    eprintln!("slow first tokens: e1 chosen again {:.1} s after the heal", back - heal);
+
+    // 2. e2 refuses connections.
+    stack.set("e2", Behaviour { refuse: true, ..healthy() });
+    let fault = unix_now();
+    let (out, triggers, _) = stack.transition_after("e2", "unhealthy", fault, Duration::from_secs(60)).await;
+    let last = seen.wait_left_out("e2", fault, 3.0, Duration::from_secs(30)).await;
+    eprintln!(
+        "refused connections: ejected {:.1} s after the fault; LiteLLM's last attempt on e2 {:+.2} s from the ejection",
+        out - fault,
+        last - out
+    );
+    let reported = reports(&stack.topics.signals).await;
+    assert!(
+        triggers
+            .iter()
+            .filter_map(|id| reported.get(id))
+            .any(|c| c.gateway == gateway && c.outcome == OutcomeClass::ConnectError),
+        "the ejection's evidence includes LiteLLM's connect errors: {triggers:?}"
+    );
+
+    // 3. The processor freezes: LiteLLM keeps serving as last known, then fails open (e2 again).
+    let pid = stack.processor.child.id();
+    signal(pid, "-STOP");
+    let frozen = unix_now();
+    let reopened = seen.wait_chosen("e2", frozen, Duration::from_secs(30)).await;
+    assert_eq!(driver.stat("view_freshness"), "open");
+    eprintln!("processor frozen: LiteLLM failed open after {:.1} s (open after 5 s)", reopened - frozen);
+    assert!(reopened - frozen >= 4.0, "not before the view was silent for its open_after");
+    signal(pid, "-CONT");
+    let thawed = unix_now();
+    seen.wait_left_out("e2", thawed, 3.0, Duration::from_secs(60)).await;
+
+    // Healed: chosen again.
+    stack.set("e2", healthy());
+    let heal = unix_now();
+    let back = seen.wait_chosen("e2", heal, Duration::from_secs(60)).await;
+    eprintln!("refused connections: e2 chosen again {:.1} s after the heal", back - heal);
+    let stats = driver.stop();
+    eprintln!("callback counters: {stats}");
+    assert!(stats["delivered"].as_u64().unwrap_or(0) > 0, "{stats}");
+    assert_eq!(stats["dropped_queue_full"], 0, "{stats}");
+    stack.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_refusing_deployment_and_takes_it_back() {
+    let pool = "chat";
+    let stack = Stack::start("litellm_proxy", pool).await;
+    let gateway = unique("litellm-proxy");
+    let port = free_port();
+    let mut yaml = String::from("model_list:\n");
+    for (ep, addr) in stack.sim.endpoints() {
+        yaml.push_str(&format!(
+            "  - model_name: {pool}\n    litellm_params:\n      model: openai/sim\n      api_base: http://{addr}/v1\n      api_key: none\n    model_info:\n      id: {ep}\n"
+        ));
+    }
+    yaml.push_str("litellm_settings:\n  callbacks: vitals_litellm.callback\nrouter_settings:\n  num_retries: 0\n  disable_cooldowns: true\n");
+    yaml.push_str(&format!("general_settings:\n  master_key: {MASTER_KEY}\n"));
+    let cfg = std::env::temp_dir().join(format!("{}.yaml", unique("litellm_proxy")));
+    std::fs::write(&cfg, yaml).unwrap();
+    let log = std::env::temp_dir().join(format!("{}.log", unique("litellm-proxy")));
+    let mut proxy = Command::new(venv_bin("litellm"))
+        .args(["--config", cfg.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
+        .envs(stack.env(&gateway))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .spawn()
+        .expect("the LiteLLM proxy starts");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    {
+        let (client, url) = (client.clone(), url.clone());
+        wait_until(&format!("the LiteLLM proxy up ({})", log.display()), Duration::from_secs(120), || {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                client
+                    .post(url)
+                    .bearer_auth(MASTER_KEY)
+                    .json(&body(pool))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await;
+    }
+    // Load: 20 streamed calls a second, each recorded with the deployment that served it.
+    let seen = Seen::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (seen, stop, client, url) = (seen.clone(), stop.clone(), client.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                let (seen, client, url) = (seen.clone(), client.clone(), url.clone());
+                tokio::spawn(async move {
+                    let t = unix_now();
+                    let (dep, ok) = match client.post(url).bearer_auth(MASTER_KEY).json(&body(pool)).send().await {
+                        Ok(r) => {
+                            let dep = r
+                                .headers()
+                                .get("x-litellm-model-id")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_owned();
+                            let status = r.status();
+                            let mut s = r.bytes_stream();
+                            let mut whole = true;
+                            while let Some(c) = s.next().await {
+                                whole &= c.is_ok();
+                            }
+                            (dep, status.is_success() && whole)
+                        }
+                        Err(_) => (String::new(), false),
+                    };
+                    seen.push(t, dep, ok);
+                });
+            }
+        })
+    };
+    let s = seen.clone();
+    wait_until("the proxy serving from all three", Duration::from_secs(60), || {
+        let ok = s.by_deployment(unix_now() - 3.0).len() >= 3;
+        async move { ok }
+    })
+    .await;
+
+    stack.set("e0", Behaviour { refuse: true, ..healthy() });
+    let fault = unix_now();
+    let (out, _, _) = stack.transition_after("e0", "unhealthy", fault, Duration::from_secs(60)).await;
+    // Left out: calls fail no more (a refused call is not retried here: num_retries 0).
+    let s = seen.clone();
+    wait_until("no failed call for 3 s", Duration::from_secs(30), || {
+        let from = unix_now() - 3.0;
+        let ok = from > out && s.failed(from) == 0 && s.by_deployment(from).values().sum::<usize>() >= 30;
+        async move { ok }
+    })
+    .await;
+    let last_failure = seen
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _, ok)| *t >= fault && !ok)
+        .map(|(t, _, _)| *t)
+        .fold(fault, f64::max);
+    eprintln!(
+        "proxy: e0 ejected {:.1} s after it refused; the proxy's last call to it {:+.2} s from the ejection",
+        out - fault,
+        last_failure - out
+    );
+    stack.set("e0", healthy());
+    let heal = unix_now();
+    let back = seen.wait_chosen("e0", heal, Duration::from_secs(60)).await;
+    eprintln!("proxy: e0 serving again {:.1} s after the heal", back - heal);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.unwrap();
+    let _ = Command::new("kill").args(["-TERM", &proxy.id().to_string()]).status();
+    let _ = proxy.wait();
+    let reported = reports(&stack.topics.signals).await;
+    let from_proxy = reported.values().filter(|c| c.gateway == gateway).count();
+    assert!(from_proxy > 100, "the proxy's calls reached vitals: {from_proxy}");
+    let _ = std::fs::remove_file(&cfg);
+    stack.finish().await;
+}
+
+/// The proxy's admin key (the proxy refuses to start without one).
+const MASTER_KEY: &str = "sk-vitals-test-4f9c2e8a1b7d6035c2e9f1a8";
+
+fn body(model: &str) -> serde_json::Value {
+    serde_json::json!({"model": model, "stream": true, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "are you there?"}]})
+}
+
+/// The plug-in's Avro bytes for a call are the Rust encoder's, byte for byte.
+#[test]
+fn the_plugins_call_outcome_bytes_are_the_rust_encoders() {
+    let call = CallOutcome {
+        event_id: "6f1c7a52-1d1e-4d6b-9e0a-2b1f3f1d0c11".into(),
+        pool: "chat".into(),
+        endpoint: "chat-a%0A".into(),
+        gateway: "litellm-gw".into(),
+        occurred_at: 1_796_000_000_123_456,
+        outcome: OutcomeClass::RateLimited,
+        http_status: Some(429),
+        latency_us: 182_000,
+        ttft_us: Some(91_000),
+        tpot_us: None,
+        attributes: [("source".to_owned(), "litellm".to_owned())].into_iter().collect(),
+        model: Some("gpt-x".into()),
+        retry_after_ms: Some(7_000),
+    };
+    let script = r#"
+import sys
+from vitals_litellm.avro import CALL_OUTCOME
+from vitals_litellm.reporter import Report, to_record
+r = Report("chat", "chat-a%0A", 1796000000123456, "RATE_LIMITED", 429, 182000, 91000, "gpt-x", 7000)
+rec = to_record(r, "litellm-gw")
+rec["event_id"] = "6f1c7a52-1d1e-4d6b-9e0a-2b1f3f1d0c11"
+sys.stdout.write(CALL_OUTCOME.encode(rec).hex())
+"#;
+    let out = Command::new(venv_bin("python"))
+        .args(["-c", script])
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let python = String::from_utf8(out.stdout).unwrap();
+    let rust: String = vitals_contracts::encode(&call)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(python, rust);
+}
