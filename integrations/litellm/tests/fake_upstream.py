@@ -1,5 +1,6 @@
 """A small OpenAI-compatible upstream on 127.0.0.1 for the plug-in's own tests: each server answers
-in one `mode` — "ok", "drop" (the stream breaks after its second token), "429" (with
+in one `mode` (its stream's empty role chunk at once, or with the first token when
+`role_late`) — "ok", "drop" (the stream breaks after its second token), "429" (with
 Retry-After: 7), "500", "400", "hang" (answers nothing for 30 s). The system tests use vitals'
 upstream simulator instead."""
 import json
@@ -61,8 +62,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
             self.wfile.flush()
 
-        send(_role_chunk())  # at once, as upstreams do: the first token comes later
+        if not self.server.role_late:
+            send(_role_chunk())  # at once, as many upstreams do: the first token comes later
         time.sleep(self.server.ttft_s)
+        if self.server.role_late:
+            send(_role_chunk())
         for i in range(3):
             send(_chunk(f"t{i} "))
             if mode == "drop" and i == 1:
@@ -74,11 +78,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Upstream:
-    def __init__(self, mode="ok", ttft_s=0.05):
+    def __init__(self, mode="ok", ttft_s=0.05, role_late=False):
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.mode = mode
         self.server.ttft_s = ttft_s
+        self.server.role_late = role_late
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

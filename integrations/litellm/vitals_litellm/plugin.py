@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -83,6 +84,37 @@ class _Counts:
             self.values[name] = self.values.get(name, 0) + n
 
 
+def _has_content(chunk) -> bool:
+    try:
+        choices = getattr(chunk, "choices", None)
+        delta = getattr(choices[0], "delta", None) if choices else None
+        return delta is not None and bool(getattr(delta, "content", None) or getattr(delta, "tool_calls", None))
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
+class _FirstTokens:
+    """When each streamed call's first content token passed, by LiteLLM call id: a bounded map
+    (the oldest entries go first), read once by the call's report."""
+
+    def __init__(self, cap: int = 10_000):
+        self._lock = threading.Lock()
+        self._at: OrderedDict = OrderedDict()
+        self._cap = cap
+
+    def put(self, call_id: str, at: float) -> None:
+        with self._lock:
+            self._at[call_id] = at
+            while len(self._at) > self._cap:
+                self._at.popitem(last=False)
+
+    def pop(self, call_id) -> float | None:
+        if call_id is None:
+            return None
+        with self._lock:
+            return self._at.pop(call_id, None)
+
+
 def _micros(t) -> int | None:
     if t is None:
         return None
@@ -118,6 +150,7 @@ class VitalsCallback(CustomLogger):
         self._pid: int | None = None
         self._lock = threading.Lock()
         self._failed = False
+        self._first_tokens = _FirstTokens()
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -160,6 +193,10 @@ class VitalsCallback(CustomLogger):
         out = dict(self.reporter.counters.snapshot()) if self.reporter else {}
         out.update(self.counts.values)
         out["view_endpoints"] = len(self.view)
+        lags = sorted(self.view.change_lags_ms)
+        if lags:
+            out["change_lag_ms_p50"] = round(lags[len(lags) // 2], 1)
+            out["change_lag_ms_max"] = round(lags[-1], 1)
         out["view_freshness"] = self.view.freshness() if self.view.loaded.is_set() else "loading"
         return out
 
@@ -199,9 +236,10 @@ class VitalsCallback(CustomLogger):
             ended = _micros(end_time) or _micros(slo.get("endTime")) or started
             ttft = None
             if kwargs.get("stream") or slo.get("stream"):
-                # The first content token (seen by the chunk hook below); LiteLLM's own
-                # completion_start_time is its first chunk, often an empty role chunk.
-                first = _micros(kwargs.get("_vitals_first_token") or kwargs.get("completion_start_time"))
+                # The first content token where the proxy's stream hook saw it, else LiteLLM's
+                # completion_start_time (its first chunk).
+                first = _micros(self._first_tokens.pop(kwargs.get("litellm_call_id"))
+                                or kwargs.get("completion_start_time"))
                 if first is not None and first > started and (exc is None or first < ended):
                     ttft = first - started
             self.reporter.report(Report(
@@ -226,19 +264,17 @@ class VitalsCallback(CustomLogger):
     async def async_log_failure_event(self, kwargs, response_obj, start_time, end_time):
         self._report(kwargs, kwargs.get("exception"), start_time, end_time)
 
-    async def async_post_call_streaming_deployment_hook(self, request_data, response_chunk, call_type):
-        """Called by LiteLLM for every chunk of a stream: notes when the first content (or tool
-        call) arrived, in the attempt's own logging dict. Returns None: the chunk is unchanged."""
-        if "_vitals_first_token" in request_data:
-            return None
-        try:
-            choices = getattr(response_chunk, "choices", None)
-            delta = getattr(choices[0], "delta", None) if choices else None
-            if delta is not None and (getattr(delta, "content", None) or getattr(delta, "tool_calls", None)):
-                request_data["_vitals_first_token"] = time.time()
-        except Exception:  # noqa: BLE001 - never in the way of the stream
-            pass
-        return None
+    async def async_post_call_streaming_iterator_hook(self, user_api_key_dict, response, request_data):
+        """The proxy hands every streamed answer through this: note when its first content (or
+        tool call) passed, for the report of the attempt (LiteLLM's own completion_start_time is
+        its first chunk, which many upstreams send empty, before the first token)."""
+        call_id = request_data.get("litellm_call_id") if isinstance(request_data, dict) else None
+        seen = call_id is None
+        async for chunk in response:
+            if not seen and _has_content(chunk):
+                seen = True
+                self._first_tokens.put(call_id, time.time())
+            yield chunk
 
     # -- routing ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from .avro import decode_health
@@ -64,6 +65,8 @@ class HealthView:
         self._heard_us = 0
         self.loaded = threading.Event()  # the cold start is done
         self.applied = self.duplicates = self.gaps = self.rereads = 0
+        # How long after the processor's decision each of the latest changes reached the view (ms).
+        self.change_lags_ms: deque = deque(maxlen=256)
 
     # -- applying -----------------------------------------------------------------------------
 
@@ -270,7 +273,10 @@ class Follower:
                     self.view.heard(now_us())
                     kind, rec = decode_health(m.value())
                     if kind == "HealthChanged":
-                        gap |= self.view.apply_change(rec) == "gap"
+                        applied = self.view.apply_change(rec)
+                        gap |= applied == "gap"
+                        if applied != "duplicate":
+                            self.view.change_lags_ms.append((now_us() - _micros(rec["stream_time"])) / 1000)
                     elif kind == "PoolHealthChanged":
                         self.view.apply_pool(rec)
                 if gap and time.monotonic() - reread >= self.reread_after_gap_s:

@@ -60,6 +60,10 @@ pub struct Behaviour {
     pub refuse: bool,
     /// Requests are never answered.
     pub hang: bool,
+    /// A stream's role chunk comes with its first content token instead of at once (some
+    /// upstreams send nothing before the first token; a gateway that times the first chunk sees
+    /// a slow first token only then).
+    pub role_chunk_with_first_token: bool,
     /// The faults above apply only in the bad part of each period (healthy in the good part).
     pub period: Option<Period>,
     /// What the deep-health route reports; a critical one down makes it answer 503.
@@ -81,6 +85,7 @@ impl Default for Behaviour {
             drops: 0.0,
             refuse: false,
             hang: false,
+            role_chunk_with_first_token: false,
             period: None,
             dependencies: Vec::new(),
         }
@@ -461,14 +466,20 @@ async fn completions(State(ep): State<Arc<Endpoint>>, body: Bytes) -> Response {
     // arrives at `ttft` after the request, the rest `token_ms` apart; a dropped stream breaks
     // after the first token.
     let drop_after = (fate == Fate::Drop).then_some(1u64);
+    let role_late = b.role_chunk_with_first_token;
     let state = (0u64, id);
     let s = futures::stream::unfold(state, move |(step, id)| async move {
         let item: Result<Bytes, std::io::Error> = match step {
-            0 => Ok(chunk(
-                &id,
-                serde_json::json!({"role": "assistant", "content": ""}),
-                None,
-            )),
+            0 => {
+                if role_late {
+                    tokio::time::sleep_until(started + ttft).await;
+                }
+                Ok(chunk(
+                    &id,
+                    serde_json::json!({"role": "assistant", "content": ""}),
+                    None,
+                ))
+            }
             k if drop_after.is_some_and(|d| k == d + 1) => Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionReset,
                 "dropped by the simulator",
