@@ -299,6 +299,16 @@ impl Service {
         let _ = self.child.wait();
     }
 
+    /// Send a signal (`"-STOP"`, `"-CONT"`, …) with `kill`, and check that it was sent.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// SIGTERM and wait for the exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")

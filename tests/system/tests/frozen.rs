@@ -2,7 +2,6 @@
 //! then fails open (every endpoint, even an ejected one, takes calls again); when the processor
 //! thaws, the view is fresh and routes by weight again.
 
-use std::process::Command;
 use std::time::Duration;
 use vitals_healthview::{follow, Config, Freshness};
 use vitals_testkit::{brokers, unique, wait_until, Stamp, Topics};
@@ -14,22 +13,12 @@ fn now() -> i64 {
         .as_micros() as i64
 }
 
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_processor_makes_the_view_fail_open_and_a_thawed_one_fresh_again() {
     let name = unique("frozen");
     let topics = Topics::create(&name, 2, Stamp::LogAppendTime).await;
     let db = vitals_testkit::migrated_schema(&name).await;
     let processor = vitals_testkit::start_processor(&topics, &name, &name, &["--view-tick-interval-ms", "200"]);
-    let pid = processor.child.id();
     let mut cfg = Config::new(brokers());
     cfg.state_topic = topics.state.clone();
     cfg.changes_topic = topics.changes.clone();
@@ -68,7 +57,7 @@ async fn a_frozen_processor_makes_the_view_fail_open_and_a_thawed_one_fresh_agai
         );
     }
 
-    signal(pid, "-STOP");
+    processor.signal("-STOP");
     wait_until(
         "the view failed open",
         Duration::from_secs(30),
@@ -80,7 +69,7 @@ async fn a_frozen_processor_makes_the_view_fail_open_and_a_thawed_one_fresh_agai
         .collect();
     assert_eq!(picks.len(), 2, "failed open: the ejected endpoint takes calls too");
 
-    signal(pid, "-CONT");
+    processor.signal("-CONT");
     wait_until(
         "fresh again after the thaw",
         Duration::from_secs(30),

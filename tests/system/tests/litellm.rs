@@ -339,13 +339,36 @@ impl Driver {
     }
 }
 
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
+/// Give `ep` a faulty behaviour; wait for its ejection and for LiteLLM to leave it out (no
+/// attempt for 3 s); print both. The ejection's time, trigger ids and first-token p50.
+async fn fault_left_out(
+    stack: &Stack,
+    seen: &Seen,
+    ep: &str,
+    fault: Behaviour,
+    what: &str,
+) -> (f64, Vec<String>, Option<f64>) {
+    stack.set(ep, fault);
+    let at = unix_now();
+    let ejection = stack
+        .transition_after(ep, "unhealthy", at, Duration::from_secs(60))
+        .await;
+    let last = seen.wait_left_out(ep, at, 3.0, Duration::from_secs(30)).await;
+    eprintln!(
+        "{what}: {ep} ejected {:.1} s after the fault (first token p50 {:?} ms); LiteLLM's last attempt on it {:+.2} s from the ejection",
+        ejection.0 - at,
+        ejection.2,
+        last - ejection.0
+    );
+    ejection
+}
+
+/// Heal `ep`; wait until LiteLLM chooses it again, and print after how long.
+async fn healed_chosen(stack: &Stack, seen: &Seen, ep: &str, what: &str) {
+    stack.set(ep, healthy());
+    let heal = unix_now();
+    let back = seen.wait_chosen(ep, heal, Duration::from_secs(60)).await;
+    eprintln!("{what}: {ep} chosen again {:.1} s after the heal", back - heal);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,24 +393,12 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
 
     // 1. e1 answers its first token after 2 s, behind 200 OK (its first chunk with it: LiteLLM's
     // Router times the first chunk, see the README).
-    stack.set(
-        "e1",
-        Behaviour {
-            ttft_ms: 2000,
-            role_chunk_with_first_token: true,
-            ..healthy()
-        },
-    );
-    let fault = unix_now();
-    let (out, triggers, ttft_p50) = stack
-        .transition_after("e1", "unhealthy", fault, Duration::from_secs(60))
-        .await;
-    let last = seen.wait_left_out("e1", fault, 3.0, Duration::from_secs(30)).await;
-    eprintln!(
-        "slow first tokens: ejected {:.1} s after the fault (first token p50 {ttft_p50:?} ms); LiteLLM's last attempt on e1 {:+.2} s from the ejection",
-        out - fault,
-        last - out
-    );
+    let slow = Behaviour {
+        ttft_ms: 2000,
+        role_chunk_with_first_token: true,
+        ..healthy()
+    };
+    let (_, triggers, ttft_p50) = fault_left_out(&stack, &seen, "e1", slow, "slow first tokens").await;
     assert!(
         ttft_p50.is_some_and(|p| p > 1250.0),
         "ejected for its first tokens: {ttft_p50:?}"
@@ -403,29 +414,14 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
         "the ejection's evidence is LiteLLM's reports of slow first tokens: {triggers:?}"
     );
     // Healed: readmitted (the prober), chosen again.
-    stack.set("e1", healthy());
-    let heal = unix_now();
-    let back = seen.wait_chosen("e1", heal, Duration::from_secs(60)).await;
-    eprintln!("slow first tokens: e1 chosen again {:.1} s after the heal", back - heal);
+    healed_chosen(&stack, &seen, "e1", "slow first tokens").await;
 
     // 2. e2 refuses connections.
-    stack.set(
-        "e2",
-        Behaviour {
-            refuse: true,
-            ..healthy()
-        },
-    );
-    let fault = unix_now();
-    let (out, triggers, _) = stack
-        .transition_after("e2", "unhealthy", fault, Duration::from_secs(60))
-        .await;
-    let last = seen.wait_left_out("e2", fault, 3.0, Duration::from_secs(30)).await;
-    eprintln!(
-        "refused connections: ejected {:.1} s after the fault; LiteLLM's last attempt on e2 {:+.2} s from the ejection",
-        out - fault,
-        last - out
-    );
+    let refuse = Behaviour {
+        refuse: true,
+        ..healthy()
+    };
+    let (_, triggers, _) = fault_left_out(&stack, &seen, "e2", refuse, "refused connections").await;
     let reported = reports(&stack.topics).await;
     assert!(
         triggers
@@ -436,8 +432,7 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
     );
 
     // 3. The processor freezes: LiteLLM keeps serving as last known, then fails open (e2 again).
-    let pid = stack.processor.child.id();
-    signal(pid, "-STOP");
+    stack.processor.signal("-STOP");
     let frozen = unix_now();
     let reopened = seen.wait_chosen("e2", frozen, Duration::from_secs(30)).await;
     eprintln!(
@@ -454,7 +449,7 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
         async move { open }
     })
     .await;
-    signal(pid, "-CONT");
+    stack.processor.signal("-CONT");
     let thawed = unix_now();
     seen.wait_left_out("e2", thawed, 3.0, Duration::from_secs(60)).await;
 
