@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tes
 import litellm  # noqa: E402
 from litellm import Router  # noqa: E402
 
-from fake_upstream import Upstream  # noqa: E402
+from fake_upstream import Upstream, refused_url  # noqa: E402
 from vitals_litellm import Settings, VitalsCallback  # noqa: E402
 
 
@@ -99,18 +99,24 @@ def main():
                                                                   "api_key": "none"}, "model_info": {"id": "d1"}}],
                num_retries=0, disable_cooldowns=True)
     results = {}
-    for label in ("without", "with", "without ", "with "):
+    down = refused_url()[7:-3]  # a broker address where nothing listens
+    for label in ("without", "with", "with, Kafka down", "without ", "with ", "with, Kafka down "):
         litellm.logging_callback_manager._reset_all_callbacks()
-        if label.strip() == "with":
-            c2 = VitalsCallback(Settings.from_env({}, kafka_brokers=args.brokers))
+        c2 = None
+        if label.strip() != "without":
+            brokers = down if "down" in label else args.brokers
+            c2 = VitalsCallback(Settings.from_env({}, kafka_brokers=brokers, queue_size=1000))
             litellm.callbacks = [c2]
             c2.start()
-            c2.view.loaded.wait(30)
+            c2.view.loaded.wait(0 if "down" in label else 30)
         asyncio.run(calls(r, 50))  # warm
         lat = asyncio.run(calls(r, args.calls // 2))
         results.setdefault(label.strip(), []).extend(lat)
-        if label.strip() == "with":
-            c2.close(5)
+        if c2 is not None:
+            final = c2.close(2)
+            if "down" in label:
+                print(f"Kafka down: {final['delivered']} delivered, {final['dropped_queue_full']} dropped "
+                      f"(queue full), {final['dropped_undelivered']} undelivered of {final['queued'] + final['dropped_queue_full']}")
     for label, lat in results.items():
         print(f"calls {label} vitals: p50 {pct(lat, .5):.2f} ms, p99 {pct(lat, .99):.2f} ms ({len(lat)} calls)")
     up.close()

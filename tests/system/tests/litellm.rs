@@ -473,7 +473,7 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_refusing_deployment_and_takes_it_back() {
+async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_deployment_and_takes_them_back() {
     let pool = "chat";
     let stack = Stack::start("litellm_proxy", pool).await;
     let gateway = unique("litellm-proxy");
@@ -571,16 +571,29 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_refusing_deployment_a
     })
     .await;
 
-    // e1's first token comes 0.8 s after its empty role chunk (not slow enough to eject): the
-    // proxy's reports carry the first content token, not the first chunk.
-    stack.set(
-        "e1",
-        Behaviour {
-            ttft_ms: 800,
-            ..healthy()
-        },
+    // 1. e1's first token comes 2 s after an empty role chunk sent at once: the proxy's reports
+    // carry the first content token (the callback wraps the proxy's stream), so vitals ejects it
+    // on them and the proxy stops serving from it.
+    let slow = Behaviour {
+        ttft_ms: 2000,
+        ..healthy()
+    };
+    let (_, triggers, ttft_p50) = fault_left_out(&stack, &seen, "e1", slow, "proxy, slow first tokens").await;
+    assert!(
+        ttft_p50.is_some_and(|p| p > 1250.0),
+        "ejected for its first tokens: {ttft_p50:?}"
     );
-    let slow_from = unix_now();
+    let reported = reports(&stack.topics).await;
+    assert!(
+        triggers
+            .iter()
+            .filter_map(|id| reported.get(id))
+            .any(|c| c.gateway == gateway && c.ttft_us.is_some_and(|t| t > 1_250_000)),
+        "the ejection's evidence is the proxy's reports of slow first content tokens: {triggers:?}"
+    );
+    healed_chosen(&stack, &seen, "e1", "proxy, slow first tokens").await;
+
+    // 2. e0 refuses connections.
     stack.set(
         "e0",
         Behaviour {
@@ -613,10 +626,7 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_refusing_deployment_a
         out - fault,
         last_failure - out
     );
-    stack.set("e0", healthy());
-    let heal = unix_now();
-    let back = seen.wait_chosen("e0", heal, Duration::from_secs(60)).await;
-    eprintln!("proxy: e0 serving again {:.1} s after the heal", back - heal);
+    healed_chosen(&stack, &seen, "e0", "proxy, refused connections").await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     load.await.unwrap();
     let _ = Command::new("kill").args(["-TERM", &proxy.id().to_string()]).status();
@@ -628,15 +638,6 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_refusing_deployment_a
         from_proxy > 100,
         "the proxy's calls reached vitals: {from_proxy} of {} reports as {gateway} (gateways {gateways:?})",
         reported.len()
-    );
-    let slow: Vec<i64> = reported
-        .values()
-        .filter(|c| c.gateway == gateway && c.endpoint == "e1" && c.occurred_at as f64 / 1e6 > slow_from + 0.5)
-        .filter_map(|c| c.ttft_us)
-        .collect();
-    assert!(
-        !slow.is_empty() && slow.iter().all(|t| *t >= 790_000),
-        "the proxy reports e1's first content token, 0.8 s in: {slow:?}"
     );
     let _ = std::fs::remove_file(&cfg);
     stack.finish().await;
