@@ -209,6 +209,16 @@ async fn reports(topics: &Topics) -> HashMap<String, CallOutcome> {
     out
 }
 
+/// The reports among an ejection's trigger ids that came from `gateway`.
+async fn evidence_from(stack: &Stack, triggers: &[String], gateway: &str) -> Vec<CallOutcome> {
+    let mut reported = reports(&stack.topics).await;
+    triggers
+        .iter()
+        .filter_map(|id| reported.remove(id))
+        .filter(|c| c.gateway == gateway)
+        .collect()
+}
+
 /// Calls as their gateway saw them: (start, unix s; deployment that served or was tried; ok).
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<(f64, String, bool)>>>);
@@ -403,12 +413,7 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
         ttft_p50.is_some_and(|p| p > 1250.0),
         "ejected for its first tokens: {ttft_p50:?}"
     );
-    let reported = reports(&stack.topics).await;
-    let from_litellm: Vec<&CallOutcome> = triggers
-        .iter()
-        .filter_map(|id| reported.get(id))
-        .filter(|c| c.gateway == gateway)
-        .collect();
+    let from_litellm = evidence_from(&stack, &triggers, &gateway).await;
     assert!(
         !from_litellm.is_empty() && from_litellm.iter().all(|c| c.ttft_us.is_some_and(|t| t > 1_250_000)),
         "the ejection's evidence is LiteLLM's reports of slow first tokens: {triggers:?}"
@@ -422,12 +427,11 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
         ..healthy()
     };
     let (_, triggers, _) = fault_left_out(&stack, &seen, "e2", refuse, "refused connections").await;
-    let reported = reports(&stack.topics).await;
     assert!(
-        triggers
+        evidence_from(&stack, &triggers, &gateway)
+            .await
             .iter()
-            .filter_map(|id| reported.get(id))
-            .any(|c| c.gateway == gateway && c.outcome == OutcomeClass::ConnectError),
+            .any(|c| c.outcome == OutcomeClass::ConnectError),
         "the ejection's evidence includes LiteLLM's connect errors: {triggers:?}"
     );
 
@@ -583,12 +587,11 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_d
         ttft_p50.is_some_and(|p| p > 1250.0),
         "ejected for its first tokens: {ttft_p50:?}"
     );
-    let reported = reports(&stack.topics).await;
     assert!(
-        triggers
+        evidence_from(&stack, &triggers, &gateway)
+            .await
             .iter()
-            .filter_map(|id| reported.get(id))
-            .any(|c| c.gateway == gateway && c.ttft_us.is_some_and(|t| t > 1_250_000)),
+            .any(|c| c.ttft_us.is_some_and(|t| t > 1_250_000)),
         "the ejection's evidence is the proxy's reports of slow first content tokens: {triggers:?}"
     );
     healed_chosen(&stack, &seen, "e1", "proxy, slow first tokens").await;
