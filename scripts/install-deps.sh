@@ -12,6 +12,8 @@ dpkg -s postgresql-15 >/dev/null 2>&1 || need_apt+=(postgresql-15)
 dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)                            # headless browser tests
 dpkg -s prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager) # the alerter's tests
 dpkg -s prometheus >/dev/null 2>&1 || need_apt+=(prometheus)                        # promtool: the alert rules' tests
+dpkg -s haproxy >/dev/null 2>&1 || need_apt+=(haproxy)                            # the log bridge's and vitals-haproxy's tests
+dpkg -s nginx >/dev/null 2>&1 || need_apt+=(nginx)                                # the log bridge's nginx test
 if ((${#need_apt[@]})); then
   echo "[deps] apt-get install ${need_apt[*]}" >&2
   apt-get update -qq >/dev/null

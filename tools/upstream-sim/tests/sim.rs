@@ -93,13 +93,13 @@ async fn a_streamed_completion_sends_its_first_content_token_after_the_ttft() {
     )
     .await;
     let (role, first, tokens, done) = stream(&sim, "e0").await.unwrap();
+    // What the simulator decided, not how long a busy machine took: the first token waits the
+    // ttft (once, not per chunk), and the role chunk comes well before it.
+    assert!(first >= Duration::from_millis(300), "{first:?}");
+    assert!(first < Duration::from_millis(600), "the ttft is waited once: {first:?}");
     assert!(
-        role < Duration::from_millis(150),
-        "the role chunk comes at once: {role:?}"
-    );
-    assert!(
-        first >= Duration::from_millis(300) && first < Duration::from_millis(400),
-        "{first:?}"
+        first - role >= Duration::from_millis(200),
+        "the role chunk comes at once: role {role:?}, first token {first:?}"
     );
     assert_eq!((tokens, done), (5, true));
     // Not streamed: one answer after every token.
