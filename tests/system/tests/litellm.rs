@@ -6,21 +6,15 @@
 //! `scripts/test.sh`.
 
 use futures::StreamExt;
-use rdkafka::consumer::Consumer;
-use rdkafka::Message;
-use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use vitals_contracts::{decode_signal, CallOutcome, OutcomeClass, Signal};
-use vitals_testkit::{brokers, free_port, http_get, unique, wait_until, Service, Stamp, Topics};
-use vitals_upstream_sim::{Behaviour, Sim, SimConfig};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use vitals_contracts::{CallOutcome, OutcomeClass};
+use vitals_testkit::{brokers, free_port, unique, wait_until};
+use vitals_system_tests::*;
+use vitals_upstream_sim::Behaviour;
 
 /// The virtual environment's Python, with LiteLLM and vitals-litellm installed.
 fn venv_bin(name: &str) -> PathBuf {
@@ -34,253 +28,21 @@ fn venv_bin(name: &str) -> PathBuf {
     p
 }
 
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
-    pairs.iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect()
-}
-
-fn healthy() -> Behaviour {
-    Behaviour {
-        ttft_ms: 30,
-        tokens: 2,
-        token_ms: 5,
-        ..Behaviour::default()
-    }
-}
-
-/// The processor, the prober and three simulated deployments e0, e1, e2 of one pool.
-struct Stack {
-    sim: Sim,
-    topics: Topics,
-    schema: String,
-    db: sqlx::PgPool,
-    processor: Service,
-    _prober: Service,
-}
-
-impl Stack {
-    async fn start(name: &str, pool: &str) -> Stack {
-        let mut sc = SimConfig::healthy(3, 7);
-        for e in &mut sc.endpoints {
-            e.behaviour = healthy();
-        }
-        let sim = Sim::start(sc).await.unwrap();
-        let topics = Topics::create(&unique(name), 2, Stamp::LogAppendTime).await;
-        let schema = unique(name);
-        let db = vitals_testkit::migrated_schema(&schema).await;
-        let processor = vitals_testkit::start_processor(
-            &topics,
-            &unique(&format!("{name}_proc")),
-            &schema,
-            &["--view-tick-interval-ms", "1000", "--tick-interval-ms", "1000"],
-        );
-        // The prober readmits a healed deployment (health route, one a second, fast while out).
-        let cfg = std::env::temp_dir().join(format!("{}.toml", unique(name)));
-        let mut targets = String::from("[defaults]\ninterval_ms = 1000\nfast_interval_ms = 200\ntimeout_ms = 150\n");
-        for (ep, addr) in sim.endpoints() {
-            targets.push_str(&format!(
-                "[[target]]\nid = \"{ep}\"\npool = \"{pool}\"\nendpoint = \"{ep}\"\nkind = \"http\"\nurl = \"http://{addr}/health\"\n"
-            ));
-        }
-        std::fs::write(&cfg, targets).unwrap();
-        let prober_port = free_port();
-        let b = brokers();
-        let prober = Service::start(
-            "vitals-prober",
-            &format!("{name}-prober"),
-            &flags(&[
-                ("--config", cfg.to_str().unwrap()),
-                ("--name", &unique("p")),
-                ("--brokers", &b),
-                ("--signals-topic", &topics.signals),
-                ("--state-topic", &topics.state),
-                ("--shard-topic", &unique(&format!("{name}_shards"))),
-                ("--http-addr", &format!("127.0.0.1:{prober_port}")),
-            ]),
-        );
-        wait_until("prober ready", Duration::from_secs(30), || async move {
-            http_get(prober_port, "/readyz").await.as_deref() == Some("ready")
-        })
-        .await;
-        Stack {
-            sim,
-            topics,
-            schema,
-            db,
-            processor,
-            _prober: prober,
-        }
-    }
-
-    /// The environment that points vitals-litellm at this stack.
-    fn env(&self, gateway: &str) -> Vec<(String, String)> {
-        [
-            ("VITALS_KAFKA_BROKERS", brokers()),
-            ("VITALS_SIGNALS_TOPIC", self.topics.signals.clone()),
-            ("VITALS_STATE_TOPIC", self.topics.state.clone()),
-            ("VITALS_CHANGES_TOPIC", self.topics.changes.clone()),
-            ("VITALS_GATEWAY", gateway.to_owned()),
-            ("VITALS_STALE_AFTER_S", "2".into()),
-            ("VITALS_OPEN_AFTER_S", "5".into()),
-            ("LITELLM_LOCAL_MODEL_COST_MAP", "True".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect()
-    }
-
-    fn set(&self, ep: &str, b: Behaviour) {
-        self.sim.set(ep, b).unwrap();
-    }
-
-    /// The transitions of `ep` into `to` (time in unix seconds, trigger ids, first-token p50).
-    async fn transitions(&self, ep: &str, to: &str) -> Vec<(f64, Vec<String>, Option<f64>)> {
-        sqlx::query_as::<_, (f64, Vec<String>, Option<f64>)>(
-            "SELECT extract(epoch FROM stream_time)::float8, trigger_ids, ttft_p50_ms FROM transitions \
-             WHERE endpoint = $1 AND to_state = $2 ORDER BY seq",
-        )
-        .bind(ep)
-        .bind(to)
-        .fetch_all(&self.db)
-        .await
-        .unwrap()
-    }
-
-    /// The first transition of `ep` into `to` after `since` (unix s), waiting up to `within`.
-    async fn transition_after(
-        &self,
-        ep: &str,
-        to: &str,
-        since: f64,
-        within: Duration,
-    ) -> (f64, Vec<String>, Option<f64>) {
-        let found = Arc::new(Mutex::new(None));
-        let f = found.clone();
-        wait_until(&format!("{ep} {to}"), within, || {
-            let f = f.clone();
-            async move {
-                let t = self.transitions(ep, to).await.into_iter().find(|t| t.0 >= since);
-                let got = t.is_some();
-                *f.lock().unwrap() = t;
-                got
-            }
-        })
-        .await;
-        let t = found.lock().unwrap().take().unwrap();
-        t
-    }
-
-    async fn finish(self) {
-        vitals_testkit::drop_schema(&self.db, &self.schema).await;
-        self.sim.shutdown().await;
-    }
-}
-
-/// The call reports on the signals topic so far, by event id: each partition read until a record
-/// appended after the call (the processor's ticks keep coming), or 3 s of silence.
-async fn reports(topics: &Topics) -> HashMap<String, CallOutcome> {
-    let c = vitals_testkit::consumer(&unique("litellm_reader"));
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..topics.partitions {
-        tpl.add_partition_offset(&topics.signals, p, rdkafka::Offset::Beginning)
-            .unwrap();
-    }
-    c.assign(&tpl).unwrap();
-    let mut out = HashMap::new();
-    let until_ms = (unix_now() * 1e3) as i64;
-    let mut done = std::collections::HashSet::new();
-    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(3), c.recv()).await {
-        if let Some(Ok(Signal::Call(call))) = m.payload().map(decode_signal) {
-            out.insert(call.event_id.clone(), call);
-        }
-        if m.timestamp().to_millis().is_some_and(|t| t > until_ms) {
-            done.insert(m.partition());
-            if done.len() == topics.partitions as usize {
-                break;
-            }
-        }
-    }
-    out
-}
-
-/// The reports among an ejection's trigger ids that came from `gateway`.
-async fn evidence_from(stack: &Stack, triggers: &[String], gateway: &str) -> Vec<CallOutcome> {
-    let mut reported = reports(&stack.topics).await;
-    triggers
-        .iter()
-        .filter_map(|id| reported.remove(id))
-        .filter(|c| c.gateway == gateway)
-        .collect()
-}
-
-/// Calls as their gateway saw them: (start, unix s; deployment that served or was tried; ok).
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(f64, String, bool)>>>);
-
-impl Seen {
-    fn push(&self, t: f64, dep: String, ok: bool) {
-        self.0.lock().unwrap().push((t, dep, ok));
-    }
-    /// Calls started at or after `since`, by deployment.
-    fn by_deployment(&self, since: f64) -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for (_, d, _) in self.0.lock().unwrap().iter().filter(|(t, _, _)| *t >= since) {
-            *m.entry(d.clone()).or_default() += 1;
-        }
-        m
-    }
-    fn failed(&self, since: f64) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(t, _, ok)| *t >= since && !ok)
-            .count()
-    }
-    fn last(&self, dep: &str, since: f64) -> Option<f64> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(t, d, _)| *t >= since && d == dep)
-            .map(|(t, _, _)| *t)
-            .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))))
-    }
-    /// Wait until `dep` got no attempt in the last `quiet` seconds while at least `min` calls
-    /// were made; then the time of the last attempt it got after `since`.
-    async fn wait_left_out(&self, dep: &str, since: f64, quiet: f64, within: Duration) -> f64 {
-        let s = self.clone();
-        wait_until(&format!("{dep} left out"), within, || {
-            let from = unix_now() - quiet;
-            let counts = s.by_deployment(from);
-            let total: usize = counts.values().sum();
-            let out = total as f64 >= quiet * 10.0 && !counts.contains_key(dep) && from > since;
-            async move { out }
-        })
-        .await;
-        self.last(dep, since).unwrap_or(since)
-    }
-    async fn wait_chosen(&self, dep: &str, since: f64, within: Duration) -> f64 {
-        let s = self.clone();
-        wait_until(&format!("{dep} chosen again"), within, || {
-            let got = s.last(dep, since).is_some();
-            async move { got }
-        })
-        .await;
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(t, d, _)| *t >= since && d == dep)
-            .map(|(t, _, _)| *t)
-            .fold(f64::MAX, f64::min)
-    }
+/// The environment that points vitals-litellm at this stack.
+fn litellm_env(stack: &Stack, gateway: &str) -> Vec<(String, String)> {
+    [
+        ("VITALS_KAFKA_BROKERS", brokers()),
+        ("VITALS_SIGNALS_TOPIC", stack.topics.signals.clone()),
+        ("VITALS_STATE_TOPIC", stack.topics.state.clone()),
+        ("VITALS_CHANGES_TOPIC", stack.topics.changes.clone()),
+        ("VITALS_GATEWAY", gateway.to_owned()),
+        ("VITALS_STALE_AFTER_S", "2".into()),
+        ("VITALS_OPEN_AFTER_S", "5".into()),
+        ("LITELLM_LOCAL_MODEL_COST_MAP", "True".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
 }
 
 /// LiteLLM's Router in a Python process (integrations/litellm/tests/drive_router.py): every
@@ -302,7 +64,7 @@ impl Driver {
         }
         let log = std::env::temp_dir().join(format!("{}.log", unique("litellm-driver")));
         let mut child = cmd
-            .envs(stack.env(gateway))
+            .envs(litellm_env(stack, gateway))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
@@ -349,37 +111,6 @@ impl Driver {
     }
 }
 
-/// Give `ep` a faulty behaviour; wait for its ejection and for LiteLLM to leave it out (no
-/// attempt for 3 s); print both. The ejection's time, trigger ids and first-token p50.
-async fn fault_left_out(
-    stack: &Stack,
-    seen: &Seen,
-    ep: &str,
-    fault: Behaviour,
-    what: &str,
-) -> (f64, Vec<String>, Option<f64>) {
-    stack.set(ep, fault);
-    let at = unix_now();
-    let ejection = stack
-        .transition_after(ep, "unhealthy", at, Duration::from_secs(60))
-        .await;
-    let last = seen.wait_left_out(ep, at, 3.0, Duration::from_secs(30)).await;
-    eprintln!(
-        "{what}: {ep} ejected {:.1} s after the fault (first token p50 {:?} ms); LiteLLM's last attempt on it {:+.2} s from the ejection",
-        ejection.0 - at,
-        ejection.2,
-        last - ejection.0
-    );
-    ejection
-}
-
-/// Heal `ep`; wait until LiteLLM chooses it again, and print after how long.
-async fn healed_chosen(stack: &Stack, seen: &Seen, ep: &str, what: &str) {
-    stack.set(ep, healthy());
-    let heal = unix_now();
-    let back = seen.wait_chosen(ep, heal, Duration::from_secs(60)).await;
-    eprintln!("{what}: {ep} chosen again {:.1} s after the heal", back - heal);
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails_open_without_vitals() {
@@ -502,7 +233,7 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_d
             "--port",
             &port.to_string(),
         ])
-        .envs(stack.env(&gateway))
+        .envs(litellm_env(&stack, &gateway))
         .stdin(Stdio::null())
         .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))

@@ -1,0 +1,336 @@
+//! Where lines come from. Each input runs on its own thread until `stop` is set, reading with a
+//! short timeout so that it notices. Syslog inputs take one message per datagram; a followed file
+//! is read line by line from its end (or its start), and reopened when it is rotated (its inode
+//! changes) or truncated (it shrinks).
+
+use crate::bridge::{Bridge, InputCounters};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::UdpSocket;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const TICK: Duration = Duration::from_millis(200);
+
+/// An input as given on the command line.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Udp(String),
+    Unix(PathBuf),
+    File(PathBuf),
+}
+
+impl Input {
+    pub fn name(&self) -> String {
+        match self {
+            Input::Udp(a) => format!("udp:{a}"),
+            Input::Unix(p) => format!("unix:{}", p.display()),
+            Input::File(p) => format!("file:{}", p.display()),
+        }
+    }
+}
+
+/// A started input: its counters and its thread.
+pub struct Running {
+    pub name: String,
+    pub counters: Arc<InputCounters>,
+    /// The UDP socket's inode, for its kernel drop count.
+    udp_inode: Option<u64>,
+    pub thread: JoinHandle<()>,
+}
+
+/// Options of the socket inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketOptions {
+    /// Mode of a Unix socket file the bridge creates (e.g. 0o660).
+    pub unix_mode: u32,
+    /// Read a followed file from its start (default: its end, as `tail -F`).
+    pub from_start: bool,
+}
+
+/// Bind or open `input` (errors now, before the service says it is ready) and start reading it.
+pub fn start(input: &Input, bridge: Arc<Bridge>, stop: Arc<AtomicBool>, opts: SocketOptions) -> anyhow::Result<Running> {
+    let name = input.name();
+    let counters = Arc::new(InputCounters::default());
+    let (c, n) = (counters.clone(), name.clone());
+    let thread_name = format!("logbridge-{}", name.split(':').next().unwrap_or("input"));
+    let spawn = |f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(thread_name.clone()).spawn(f);
+    let (thread, udp_inode) = match input {
+        Input::Udp(addr) => {
+            let s = UdpSocket::bind(addr).map_err(|e| anyhow::anyhow!("binding UDP {addr}: {e}"))?;
+            s.set_read_timeout(Some(TICK))?;
+            let inode = socket_inode(&s);
+            let t = spawn(Box::new(move || {
+                datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)
+            }))?;
+            (t, inode)
+        }
+        Input::Unix(path) => {
+            if path.exists() {
+                // A socket left by an earlier run; anything else is not ours to remove.
+                let meta = std::fs::symlink_metadata(path)?;
+                if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                    anyhow::bail!("{} exists and is not a socket", path.display());
+                }
+                std::fs::remove_file(path)?;
+            }
+            let s = UnixDatagram::bind(path).map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(opts.unix_mode))?;
+            s.set_read_timeout(Some(TICK))?;
+            let t = spawn(Box::new(move || {
+                datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)
+            }))?;
+            (t, None)
+        }
+        Input::File(path) => {
+            let path = path.clone();
+            let t = spawn(Box::new(move || follow(&path, opts.from_start, &bridge, &c, &n, &stop)))?;
+            (t, None)
+        }
+    };
+    Ok(Running {
+        name,
+        counters,
+        udp_inode,
+        thread,
+    })
+}
+
+fn datagrams(
+    mut recv: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
+    bridge: &Bridge,
+    c: &InputCounters,
+    name: &str,
+    stop: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 65_536];
+    while !stop.load(Ordering::Relaxed) {
+        match recv(&mut buf) {
+            Ok(n) => {
+                c.lines.fetch_add(1, Ordering::Relaxed);
+                bridge.line(&buf[..n], name);
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => {
+                tracing::warn!(input = name, error = %e, "receive failed");
+                std::thread::sleep(TICK);
+            }
+        }
+    }
+}
+
+/// The file's identity: a new inode at the same path means it was rotated.
+fn identity(m: &std::fs::Metadata) -> (u64, u64) {
+    (m.dev(), m.ino())
+}
+
+/// Follow `path` like `tail -F`: lines as they are appended; across rotation (the rest of the
+/// old file is read first, then the new one from its start) and truncation (read again from the
+/// start). A line longer than the bridge's limit is counted and skipped to its end.
+pub fn follow(path: &Path, from_start: bool, bridge: &Bridge, c: &InputCounters, name: &str, stop: &AtomicBool) {
+    let mut file: Option<(File, (u64, u64), u64)> = None;
+    let mut first = true;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut skipping = false;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut missing_logged = false;
+    while !stop.load(Ordering::Relaxed) {
+        let Some((f, id, pos)) = file.as_mut() else {
+            match File::open(path).and_then(|f| Ok((f.metadata()?, f))) {
+                Ok((m, mut f)) => {
+                    let at = if first && !from_start { m.len() } else { 0 };
+                    if f.seek(SeekFrom::Start(at)).is_ok() {
+                        tracing::info!(input = name, from = at, "following");
+                        c.opened.fetch_add(1, Ordering::Relaxed);
+                        file = Some((f, identity(&m), at));
+                        first = false;
+                        missing_logged = false;
+                    }
+                }
+                Err(e) => {
+                    if !missing_logged {
+                        tracing::warn!(input = name, error = %e, "cannot open; waiting for it");
+                        missing_logged = true;
+                    }
+                    first = false;
+                    std::thread::sleep(TICK);
+                }
+            }
+            continue;
+        };
+        match f.read(&mut buf) {
+            Ok(0) => {
+                // At the end: rotated or truncated?
+                match std::fs::metadata(path) {
+                    Ok(m) if identity(&m) != *id => {
+                        // Rotated: what is left of the old file was read; a last line without
+                        // its newline will never be finished.
+                        if !pending.is_empty() && !skipping {
+                            c.lines.fetch_add(1, Ordering::Relaxed);
+                            bridge.line(&pending, name);
+                        }
+                        pending.clear();
+                        skipping = false;
+                        file = None;
+                        continue;
+                    }
+                    Ok(m) if m.len() < *pos => {
+                        tracing::info!(input = name, "truncated; reading from the start");
+                        let _ = f.seek(SeekFrom::Start(0));
+                        *pos = 0;
+                        pending.clear();
+                        skipping = false;
+                        continue;
+                    }
+                    _ => {}
+                }
+                std::thread::sleep(TICK);
+            }
+            Ok(n) => {
+                *pos += n as u64;
+                c.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                let mut chunk = &buf[..n];
+                while let Some(i) = chunk.iter().position(|b| *b == b'\n') {
+                    if skipping {
+                        skipping = false;
+                    } else if pending.is_empty() {
+                        c.lines.fetch_add(1, Ordering::Relaxed);
+                        bridge.line(&chunk[..i], name);
+                    } else {
+                        pending.extend_from_slice(&chunk[..i]);
+                        c.lines.fetch_add(1, Ordering::Relaxed);
+                        bridge.line(&pending, name);
+                        pending.clear();
+                    }
+                    chunk = &chunk[i + 1..];
+                }
+                if !skipping {
+                    pending.extend_from_slice(chunk);
+                    if pending.len() > bridge.max_line {
+                        c.lines.fetch_add(1, Ordering::Relaxed);
+                        bridge.bad_line("oversized", &pending, name);
+                        pending.clear();
+                        skipping = true;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(input = name, error = %e, "read failed; reopening");
+                file = None;
+                std::thread::sleep(TICK);
+            }
+        }
+    }
+}
+
+/// The inode of a socket (`/proc/self/fd/N` → `socket:[inode]`).
+fn socket_inode(s: &UdpSocket) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).ok()?;
+    let l = link.to_str()?;
+    l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The kernel's drop count of the UDP socket with `inode` (the last column of /proc/net/udp and
+/// udp6), or None where it cannot be read.
+pub fn udp_drops(inode: u64) -> Option<u64> {
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(9).and_then(|i| i.parse::<u64>().ok()) == Some(inode) {
+                return f.last().and_then(|d| d.parse().ok());
+            }
+        }
+    }
+    None
+}
+
+impl Running {
+    /// Read the kernel's drop count into the counters (UDP inputs).
+    pub fn refresh_drops(&self) {
+        if let Some(d) = self.udp_inode.and_then(udp_drops) {
+            self.counters.kernel_drops.store(d, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::Sink;
+    use std::io::Write;
+    use std::sync::Mutex;
+    use vitals_contracts::CallOutcome;
+    use vitals_gateways::map::Map;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<CallOutcome>>);
+    impl Sink for Collect {
+        fn report(&self, o: CallOutcome) {
+            self.0.lock().unwrap().push(o);
+        }
+    }
+
+    fn line(server: &str, ms: u32) -> String {
+        format!("vitals1 1796113286.{ms:03} - be {server} 200 0 0 0 1 1 ---- 0 {{}}\n")
+    }
+
+    fn wait(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if f() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    #[test]
+    fn a_followed_file_is_read_across_partial_lines_rotation_and_truncation() {
+        let dir = std::env::temp_dir().join(format!("logbridge-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("access.log");
+        std::fs::write(&path, line("old", 1)).unwrap();
+        let sink = Arc::new(Collect::default());
+        let bridge = Arc::new(Bridge::new(Map::default(), "g".into(), 300, 5, sink.clone()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let opts = SocketOptions {
+            unix_mode: 0o600,
+            from_start: false,
+        };
+        let run = start(&Input::File(path.clone()), bridge.clone(), stop.clone(), opts).unwrap();
+        let servers = || sink.0.lock().unwrap().iter().map(|o| o.endpoint.clone()).collect::<Vec<_>>();
+        // Started at the end: the old line is not read. A line written in two parts is one line.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let l = line("a", 2);
+        wait("following", || run.counters.opened.load(Ordering::Relaxed) == 1);
+        f.write_all(&l.as_bytes()[..10]).unwrap();
+        wait("the first part read", || run.counters.bytes.load(Ordering::Relaxed) == 10);
+        f.write_all(&l.as_bytes()[10..]).unwrap();
+        // An oversized line is counted and skipped to its end; the next line is read.
+        f.write_all(&vec![b'x'; 1000]).unwrap();
+        f.write_all(b"\n").unwrap();
+        f.write_all(line("b", 3).as_bytes()).unwrap();
+        wait("a and b", || servers() == ["a", "b"]);
+        assert_eq!(bridge.bad_count("oversized"), 1);
+        // Rotation: the rest of the old file, then the new one from its start.
+        f.write_all(line("c", 4).as_bytes()).unwrap();
+        std::fs::rename(&path, dir.join("access.log.1")).unwrap();
+        std::fs::write(&path, line("d", 5) + &line("d2", 7)).unwrap();
+        wait("c and d", || servers() == ["a", "b", "c", "d", "d2"]);
+        // Truncation: read again from the start.
+        std::fs::write(&path, line("e", 6)).unwrap();
+        wait("e", || servers().last().map(String::as_str) == Some("e"));
+        stop.store(true, Ordering::Relaxed);
+        run.thread.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
