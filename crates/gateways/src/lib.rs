@@ -50,6 +50,9 @@ pub enum Skip {
     ClientAborted,
     /// The gateway answered itself (denied, redirect, stats, its own limits or queue).
     GatewayAnswered,
+    /// A message of the gateway's own in the same log (a server going down, a reload), not an
+    /// access-log line: syslog-framed with a tag, but not in vitals' formats.
+    OtherMessage,
 }
 
 impl Skip {
@@ -58,6 +61,7 @@ impl Skip {
             Skip::NoServer => "no_server",
             Skip::ClientAborted => "client_aborted",
             Skip::GatewayAnswered => "gateway_answered",
+            Skip::OtherMessage => "other_message",
         }
     }
 }

@@ -26,7 +26,10 @@ use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::shell;
 
 #[derive(Parser)]
-#[command(name = "vitals-haproxy", about = "Applies vitals' decisions to HAProxy through its Runtime API")]
+#[command(
+    name = "vitals-haproxy",
+    about = "Applies vitals' decisions to HAProxy through its Runtime API"
+)]
 struct Config {
     /// HAProxy's Runtime API: a Unix socket path, or host:port (`stats socket ... level admin`).
     #[arg(long, env = "VITALS_HAPROXY_RUNTIME_API")]
@@ -171,7 +174,9 @@ impl Steer {
         self.stats.freshness.store(freshness as i64, Ordering::Relaxed);
         if freshness != self.last_freshness {
             match freshness {
-                Freshness::Open => tracing::warn!("vitals silent: failing open, every steered server ready at full weight"),
+                Freshness::Open => {
+                    tracing::warn!("vitals silent: failing open, every steered server ready at full weight")
+                }
                 Freshness::Stale => tracing::warn!("vitals silent: keeping the last known decisions"),
                 Freshness::Fresh => tracing::info!("vitals heard again: following its decisions"),
             }
@@ -188,17 +193,26 @@ impl Steer {
             }
         };
         if !self.stats.connected.swap(true, Ordering::Relaxed) {
-            tracing::info!(servers = servers.len(), "HAProxy's Runtime API answered: reconciling every server");
+            tracing::info!(
+                servers = servers.len(),
+                "HAProxy's Runtime API answered: reconciling every server"
+            );
         }
         self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
         let (view, map) = (&self.view, &self.map);
         let before = self.ours.clone();
-        let cmds = plan(&servers, |s| want(view, map, s, now).map(|w| w.0), &mut self.ours, self.out_state);
+        // Counted against the forced states vitals held when the state was read.
         let held = servers
             .iter()
             .filter(|s| s.forced_out() && !self.ours.contains(&s.key()) && map.resolve(&s.backend, &s.name).is_some())
             .count();
         self.stats.operator_held.store(held as i64, Ordering::Relaxed);
+        let cmds = plan(
+            &servers,
+            |s| want(view, map, s, now).map(|w| w.0),
+            &mut self.ours,
+            self.out_state,
+        );
         for c in cmds {
             let why = servers
                 .iter()
@@ -270,15 +284,17 @@ async fn main() -> anyhow::Result<()> {
         let interval = Duration::from_millis(cfg.interval_ms);
         let worker = {
             let stop = stop.clone();
-            std::thread::Builder::new().name("vitals-haproxy".into()).spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    steer.reconcile();
-                    // Woken early by a change; several changes at once are one reconcile.
-                    if rx.recv_timeout(interval).is_ok() {
-                        while rx.try_recv().is_ok() {}
+            std::thread::Builder::new()
+                .name("vitals-haproxy".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        steer.reconcile();
+                        // Woken early by a change; several changes at once are one reconcile.
+                        if rx.recv_timeout(interval).is_ok() {
+                            while rx.try_recv().is_ok() {}
+                        }
                     }
-                }
-            })?
+                })?
         };
         let app = {
             let (m, r) = (stats.clone(), stats.clone());
@@ -291,7 +307,10 @@ async fn main() -> anyhow::Result<()> {
                         std::future::ready(if ok {
                             (StatusCode::OK, "ready")
                         } else {
-                            (StatusCode::SERVICE_UNAVAILABLE, "HAProxy's Runtime API is not answering")
+                            (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "HAProxy's Runtime API is not answering",
+                            )
                         })
                     }),
                 )

@@ -11,7 +11,12 @@ use vitals_contracts::{validate_name, CallOutcome};
 use vitals_gateways::map::Map;
 use vitals_gateways::{haproxy, nginx, syslog, Bad, Skip};
 
-const SKIPS: [Skip; 3] = [Skip::NoServer, Skip::ClientAborted, Skip::GatewayAnswered];
+const SKIPS: [Skip; 4] = [
+    Skip::NoServer,
+    Skip::ClientAborted,
+    Skip::GatewayAnswered,
+    Skip::OtherMessage,
+];
 const BADS: [&str; 7] = [
     "unknown_format",
     "truncated",
@@ -54,7 +59,7 @@ pub struct Bridge {
     pub max_line: usize,
     sink: Arc<dyn Sink>,
     pub reports: AtomicU64,
-    skipped: [AtomicU64; 3],
+    skipped: [AtomicU64; 4],
     bad: [AtomicU64; 7],
     pub unattributed: AtomicU64,
     sample: Mutex<(Instant, u32)>,
@@ -129,10 +134,13 @@ impl Bridge {
         };
         let line = match line {
             Ok(l) => l,
+            // HAProxy logs its own events (a server going down) where it logs requests.
+            Err(Bad::UnknownFormat) if msg.app.is_some() => return Read::Skipped(Skip::OtherMessage),
             Err(e) => return Read::Bad(e.as_str()),
         };
         if line.unattributed > 0 {
-            self.unattributed.fetch_add(u64::from(line.unattributed), Ordering::Relaxed);
+            self.unattributed
+                .fetch_add(u64::from(line.unattributed), Ordering::Relaxed);
         }
         if let Some(s) = line.skipped {
             return Read::Skipped(s);
@@ -165,11 +173,21 @@ impl Bridge {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         out.push_str("# HELP vitals_logbridge_lines_total Log lines (datagrams) read, by input.\n# TYPE vitals_logbridge_lines_total counter\n");
         for (name, c) in inputs {
-            let _ = writeln!(out, "vitals_logbridge_lines_total{{input=\"{}\"}} {}", label(name), g(&c.lines));
+            let _ = writeln!(
+                out,
+                "vitals_logbridge_lines_total{{input=\"{}\"}} {}",
+                label(name),
+                g(&c.lines)
+            );
         }
         out.push_str("# HELP vitals_logbridge_kernel_drops Datagrams the kernel dropped on an input's socket (the bridge was behind), by input.\n# TYPE vitals_logbridge_kernel_drops gauge\n");
         for (name, c) in inputs {
-            let _ = writeln!(out, "vitals_logbridge_kernel_drops{{input=\"{}\"}} {}", label(name), g(&c.kernel_drops));
+            let _ = writeln!(
+                out,
+                "vitals_logbridge_kernel_drops{{input=\"{}\"}} {}",
+                label(name),
+                g(&c.kernel_drops)
+            );
         }
         let _ = write!(
             out,
@@ -178,7 +196,12 @@ impl Bridge {
         );
         out.push_str("# HELP vitals_logbridge_skipped_total Lines with no server to blame, by reason.\n# TYPE vitals_logbridge_skipped_total counter\n");
         for (s, c) in SKIPS.iter().zip(&self.skipped) {
-            let _ = writeln!(out, "vitals_logbridge_skipped_total{{reason=\"{}\"}} {}", s.as_str(), g(c));
+            let _ = writeln!(
+                out,
+                "vitals_logbridge_skipped_total{{reason=\"{}\"}} {}",
+                s.as_str(),
+                g(c)
+            );
         }
         out.push_str("# HELP vitals_logbridge_bad_lines_total Lines that could not be read, by reason.\n# TYPE vitals_logbridge_bad_lines_total counter\n");
         for (b, c) in BADS.iter().zip(&self.bad) {
@@ -219,7 +242,10 @@ mod tests {
 
     fn bridge(map: &str) -> (Bridge, Arc<Collect>) {
         let c = Arc::new(Collect::default());
-        (Bridge::new(Map::parse(map).unwrap(), "bridge".into(), 4096, 2, c.clone()), c)
+        (
+            Bridge::new(Map::parse(map).unwrap(), "bridge".into(), 4096, 2, c.clone()),
+            c,
+        )
     }
 
     #[test]
@@ -229,8 +255,13 @@ mod tests {
         assert_eq!(b.line(ha, "udp"), Read::Reported(1));
         let ng = br#"<190>Dec  1 08:21:26 web-3 nginx: {"v":1,"time":"1796113290.250","id":"x","upstream":"api","addr":"127.0.0.1:1","status":"200","connect":"0.001","header":"0.002","response":"0.003","request_time":"0.004","client_status":"200"}"#;
         assert_eq!(b.line(ng, "udp"), Read::Reported(1));
+        let own = b"<129>Dec  1 08:45:20 haproxy[25836]: Server be_chat/e1 is going DOWN for maintenance.";
+        assert_eq!(b.line(own, "udp"), Read::Skipped(Skip::OtherMessage));
         let got = c.0.lock().unwrap();
-        assert_eq!((got[0].pool.as_str(), got[0].endpoint.as_str(), got[0].gateway.as_str()), ("chat", "s2", "bridge"));
+        assert_eq!(
+            (got[0].pool.as_str(), got[0].endpoint.as_str(), got[0].gateway.as_str()),
+            ("chat", "s2", "bridge")
+        );
         assert_eq!(got[0].outcome, OutcomeClass::ConnectError);
         assert_eq!((got[1].pool.as_str(), got[1].gateway.as_str()), ("api", "web-3"));
     }
@@ -247,7 +278,10 @@ mod tests {
             (&long[..], "oversized"),
             (&b"<999>x"[..], "framing"),
             (&b"{\"v\":1,"[..], "truncated"),
-            (&b"vitals1 1796113286.182 - be s\x01 200 0 0 0 1 1 ---- 0 {}"[..], "invalid_name"),
+            (
+                &b"vitals1 1796113286.182 - be s\x01 200 0 0 0 1 1 ---- 0 {}"[..],
+                "invalid_name",
+            ),
         ] {
             assert_eq!(b.line(raw, "t"), Read::Bad(why), "{}", String::from_utf8_lossy(raw));
             assert_eq!(b.line(good, "t"), Read::Reported(1));
@@ -255,7 +289,10 @@ mod tests {
         assert_eq!(c.0.lock().unwrap().len(), 7);
         assert_eq!(b.bad_count("truncated"), 2);
         let text = b.prometheus(&[("udp:x".into(), Arc::new(InputCounters::default()))]);
-        assert!(text.contains("vitals_logbridge_bad_lines_total{reason=\"oversized\"} 1"), "{text}");
+        assert!(
+            text.contains("vitals_logbridge_bad_lines_total{reason=\"oversized\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("vitals_logbridge_reports_total 7"), "{text}");
     }
 }

@@ -54,7 +54,12 @@ pub struct SocketOptions {
 }
 
 /// Bind or open `input` (errors now, before the service says it is ready) and start reading it.
-pub fn start(input: &Input, bridge: Arc<Bridge>, stop: Arc<AtomicBool>, opts: SocketOptions) -> anyhow::Result<Running> {
+pub fn start(
+    input: &Input,
+    bridge: Arc<Bridge>,
+    stop: Arc<AtomicBool>,
+    opts: SocketOptions,
+) -> anyhow::Result<Running> {
     let name = input.name();
     let counters = Arc::new(InputCounters::default());
     let (c, n) = (counters.clone(), name.clone());
@@ -65,9 +70,7 @@ pub fn start(input: &Input, bridge: Arc<Bridge>, stop: Arc<AtomicBool>, opts: So
             let s = UdpSocket::bind(addr).map_err(|e| anyhow::anyhow!("binding UDP {addr}: {e}"))?;
             s.set_read_timeout(Some(TICK))?;
             let inode = socket_inode(&s);
-            let t = spawn(Box::new(move || {
-                datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)
-            }))?;
+            let t = spawn(Box::new(move || datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)))?;
             (t, inode)
         }
         Input::Unix(path) => {
@@ -82,9 +85,7 @@ pub fn start(input: &Input, bridge: Arc<Bridge>, stop: Arc<AtomicBool>, opts: So
             let s = UnixDatagram::bind(path).map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(opts.unix_mode))?;
             s.set_read_timeout(Some(TICK))?;
-            let t = spawn(Box::new(move || {
-                datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)
-            }))?;
+            let t = spawn(Box::new(move || datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)))?;
             (t, None)
         }
         Input::File(path) => {
@@ -307,13 +308,22 @@ mod tests {
             from_start: false,
         };
         let run = start(&Input::File(path.clone()), bridge.clone(), stop.clone(), opts).unwrap();
-        let servers = || sink.0.lock().unwrap().iter().map(|o| o.endpoint.clone()).collect::<Vec<_>>();
+        let servers = || {
+            sink.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|o| o.endpoint.clone())
+                .collect::<Vec<_>>()
+        };
         // Started at the end: the old line is not read. A line written in two parts is one line.
         let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
         let l = line("a", 2);
         wait("following", || run.counters.opened.load(Ordering::Relaxed) == 1);
         f.write_all(&l.as_bytes()[..10]).unwrap();
-        wait("the first part read", || run.counters.bytes.load(Ordering::Relaxed) == 10);
+        wait("the first part read", || {
+            run.counters.bytes.load(Ordering::Relaxed) == 10
+        });
         f.write_all(&l.as_bytes()[10..]).unwrap();
         // An oversized line is counted and skipped to its end; the next line is read.
         f.write_all(&vec![b'x'; 1000]).unwrap();

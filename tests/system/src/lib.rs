@@ -280,3 +280,73 @@ pub async fn healed_chosen(stack: &Stack, seen: &Seen, ep: &str, what: &str) {
     let back = seen.wait_chosen(ep, heal, Duration::from_secs(60)).await;
     eprintln!("{what}: {ep} chosen again {:.1} s after the heal", back - heal);
 }
+
+/// Calls through a gateway at `url` (`POST /v1/chat/completions`, one every `every`), each
+/// recorded in a [`Seen`] under the server the gateway names in its `header` (or `-`). Stops
+/// when the returned guard is dropped.
+pub fn drive(url: String, header: &'static str, every: Duration) -> (Seen, Driving) {
+    let seen = Seen::default();
+    let s = seen.clone();
+    let task = tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let (client, s, url) = (client.clone(), s.clone(), url.clone());
+            tokio::spawn(async move {
+                let t = unix_now();
+                let body = serde_json::json!({"model": "m", "max_tokens": 2, "messages": []});
+                let (server, ok) = match client.post(&url).json(&body).send().await {
+                    Ok(r) => {
+                        let server = r
+                            .headers()
+                            .get(header)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-")
+                            .to_owned();
+                        let ok = r.status().is_success();
+                        let _ = r.bytes().await;
+                        (server, ok)
+                    }
+                    Err(_) => ("-".to_owned(), false),
+                };
+                s.push(t, server, ok);
+            });
+        }
+    });
+    (seen, Driving(task))
+}
+
+/// Stops a [`drive`] when dropped.
+pub struct Driving(tokio::task::JoinHandle<()>);
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Start `vitals-logbridge` on `inputs` (flags such as `--udp ADDR`), reporting to `topics` with
+/// `map`; waits until it serves its metrics. Returns it and its HTTP port.
+pub async fn start_logbridge(label: &str, topics: &Topics, map: &str, inputs: &[&str]) -> (Service, u16) {
+    let map_file = std::env::temp_dir().join(format!("{}.toml", unique(label)));
+    std::fs::write(&map_file, map).unwrap();
+    let port = free_port();
+    let mut args = flags(&[
+        ("--brokers", &brokers()),
+        ("--signals-topic", &topics.signals),
+        ("--map", map_file.to_str().unwrap()),
+        ("--http-addr", &format!("127.0.0.1:{port}")),
+    ]);
+    args.extend(inputs.iter().map(|s| s.to_string()));
+    let bridge = Service::start("vitals-logbridge", label, &args);
+    wait_until("the log bridge up", Duration::from_secs(30), || async move {
+        http_get(port, "/readyz").await.as_deref() == Some("ready")
+    })
+    .await;
+    (bridge, port)
+}

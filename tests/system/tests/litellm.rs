@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use vitals_contracts::{CallOutcome, OutcomeClass};
-use vitals_testkit::{brokers, free_port, unique, wait_until};
 use vitals_system_tests::*;
+use vitals_testkit::{brokers, free_port, unique, wait_until};
 use vitals_upstream_sim::Behaviour;
 
 /// The virtual environment's Python, with LiteLLM and vitals-litellm installed.
@@ -110,7 +110,6 @@ impl Driver {
         s
     }
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails_open_without_vitals() {
