@@ -51,6 +51,32 @@ pub struct SocketOptions {
     pub unix_mode: u32,
     /// Read a followed file from its start (default: its end, as `tail -F`).
     pub from_start: bool,
+    /// The receive buffer asked of the kernel for each socket (capped by net.core.rmem_max): it
+    /// absorbs bursts while the bridge is not scheduled; beyond it, datagrams are dropped.
+    pub recv_buffer: usize,
+}
+
+/// A datagram socket bound to `addr`, with the receive buffer asked for; logs what the kernel
+/// granted.
+fn datagram_socket(
+    domain: socket2::Domain,
+    addr: &socket2::SockAddr,
+    opts: &SocketOptions,
+    name: &str,
+) -> anyhow::Result<socket2::Socket> {
+    let protocol = (domain != socket2::Domain::UNIX).then_some(socket2::Protocol::UDP);
+    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, protocol)?;
+    if opts.recv_buffer > 0 {
+        s.set_recv_buffer_size(opts.recv_buffer)?;
+    }
+    s.bind(addr).map_err(|e| anyhow::anyhow!("binding {name}: {e}"))?;
+    s.set_read_timeout(Some(TICK))?;
+    tracing::info!(
+        input = name,
+        recv_buffer = s.recv_buffer_size().unwrap_or(0),
+        "socket bound"
+    );
+    Ok(s)
 }
 
 /// Bind or open `input` (errors now, before the service says it is ready) and start reading it.
@@ -67,8 +93,11 @@ pub fn start(
     let spawn = |f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(thread_name.clone()).spawn(f);
     let (thread, udp_inode) = match input {
         Input::Udp(addr) => {
-            let s = UdpSocket::bind(addr).map_err(|e| anyhow::anyhow!("binding UDP {addr}: {e}"))?;
-            s.set_read_timeout(Some(TICK))?;
+            let sa: std::net::SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
+                .map_err(|e| anyhow::anyhow!("UDP address {addr}: {e}"))?
+                .next()
+                .ok_or_else(|| anyhow::anyhow!("UDP address {addr} does not resolve"))?;
+            let s: UdpSocket = datagram_socket(socket2::Domain::for_address(sa), &sa.into(), &opts, &name)?.into();
             let inode = socket_inode(&s);
             let t = spawn(Box::new(move || datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)))?;
             (t, inode)
@@ -82,9 +111,9 @@ pub fn start(
                 }
                 std::fs::remove_file(path)?;
             }
-            let s = UnixDatagram::bind(path).map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
+            let addr = socket2::SockAddr::unix(path)?;
+            let s: UnixDatagram = datagram_socket(socket2::Domain::UNIX, &addr, &opts, &name)?.into();
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(opts.unix_mode))?;
-            s.set_read_timeout(Some(TICK))?;
             let t = spawn(Box::new(move || datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)))?;
             (t, None)
         }
@@ -306,6 +335,7 @@ mod tests {
         let opts = SocketOptions {
             unix_mode: 0o600,
             from_start: false,
+            recv_buffer: 0,
         };
         let run = start(&Input::File(path.clone()), bridge.clone(), stop.clone(), opts).unwrap();
         let servers = || {

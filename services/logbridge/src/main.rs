@@ -33,6 +33,10 @@ struct Config {
     /// Mode of the Unix sockets the bridge creates (octal), so that the gateway's user can write.
     #[arg(long, env = "VITALS_LOGBRIDGE_UNIX_MODE", default_value = "660", value_parser = octal)]
     unix_mode: u32,
+    /// Receive buffer asked of the kernel per socket, in bytes (capped by net.core.rmem_max):
+    /// it absorbs bursts; beyond it the kernel drops datagrams (counted).
+    #[arg(long, env = "VITALS_LOGBRIDGE_RECV_BUFFER_BYTES", default_value_t = 4 << 20)]
+    recv_buffer_bytes: usize,
     /// The backend → pool, server → endpoint table (TOML; see deploy/haproxy/map.toml).
     #[arg(long, env = "VITALS_LOGBRIDGE_MAP")]
     map: Option<PathBuf>,
@@ -113,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         let opts = SocketOptions {
             unix_mode: cfg.unix_mode,
             from_start: cfg.from_start,
+            recv_buffer: cfg.recv_buffer_bytes,
         };
         let mut running = Vec::new();
         for i in &inputs {
