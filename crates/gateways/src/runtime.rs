@@ -215,13 +215,14 @@ pub enum Client {
 }
 
 impl Client {
-    /// `unix:/path`, `/path`, or `tcp:host:port` / `host:port`.
+    /// `unix:PATH`, a path (anything with a `/`, or without a `:`), or `tcp:host:port` /
+    /// `host:port`.
     pub fn parse(s: &str) -> Client {
-        if let Some(p) = s.strip_prefix("unix:") {
+        if let Some(p) = s.strip_prefix("unix:").or_else(|| s.strip_prefix("unix@")) {
             Client::Unix(p.into())
-        } else if let Some(a) = s.strip_prefix("tcp:") {
+        } else if let Some(a) = s.strip_prefix("tcp:").or_else(|| s.strip_prefix("ipv4@")) {
             Client::Tcp(a.to_owned())
-        } else if s.starts_with('/') || s.starts_with('.') {
+        } else if s.contains('/') || !s.contains(':') {
             Client::Unix(s.into())
         } else {
             Client::Tcp(s.to_owned())
@@ -368,5 +369,8 @@ mod tests {
         assert!(matches!(Client::parse("/run/haproxy.sock"), Client::Unix(_)));
         assert!(matches!(Client::parse("unix:rel.sock"), Client::Unix(_)));
         assert!(matches!(Client::parse("127.0.0.1:9999"), Client::Tcp(_)));
+        assert!(matches!(Client::parse("target/demo/admin.sock"), Client::Unix(_)));
+        assert!(matches!(Client::parse("admin.sock"), Client::Unix(_)));
+        assert!(matches!(Client::parse("ipv4@127.0.0.1:9999"), Client::Tcp(_)));
     }
 }
