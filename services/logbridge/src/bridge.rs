@@ -227,18 +227,22 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// A sink that keeps what it is given (tests).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Collect(pub Mutex<Vec<CallOutcome>>);
+
+#[cfg(test)]
+impl Sink for Collect {
+    fn report(&self, o: CallOutcome) {
+        self.0.lock().unwrap().push(o);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use vitals_contracts::OutcomeClass;
-
-    #[derive(Default)]
-    struct Collect(Mutex<Vec<CallOutcome>>);
-    impl Sink for Collect {
-        fn report(&self, o: CallOutcome) {
-            self.0.lock().unwrap().push(o);
-        }
-    }
 
     fn bridge(map: &str) -> (Bridge, Arc<Collect>) {
         let c = Arc::new(Collect::default());

@@ -295,19 +295,9 @@ impl Running {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::Sink;
+    use crate::bridge::Collect;
     use std::io::Write;
-    use std::sync::Mutex;
-    use vitals_contracts::CallOutcome;
     use vitals_gateways::map::Map;
-
-    #[derive(Default)]
-    struct Collect(Mutex<Vec<CallOutcome>>);
-    impl Sink for Collect {
-        fn report(&self, o: CallOutcome) {
-            self.0.lock().unwrap().push(o);
-        }
-    }
 
     fn line(server: &str, ms: u32) -> String {
         format!("vitals1 1796113286.{ms:03} - be {server} 200 0 0 0 1 1 ---- 0 {{}}\n")
