@@ -39,7 +39,11 @@ fn status_kb(pid: u32, field: &str) -> u64 {
 
 fn haproxy_line(i: usize, servers: usize, now: u64) -> Vec<u8> {
     let s = i % servers;
-    let (status, term) = if i.is_multiple_of(50) { (503, "SC--") } else { (200, "----") };
+    let (status, term) = if i.is_multiple_of(50) {
+        (503, "SC--")
+    } else {
+        (200, "----")
+    };
     format!(
         "<134>Dec  1 08:21:26 haproxy[4242]: vitals1 {now}.{:03} - be_{} srv_{s} {status} 0 0 1 {} {} {term} 0 {{}}",
         i % 1000,
