@@ -7,8 +7,10 @@ pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod progress;
+pub mod receiver;
 pub mod relay;
 pub mod ticker;
+pub mod writer;
 
 use anyhow::Context;
 use config::Config;

@@ -1,0 +1,288 @@
+//! The receiver thread: it polls the Kafka consumer, runs the rebalance callback (which claims
+//! each assigned partition in Postgres and restores its engine before the consumer reads from
+//! it), and hands records over to the record loop in chunks, rebalances in the same channel, so
+//! that the loop sees them in the order the consumer did. Polling librdkafka and the record
+//! step took about the same time per record; one thread doing both was the processor's limit
+//! on two cores.
+
+use crate::progress::Progress;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Message};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use vitals_contracts::Policy;
+use vitals_store::audit::{AuditLog, Restored};
+
+/// What the rebalance callback hands to the loop.
+pub(crate) enum Rebalanced {
+    Assigned(Vec<(i32, Restored)>),
+    Revoked(Vec<i32>),
+}
+
+/// The consumer's context: its rebalance callback claims and restores partitions.
+pub struct ProcessorContext {
+    db: AuditLog,
+    topic: String,
+    policy: Policy,
+    handle: tokio::runtime::Handle,
+    cancel: CancellationToken,
+    events: Mutex<Vec<Rebalanced>>,
+    /// `events` has something: the receiver looks at it only then (not a lock per poll).
+    pending: AtomicBool,
+    /// True while the consumer holds an assignment whose partitions are all restored (an
+    /// empty assignment counts: that processor is ready, with nothing to do).
+    ready: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+}
+
+// Lag comes from the write path (`progress`), not from librdkafka's statistics.
+impl ClientContext for ProcessorContext {}
+
+impl ConsumerContext for ProcessorContext {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let partitions: Vec<i32> = tpl
+            .elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                // Restore before consuming: claim each partition in Postgres and load its snapshot,
+                // then assign at the snapshot's offset. This runs inside the consumer's poll, on
+                // the receiver thread (not a runtime worker), which waits on the runtime for the
+                // database calls.
+                let restored = self.handle.block_on(self.claim_all(&partitions));
+                let Some(restored) = restored else {
+                    tracing::warn!("shutting down during assignment; not assigning");
+                    return;
+                };
+                for (p, r) in &restored {
+                    self.progress.assigned(*p, r.committed_offset);
+                    let offset = r.start_offset.map_or(Offset::Beginning, Offset::Offset);
+                    if let Err(e) = tpl.set_partition_offset(&self.topic, *p, offset) {
+                        tracing::error!(partition = p, error = %e, "cannot set start offset");
+                    }
+                }
+                if let Err(e) = consumer.assign(tpl) {
+                    tracing::error!(error = %e, "assign failed");
+                }
+                self.rebalanced(Rebalanced::Assigned(restored));
+                self.ready.store(true, Ordering::Relaxed);
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                tracing::info!(?partitions, "partitions revoked");
+                partitions.iter().for_each(|p| self.progress.revoked(*p));
+                self.ready.store(false, Ordering::Relaxed);
+                self.rebalanced(Rebalanced::Revoked(partitions));
+                if let Err(e) = consumer.unassign() {
+                    tracing::error!(error = %e, "unassign failed");
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance error; dropping assignment");
+                partitions.iter().for_each(|p| self.progress.revoked(*p));
+                self.rebalanced(Rebalanced::Revoked(partitions));
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+impl ProcessorContext {
+    pub(crate) fn new(
+        db: AuditLog,
+        topic: String,
+        cancel: CancellationToken,
+        ready: Arc<AtomicBool>,
+        progress: Arc<Progress>,
+    ) -> ProcessorContext {
+        ProcessorContext {
+            db,
+            topic,
+            policy: Policy::default(),
+            handle: tokio::runtime::Handle::current(),
+            cancel,
+            events: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+            ready,
+            progress,
+        }
+    }
+
+    /// Hand a rebalance to the receiver, which passes it on to the loop before any later record.
+    fn rebalanced(&self, e: Rebalanced) {
+        self.events.lock().expect("not poisoned").push(e);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    /// Claim every partition, retrying while Postgres is unreachable. None if shutdown came first.
+    async fn claim_all(&self, partitions: &[i32]) -> Option<Vec<(i32, Restored)>> {
+        let mut out = Vec::new();
+        for &p in partitions {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match self.db.claim_partition(p, &self.policy).await {
+                    Ok(r) => {
+                        tracing::info!(
+                            partition = p,
+                            epoch = r.epoch,
+                            pools = r.pools,
+                            start = ?r.start_offset,
+                            committed = ?r.committed_offset,
+                            "partition restored"
+                        );
+                        out.push((p, r));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition = p, error = %e, "cannot restore partition; retrying");
+                        if self.cancel.is_cancelled() {
+                            return None;
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Chunks in the channel between the receiver and the loop (each up to [`CHUNK_RECORDS`]).
+pub(crate) const FEED_CHUNKS: usize = 16;
+/// Records in one chunk at most. A chunk goes as soon as the consumer has nothing more ready,
+/// so a lone record does not wait for others.
+const CHUNK_RECORDS: usize = 512;
+
+/// What the receiver hands to the loop.
+pub(crate) enum Feed {
+    Records(Chunk),
+    Rebalanced(Vec<Rebalanced>),
+}
+
+/// Records copied out of librdkafka's buffers (a borrowed message cannot leave the thread that
+/// polled it): their fields, and their keys and payloads end to end in one buffer.
+pub(crate) struct Chunk {
+    records: Vec<Held>,
+    bytes: Vec<u8>,
+}
+
+struct Held {
+    partition: i32,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<std::ops::Range<usize>>,
+    payload: Option<std::ops::Range<usize>>,
+}
+
+/// One record of a chunk, as the record step takes it.
+pub(crate) struct Record<'a> {
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+}
+
+impl Chunk {
+    fn new() -> Chunk {
+        Chunk {
+            records: Vec::with_capacity(CHUNK_RECORDS),
+            bytes: Vec::with_capacity(CHUNK_RECORDS * 128),
+        }
+    }
+
+    fn push<M: Message>(&mut self, m: &M) {
+        let mut hold = |b: Option<&[u8]>| {
+            b.map(|b| {
+                let start = self.bytes.len();
+                self.bytes.extend_from_slice(b);
+                start..self.bytes.len()
+            })
+        };
+        let key = hold(m.key());
+        let payload = hold(m.payload());
+        self.records.push(Held {
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp: m.timestamp().to_millis(),
+            key,
+            payload,
+        });
+    }
+
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub(crate) fn records(&self) -> impl Iterator<Item = Record<'_>> {
+        self.records.iter().map(|h| Record {
+            partition: h.partition,
+            offset: h.offset,
+            timestamp: h.timestamp,
+            key: h.key.clone().map(|r| &self.bytes[r]),
+            payload: h.payload.clone().map(|r| &self.bytes[r]),
+        })
+    }
+}
+
+/// The receiver thread: poll the consumer (which runs the rebalance callback), and hand records
+/// and rebalances to the loop in the order they came. Ends when the loop closes the channel,
+/// then leaves the group.
+pub(crate) fn receive(consumer: BaseConsumer<ProcessorContext>, tx: mpsc::Sender<Feed>) {
+    let ctx = consumer.context();
+    let mut chunk = Chunk::new();
+    // Hand the chunk over (false: the loop is gone).
+    let hand_over = |chunk: &mut Chunk| {
+        tx.blocking_send(Feed::Records(std::mem::replace(chunk, Chunk::new())))
+            .is_ok()
+    };
+    loop {
+        // Wait for records only when there is nothing to hand over: otherwise hand the chunk
+        // over as soon as the consumer has nothing more ready.
+        let timeout = if chunk.is_empty() {
+            Duration::from_millis(100)
+        } else {
+            Duration::ZERO
+        };
+        let polled = consumer.poll(timeout);
+        // The rebalance callback ran inside that poll: what it did comes before any record it
+        // returned (records fetched under the old assignment were purged by librdkafka).
+        if ctx.pending.swap(false, Ordering::AcqRel) {
+            let events = std::mem::take(&mut *ctx.events.lock().expect("not poisoned"));
+            if (!chunk.is_empty() && !hand_over(&mut chunk)) || tx.blocking_send(Feed::Rebalanced(events)).is_err() {
+                break;
+            }
+        }
+        // Whether the chunk goes now: it is full, or nothing more is ready.
+        let now = match polled {
+            Some(Ok(m)) => {
+                chunk.push(&m);
+                chunk.len() >= CHUNK_RECORDS
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "consumer error");
+                if chunk.is_empty() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                !chunk.is_empty()
+            }
+            None if chunk.is_empty() && tx.is_closed() => break,
+            None => !chunk.is_empty(),
+        };
+        if now && !hand_over(&mut chunk) {
+            break;
+        }
+    }
+    consumer.unsubscribe();
+}
