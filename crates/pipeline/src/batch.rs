@@ -2,7 +2,7 @@
 //! snapshots of the partitions it touched.
 
 use std::collections::{BTreeMap, HashMap};
-use vitals_contracts::{encode, keys, EndpointState, HealthChanged, PoolHealthChanged, Record};
+use vitals_contracts::{encode, keys, EndpointState, HealthChanged, Micros, Policy, PoolHealthChanged, Record};
 use vitals_engine::Decision;
 
 /// One event to publish, with a key that makes a replayed insert a no-op.
@@ -35,6 +35,8 @@ pub struct PartitionWrite {
 
 #[derive(Debug, Default)]
 pub struct BatchWrite {
+    /// Policy changes the engine applied: each pool's policy in force from then on.
+    pub policies: Vec<PolicyInForce>,
     /// Endpoints the engine saw for the first time, in their first state, with the input
     /// partition; they enter the state projection.
     pub discovered: Vec<(EndpointState, i32)>,
@@ -45,6 +47,18 @@ pub struct BatchWrite {
     /// Records consumed (valid or not) in this batch.
     pub records: u64,
     pub dead_lettered: u64,
+}
+
+/// The policy a pool is under from a policy change on, for the `pool_policies` table (the
+/// API reads a pool's policy there, never from an engine snapshot).
+#[derive(Debug, Clone)]
+pub struct PolicyInForce {
+    pub pool: String,
+    pub policy: Policy,
+    /// When the engine applied it.
+    pub stream_time: Micros,
+    /// The input partition (dropped with it when the partition is fenced or revoked).
+    pub partition: i32,
 }
 
 /// Topic names the outbox rows are addressed to.
@@ -156,6 +170,7 @@ impl BatchWrite {
 
     /// Leave out a partition that another processor now owns.
     pub fn drop_partition(&mut self, partition: i32) {
+        self.policies.retain(|p| p.partition != partition);
         self.transitions.retain(|(_, p, _)| *p != partition);
         self.pool_events.retain(|(_, p, _)| *p != partition);
         self.outbox.retain(|o| o.partition != partition);

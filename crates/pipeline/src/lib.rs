@@ -7,7 +7,7 @@
 
 pub mod batch;
 
-pub use batch::{BatchWrite, OutboxRow, PartitionWrite, Snapshot, Topics};
+pub use batch::{BatchWrite, OutboxRow, PartitionWrite, PolicyInForce, Snapshot, Topics};
 
 use vitals_contracts::{decode_signal, validate_signal, Micros, Signal};
 use vitals_engine::{Decision, Engine};
@@ -24,8 +24,6 @@ pub struct Partition {
     /// replayed into the engine only: their rows and events were committed by an earlier owner.
     committed: Option<i64>,
     since_snapshot: u64,
-    /// A policy changed: the next write takes a snapshot (policies are read from snapshots).
-    snapshot_due: bool,
     /// A record was applied since the last [`Partition::write`].
     unwritten: bool,
     decisions: Vec<Decision>,
@@ -48,7 +46,6 @@ impl Partition {
             next_offset: start_offset,
             committed,
             since_snapshot: 0,
-            snapshot_due: false,
             unwritten: false,
             decisions: Vec::new(),
         }
@@ -112,12 +109,18 @@ impl Partition {
             return true;
         }
         let first = self.engine.apply(at, &signal, &mut self.decisions);
-        // A pool's policy is read from its snapshot (the API's GET policy): take one at the
-        // next write.
-        self.snapshot_due |= matches!(signal, Signal::Policy(_));
         if replay {
             self.decisions.clear();
             return true;
+        }
+        // The policy in force is data of its own (the API reads it, not a snapshot).
+        if let Signal::Policy(p) = &signal {
+            out.policies.push(PolicyInForce {
+                pool: p.pool.clone(),
+                policy: p.policy.clone(),
+                stream_time: at,
+                partition,
+            });
         }
         if let Some(first) = first {
             out.discover(topics, first, partition);
@@ -134,9 +137,8 @@ impl Partition {
     pub fn write(&mut self, every: u64, force: bool) -> Option<PartitionWrite> {
         let next = self.next_offset.filter(|_| self.unwritten || force)?;
         self.unwritten = false;
-        let snapshot = (force || self.snapshot_due || self.since_snapshot >= every).then(|| {
+        let snapshot = (force || self.since_snapshot >= every).then(|| {
             self.since_snapshot = 0;
-            self.snapshot_due = false;
             let s = self.engine.partition_snapshot();
             Snapshot {
                 offset: next,

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
 use vitals_contracts::{EndpointState, HealthChanged, Policy, PoolHealthChanged};
 use vitals_engine::Engine;
-use vitals_pipeline::{BatchWrite, OutboxRow, PartitionWrite, Snapshot};
+use vitals_pipeline::{BatchWrite, OutboxRow, PartitionWrite, PolicyInForce, Snapshot};
 
 /// Where a batch transaction spent its time, statement by statement (wall time, including the
 /// round trip to Postgres).
@@ -124,6 +124,21 @@ impl AuditLog {
                 (engine, Some(snap.get::<i64, _>(0)), rows.len())
             }
         };
+        // Pools whose policy changed before `pool_policies` existed get their row now; a row
+        // already there is as new or newer (it was written by the batch that applied it).
+        let changed: Vec<PolicyInForce> = engine
+            .pools()
+            .filter(|p| p.policy.version > 0)
+            .map(|p| PolicyInForce {
+                pool: p.pool.clone(),
+                policy: p.policy.clone(),
+                stream_time: engine.now(),
+                partition,
+            })
+            .collect();
+        if !changed.is_empty() {
+            upsert_policies(&mut tx, &changed).await?;
+        }
         tx.commit().await?;
         Ok(Restored {
             engine,
@@ -190,6 +205,9 @@ impl AuditLog {
             insert_outbox(&mut tx, &b.outbox).await?;
         }
         t.outbox = lap.next();
+        if !b.policies.is_empty() {
+            upsert_policies(&mut tx, &b.policies).await?;
+        }
         for p in &b.partitions {
             if let Some(s) = &p.snapshot {
                 self.write_snapshot(&mut tx, p, s).await?;
@@ -291,6 +309,24 @@ async fn insert_transitions(
     .bind(column(rows, |(h, _, _)| timestamp(h.stream_time)))
     .bind(column(rows, |(_, p, _)| *p))
     .bind(column(rows, |(_, _, o)| *o))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Each pool's policy in force; a row already there stays if it is newer.
+async fn upsert_policies(tx: &mut Transaction<'_, Postgres>, rows: &[PolicyInForce]) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO pool_policies (pool, version, policy, stream_time)
+         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::jsonb[], $4::timestamptz[])
+         ON CONFLICT (pool) DO UPDATE SET version = excluded.version, policy = excluded.policy,
+             stream_time = excluded.stream_time
+         WHERE pool_policies.stream_time <= excluded.stream_time",
+    )
+    .bind(column(rows, |r| r.pool.as_str()))
+    .bind(column(rows, |r| i64::from(r.policy.version)))
+    .bind(column(rows, |r| sqlx::types::Json(&r.policy)))
+    .bind(column(rows, |r| timestamp(r.stream_time)))
     .execute(&mut **tx)
     .await?;
     Ok(())

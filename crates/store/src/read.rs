@@ -127,23 +127,22 @@ pub async fn pools_after(db: &PgPool, after: &str, limit: i64) -> Result<Vec<End
     rows.iter().map(state).collect()
 }
 
-/// A pool's policy as of its latest engine snapshot (the processor takes one at the next write
-/// after a policy change): (policy version, policy), or None if the pool has no snapshot yet.
+/// A pool's policy in force and its version: the last policy change applied to it, else the
+/// default (version 0) for a pool the processor has seen; None for a pool it has not.
 pub async fn pool_policy(db: &PgPool, pool: &str) -> Result<Option<(i64, vitals_contracts::Policy)>, StoreError> {
-    let row: Option<(Vec<u8>,)> = sqlx::query_as(
-        "SELECT e.state FROM engine_snapshots e
-         JOIN partition_snapshots p USING (consumer_group, topic, partition)
-         WHERE e.pool = $1 ORDER BY p.stream_time DESC LIMIT 1",
-    )
-    .bind(pool)
-    .fetch_optional(db)
-    .await?;
-    let Some((bytes,)) = row else { return Ok(None) };
-    let engine = vitals_engine::Engine::from_snapshot(vitals_contracts::Policy::default(), 0, [bytes.as_slice()])
-        .map_err(|e| StoreError::Corrupt(format!("engine snapshot of {pool}: {e}")))?;
-    Ok(engine
-        .pool(pool)
-        .map(|p| (i64::from(p.policy.version), p.policy.clone())))
+    let row: Option<(i64, sqlx::types::Json<vitals_contracts::Policy>)> =
+        sqlx::query_as("SELECT version, policy FROM pool_policies WHERE pool = $1")
+            .bind(pool)
+            .fetch_optional(db)
+            .await?;
+    if let Some((version, policy)) = row {
+        return Ok(Some((version, policy.0)));
+    }
+    let known: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM endpoint_state WHERE pool = $1)")
+        .bind(pool)
+        .fetch_one(db)
+        .await?;
+    Ok(known.then(|| (0, vitals_contracts::Policy::default())))
 }
 
 /// Each pool's latest decision flags: (panic mode, correlated outage), for the pools asked.

@@ -101,14 +101,14 @@ pub struct PoolPolicy {
 
 #[utoipa::path(
     get, path = "/v1/pools/{pool}/policy", tag = "operations",
-    description = "The policy the engine applies to the pool, from the processor's latest snapshot of it \
-(taken at the first write after a policy change).",
+    description = "The policy the engine applies to the pool: the last policy change it applied (written in \
+the same transaction), or the default (version 0) for a pool it has seen but never changed.",
     params(("pool" = String, Path, description = "Pool name")),
     responses(
         (status = 200, description = "The pool's policy", body = PoolPolicy),
         (status = 400, description = "An invalid path parameter", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
-        (status = 404, description = "No snapshot of this pool yet", body = ErrorBody),
+        (status = 404, description = "A pool the processor has not seen", body = ErrorBody),
         (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody),
     )
 )]
@@ -120,7 +120,7 @@ pub async fn get_policy(
     app.authorize_read(&headers)?;
     let (version, policy) = vitals_store::read::pool_policy(&app.db, &pool)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no snapshot of pool {pool:?} yet")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("no pool {pool:?}")))?;
     Ok(Json(PoolPolicy { pool, version, policy }))
 }
 

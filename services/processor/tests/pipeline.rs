@@ -399,3 +399,66 @@ async fn replay_into_a_fresh_schema_gives_an_identical_audit_log() {
     assert!(first.0 > 20, "{}", first.0);
     assert_eq!(first, second);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_is_the_pools_policy_in_force_and_is_restored_for_pools_changed_before() {
+    let name = unique("policyrow");
+    let topics = create_topics(&name, 1).await;
+    let mut inputs: Vec<Input> = (0..20)
+        .map(|i| {
+            signal_input(
+                &call("pp", "e0", i, OutcomeClass::Success, None, T0_MS + i as i64),
+                T0_MS + i as i64,
+                1,
+            )
+        })
+        .collect();
+    let change = Signal::Policy(PolicyChange {
+        change_id: "policy-7".into(),
+        pool: "pp".into(),
+        actor: "ops".into(),
+        issued_at: (T0_MS + 30) * 1000,
+        policy: Policy {
+            version: 5,
+            consecutive_failures: 7,
+            ..Policy::default()
+        },
+    });
+    inputs.push(signal_input(&change, T0_MS + 30, 1));
+    inputs.push(signal_input(
+        &call("other", "e0", 1, OutcomeClass::Success, None, T0_MS + 40),
+        T0_MS + 40,
+        1,
+    ));
+    produce(&topics.signals, &inputs).await;
+    let db = Db::connect(&name).await;
+    let mut p = start_processor(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    let read = |pool: &'static str| {
+        let db = db.pool.clone();
+        async move { vitals_store::read::pool_policy(&db, pool).await.unwrap() }
+    };
+    let (version, policy) = read("pp").await.expect("the changed pool's policy");
+    assert_eq!((version, policy.consecutive_failures), (5, 7));
+    assert_eq!(
+        read("other").await,
+        Some((0, Policy::default())),
+        "never changed: the default"
+    );
+    assert_eq!(read("nowhere").await, None, "a pool never seen");
+    // A pool whose policy changed before the table existed: its row is written when its
+    // partition is next restored (from the snapshot the processor took at shutdown).
+    p.terminate();
+    sqlx::query("DELETE FROM pool_policies")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(read("pp").await, Some((0, Policy::default())));
+    let _p = start_processor(&topics, &name, &name, &[]);
+    wait_until("the restored pool's policy row", LONG, || async {
+        read("pp").await.is_some_and(|(v, _)| v == 5)
+    })
+    .await;
+    assert_eq!(read("pp").await.map(|(_, p)| p.consecutive_failures), Some(7));
+    db.drop_schema().await;
+}
