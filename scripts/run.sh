@@ -30,7 +30,7 @@ for _ in $(seq 1 100); do
   kill -0 "$proc_pid" 2>/dev/null || { echo "[run] the processor exited" >&2; exit 1; }
   sleep 0.2
 done
-# The API reads with the read-only role (README, "Database roles").
+# The API reads with the read-only role (docs/operations.md, "Database roles").
 reader_url=${VITALS_API_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
 target/release/vitals-api --database-url "$reader_url" "${api_args[@]}" &
 api_pid=$!

@@ -140,7 +140,7 @@ pub struct OperatorOverride {
 }
 
 /// Every number of the health model, per pool. Defaults come from the seed articles (see the
-/// schema `policy_change.avsc` and the README's table).
+/// schema `policy_change.avsc` and the table in docs/decisions.md).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -494,7 +494,7 @@ fn call_outcome(ep: usize, id: u64, at: Micros, a: &Answer) -> CallOutcome {
     }
 }
 
-/// The scenarios the README's table reports.
+/// The scenarios the table of docs/decisions.md reports.
 pub fn scenarios() -> Vec<Scenario> {
     let base = Scenario {
         name: "",

@@ -137,7 +137,7 @@ pub async fn connect_owner(url: &str, schema: &str, max_connections: u32) -> Res
 
 /// A reader's pool (the API, the tools): read-only sessions on `schema`, after checking that the
 /// schema exists and is migrated to the version this build expects. The role needs only
-/// `SELECT` on the schema's tables (README, "Roles").
+/// `SELECT` on the schema's tables (docs/operations.md, "Database roles").
 pub async fn connect_reader(url: &str, schema: &str, max_connections: u32) -> Result<PgPool, StoreError> {
     let db = pool(url, schema, &READER_LIMITS, max_connections, Duration::from_secs(2)).await?;
     let want = schema_version();

@@ -1,4 +1,4 @@
-"""What a LiteLLM call attempt was, in vitals' outcome classes (the table is in the README,
+"""What a LiteLLM call attempt was, in vitals' outcome classes (the table is in docs/components.md,
 "LiteLLM": keep the two in step).
 
 The classification reads the exception LiteLLM hands to its failure callbacks: its type, its

@@ -132,7 +132,7 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
     eprintln!("warm-up: {:.1} s", unix_now() - started);
 
     // 1. e1 answers its first token after 2 s, behind 200 OK (its first chunk with it: LiteLLM's
-    // Router times the first chunk, see the README).
+    // Router times the first chunk, see docs/components.md, "LiteLLM").
     let slow = Behaviour {
         ttft_ms: 2000,
         role_chunk_with_first_token: true,
