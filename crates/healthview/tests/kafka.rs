@@ -1,4 +1,6 @@
 //! The view filled from the real broker: a cold start from the state topic, then live changes.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The reporter over HTTP ingest, against the real API and broker: batches are delivered item
 //! by item (a bad item is rejected and counted), and while the API is away reports are held,
 //! retried, and delivered once it comes back.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use rdkafka::Message;
 use std::time::{Duration, Instant};

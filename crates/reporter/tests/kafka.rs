@@ -1,4 +1,6 @@
 //! The reporter against the real broker, and against none.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use rdkafka::Message;
 use std::time::Duration;

@@ -18,6 +18,17 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// Stop a test that cannot reach the local stack, saying how to start it.
+#[track_caller]
+pub fn no_stack(what: &str, e: impl std::fmt::Display) -> ! {
+    panic!(
+        "{what}: {e}\nThese tests need the local stack (Kafka at {}, Postgres at {}): run scripts/test.sh, \
+         which starts it and runs them (or scripts/stack.sh up, then cargo test)",
+        brokers(),
+        database_url().split('@').next_back().unwrap_or("?")
+    )
+}
+
 /// The Kafka bootstrap servers of the local stack.
 pub fn brokers() -> String {
     std::env::var("VITALS_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
@@ -112,11 +123,12 @@ impl Topics {
             NewTopic::new(&t.state, partitions, r()).set("cleanup.policy", "compact"),
             NewTopic::new(&t.dlq, 1, r()),
         ];
-        for res in admin
-            .create_topics(&topics, &AdminOptions::new())
-            .await
-            .expect("create topics")
-        {
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let created = match admin.create_topics(&topics, &opts).await {
+            Ok(c) => c,
+            Err(e) => no_stack("creating test topics", e),
+        };
+        for res in created {
             res.expect("topic created");
         }
         t
@@ -225,9 +237,10 @@ pub async fn schema_pool(schema: &str) -> PgPool {
         .options([("search_path", schema)]);
     PgPoolOptions::new()
         .max_connections(3)
+        .acquire_timeout(Duration::from_secs(10))
         .connect_with(opts)
         .await
-        .expect("postgres")
+        .unwrap_or_else(|e| no_stack("connecting to Postgres", e))
 }
 
 /// Create and migrate `schema` as the owner role does (the processor does this at start).

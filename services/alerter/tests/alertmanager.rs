@@ -4,6 +4,8 @@
 //! fire, group by pool, resolve, inhibit during a correlated outage, Alertmanager restarted
 //! mid-incident, and the alerter restarted (it rebuilds what is firing from the topic and
 //! delivers what came after its committed offset).
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use axum::extract::{Path, State};
 use axum::routing::post;

@@ -1,4 +1,6 @@
 //! The live stream: events as they happen, and an exact resume with Last-Event-ID.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 mod common;
 use common::*;

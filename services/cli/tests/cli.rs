@@ -1,6 +1,8 @@
 //! The `vitals` binary: `simulate` gives exactly the processor's transitions for the same log
 //! (the real processor, broker and database against the same signals as JSON lines); the verbs
 //! against the real API; `--help` and exit codes.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use std::io::Write;
 use std::process::{Command, Stdio};

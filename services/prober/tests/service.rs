@@ -1,6 +1,8 @@
 //! The prober binary against the real broker (and, end to end, the real processor and
 //! Postgres): shards shared by two instances and taken over after a kill, configuration errors
 //! and reloads, heartbeats, and a down endpoint ejected and brought back by the fast cadence.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use rdkafka::consumer::Consumer;
 use rdkafka::Message;

@@ -1,6 +1,8 @@
 //! Promises that independent testers broke, each reproduced as it was found: a shutdown during a
 //! database stall that lost transitions, and a frozen processor that stalled the whole group and
 //! then silently stopped processing the partitions it was given back.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 mod common;
 use common::*;

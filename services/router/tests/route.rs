@@ -1,6 +1,8 @@
 //! The router in-process against the simulator and the real broker: streams pass through,
 //! calls are reported, a refused connection is retried on another endpoint, and an endpoint the
 //! health view says is out gets no calls.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use futures::StreamExt;
 use rdkafka::producer::FutureRecord;

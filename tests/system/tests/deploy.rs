@@ -1,6 +1,8 @@
 //! The monitoring files of deploy/ hold up: the Prometheus rules pass promtool's check and their
 //! unit tests, the Alertmanager configuration passes amtool's check, and the Grafana dashboard
 //! asks for metrics the real processor exports and runs SQL the real audit log answers.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,6 +1,8 @@
 //! The examples of `examples/` work as documented, against the real broker, database, processor
 //! and API: the Python producer's reports lead to a transition, the Python consumer prints it,
 //! the kcat commands show and send records, and the curl batch is ingested item by item.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use rdkafka::consumer::Consumer;
 use rdkafka::Message;

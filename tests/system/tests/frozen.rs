@@ -1,6 +1,8 @@
 //! A frozen processor: its ticks on the changes topic stop, a router's health view goes stale and
 //! then fails open (every endpoint, even an ejected one, takes calls again); when the processor
 //! thaws, the view is fresh and routes by weight again.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use std::time::Duration;
 use vitals_healthview::{follow, Config, Freshness};

@@ -3,6 +3,8 @@
 //! it; the router stops sending to it; it heals; the prober's fast cadence readmits it and the
 //! router sends to it again. Users see no failed call (a refused connection is retried on
 //! another endpoint).
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 
 use futures::StreamExt;
 use rdkafka::consumer::Consumer;

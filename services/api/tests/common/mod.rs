@@ -1,5 +1,7 @@
 //! API test harness: the API (and, where a test needs it, the processor) run in-process against
 //! the real broker and the real database, each test with its own topics and schema.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 #![allow(dead_code)]
 
 pub use clap::Parser;

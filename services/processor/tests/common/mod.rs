@@ -2,6 +2,8 @@
 //! topics, consumer group and database schema, so tests run in parallel. The stack, names,
 //! waits, topics and processes come from `vitals-testkit`; what is here is the processor's own:
 //! its workloads, its audit-log digest and its process handle.
+//!
+//! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
 #![allow(dead_code)]
 
 use sqlx::PgPool;
