@@ -14,6 +14,7 @@ mod bounds;
 pub mod codec;
 mod fast;
 mod fast_encode;
+pub mod hash;
 pub mod keys;
 mod symbols;
 pub mod types;

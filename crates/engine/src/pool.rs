@@ -114,16 +114,11 @@ impl Change {
 /// (FNV-1a), so that replaying the log gives the same times and retries of different endpoints
 /// (or of one endpoint after each failed trial) never line up with a periodic fault.
 fn jitter(pool: &str, endpoint: &str, isolations: u32, attempt: u16, base: i64) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = pool
-        .bytes()
-        .chain([0])
-        .chain(endpoint.bytes())
-        .chain(isolations.to_le_bytes())
-        .chain(attempt.to_le_bytes());
-    for b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = vitals_contracts::hash::Fnv64::new()
+        .bytes(pool.bytes().chain([0]).chain(endpoint.bytes()))
+        .bytes(isolations.to_le_bytes())
+        .bytes(attempt.to_le_bytes())
+        .finish();
     base / 1000 * (h % 250) as i64
 }
 

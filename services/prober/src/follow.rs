@@ -3,7 +3,7 @@
 //! and the call outcomes on the signals topic from its end.
 
 use crate::metrics::Metrics;
-use crate::view::HealthView;
+use crate::view::CadenceView;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::sync::Arc;
@@ -73,7 +73,7 @@ fn follow_topic(
 pub fn follow_traffic(
     config: ClientConfig,
     topic: String,
-    view: Arc<HealthView>,
+    view: Arc<CadenceView>,
     cancel: CancellationToken,
 ) -> std::thread::JoinHandle<()> {
     let each = move |p: &[u8]| {
@@ -93,7 +93,7 @@ pub fn follow_traffic(
 pub fn follow(
     config: ClientConfig,
     topic: String,
-    view: Arc<HealthView>,
+    view: Arc<CadenceView>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) -> std::thread::JoinHandle<()> {

@@ -9,7 +9,7 @@ use crate::fnv;
 use crate::metrics::Metrics;
 use crate::probe::{Clients, Observation};
 use crate::sink::Sink;
-use crate::view::HealthView;
+use crate::view::CadenceView;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -28,7 +28,7 @@ pub struct Context {
     pub prober: String,
     pub clients: Clients,
     pub sink: Arc<dyn Sink>,
-    pub view: Arc<HealthView>,
+    pub view: Arc<CadenceView>,
     pub metrics: Arc<Metrics>,
     /// Per target: (day number, tokens spent that day).
     budgets: Mutex<HashMap<String, (i64, u64)>>,
@@ -39,7 +39,7 @@ impl Context {
         prober: String,
         clients: Clients,
         sink: Arc<dyn Sink>,
-        view: Arc<HealthView>,
+        view: Arc<CadenceView>,
         metrics: Arc<Metrics>,
     ) -> Context {
         Context {

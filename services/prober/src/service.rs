@@ -6,7 +6,7 @@ use crate::probe::Clients;
 use crate::schedule::{Context, Scheduler};
 use crate::shard::Ownership;
 use crate::sink::{KafkaSink, Sink};
-use crate::view::HealthView;
+use crate::view::CadenceView;
 use anyhow::Context as _;
 use clap::Parser;
 use std::net::SocketAddr;
@@ -155,7 +155,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let prober = format!("{}/{}", cfg.location, cfg.name);
     tracing::info!(prober = %prober, targets = targets.len(), "starting vitals-prober");
     let metrics = Arc::new(Metrics::default());
-    let view = Arc::new(HealthView::default());
+    let view = Arc::new(CadenceView::default());
     let producer = vitals_runtime::kafka::producer(&cfg.kafka, &[("linger.ms", "5"), ("message.timeout.ms", "30000")])
         .create()
         .context("creating the Kafka producer")?;

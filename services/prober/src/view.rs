@@ -19,16 +19,18 @@ struct Traffic {
     ttft: u64,
 }
 
-pub struct HealthView {
+/// What the prober knows of each endpoint for its cadence (not a router's health view:
+/// `vitals-healthview` is that).
+pub struct CadenceView {
     endpoints: Mutex<HashMap<(String, String), watch::Sender<bool>>>,
     /// pool → endpoint → traffic (nested, so that a lookup by &str allocates nothing).
     traffic: Mutex<HashMap<String, HashMap<String, Traffic>>>,
     epoch: Instant,
 }
 
-impl Default for HealthView {
+impl Default for CadenceView {
     fn default() -> Self {
-        HealthView {
+        CadenceView {
             endpoints: Mutex::new(HashMap::new()),
             traffic: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
@@ -44,7 +46,7 @@ pub fn wants_fast(state: HealthState) -> bool {
     )
 }
 
-impl HealthView {
+impl CadenceView {
     /// Follow whether `pool`/`endpoint` wants the fast cadence.
     pub fn fast(&self, pool: &str, endpoint: &str) -> watch::Receiver<bool> {
         let mut map = self.endpoints.lock().expect("view lock");

@@ -12,12 +12,12 @@ use vitals_prober::metrics::Metrics;
 use vitals_prober::probe::Clients;
 use vitals_prober::schedule::{Context, Scheduler};
 use vitals_prober::sink::ChannelSink;
-use vitals_prober::view::HealthView;
+use vitals_prober::view::CadenceView;
 use vitals_upstream_sim::{Behaviour, Sim, SimConfig};
 
 struct Rig {
     sim: Sim,
-    view: Arc<HealthView>,
+    view: Arc<CadenceView>,
     metrics: Arc<Metrics>,
     scheduler: Scheduler,
     rx: mpsc::UnboundedReceiver<ProbeResult>,
@@ -28,7 +28,7 @@ async fn rig(behaviour: Behaviour) -> Rig {
     c.endpoints[0].behaviour = behaviour;
     let sim = Sim::start(c).await.unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
-    let view = Arc::new(HealthView::default());
+    let view = Arc::new(CadenceView::default());
     let metrics = Arc::new(Metrics::default());
     let ctx = Arc::new(Context::new(
         "test/p1".into(),

@@ -311,9 +311,7 @@ fn splitmix(mut z: u64) -> u64 {
 }
 
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    vitals_contracts::hash::fnv64(s.as_bytes())
 }
 
 impl Endpoint {
