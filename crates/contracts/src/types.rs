@@ -464,6 +464,14 @@ pub struct HealthChanged {
     pub stream_time: Micros,
 }
 
+impl HealthChanged {
+    /// The reason code as the enum, to compare with (None: a code this build does not know, from
+    /// a newer processor).
+    pub fn reason(&self) -> Option<ReasonCode> {
+        ReasonCode::parse(&self.reason_code)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolHealthChanged {
     pub pool: String,

@@ -420,7 +420,10 @@ fn after_a_shared_outage_endpoints_kept_serving_are_judged_on_fresh_calls() {
         after.iter().map(|h| (&h.endpoint, &h.reason)).collect::<Vec<_>>()
     );
     assert_eq!(
-        after.iter().filter(|h| h.reason_code == "outage_over").count(),
+        after
+            .iter()
+            .filter(|h| h.reason() == Some(ReasonCode::OutageOver))
+            .count(),
         2,
         "{:#?}",
         after.iter().map(|h| (&h.endpoint, &h.reason_code)).collect::<Vec<_>>()

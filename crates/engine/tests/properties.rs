@@ -145,7 +145,7 @@ proptest! {
                 let into = h.to_state == HealthState::Unhealthy && h.from_state != HealthState::Unhealthy;
                 let out_of = h.from_state == HealthState::Unhealthy && h.to_state != HealthState::Unhealthy;
                 *n = *n + into as u32 - out_of as u32;
-                if into && !h.reason_code.starts_with("forced") {
+                if into && !matches!(h.reason(), Some(ReasonCode::ForcedHealthy | ReasonCode::ForcedUnhealthy)) {
                     let pool = engine.pool(&h.pool).unwrap();
                     prop_assert!(*n <= pool.max_ejected(), "{} ejected of {} after {:?}", n, pool.total(), h);
                 }

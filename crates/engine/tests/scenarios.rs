@@ -236,7 +236,7 @@ fn shared_dependency_outage_ejects_at_most_max_ejection_and_raises_one_pool_deci
     assert_eq!(pool.count(HealthState::Degraded), 3, "the rest keep serving, degraded");
     let refused: Vec<_> = transitions(&r.decisions)
         .into_iter()
-        .filter(|h| h.reason_code == "ejection_refused")
+        .filter(|h| h.reason() == Some(ReasonCode::EjectionRefused))
         .collect();
     assert_eq!(refused.len(), 3);
     assert!(
