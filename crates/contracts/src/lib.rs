@@ -16,6 +16,7 @@ mod fast;
 mod fast_encode;
 pub mod hash;
 pub mod keys;
+pub mod seq;
 mod symbols;
 pub mod types;
 pub mod validate;

@@ -69,16 +69,8 @@ impl Pool {
     }
 }
 
-/// What applying one event did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Applied {
-    /// The next event of the endpoint.
-    Next,
-    /// Newer than the next: events were missed (the state it carries is still the latest).
-    Gap,
-    /// Seen already (a republished event): dropped.
-    Duplicate,
-}
+/// What applying one event did (the contracts' per-endpoint sequence rule).
+pub use vitals_contracts::seq::Applied;
 
 /// Counters of what the view has seen.
 #[derive(Debug, Default)]
@@ -242,13 +234,7 @@ impl HealthView {
     pub fn apply_change(&self, h: &HealthChanged) -> Applied {
         let mut pools = self.pools.write().expect("view lock");
         let ep = pools.entry(h.pool.clone()).or_default().endpoint(&h.endpoint);
-        let applied = if h.seq <= ep.seq {
-            Applied::Duplicate
-        } else if ep.seq >= 0 && h.seq > ep.seq + 1 {
-            Applied::Gap
-        } else {
-            Applied::Next
-        };
+        let applied = Applied::of((ep.seq >= 0).then_some(ep.seq), h.seq);
         if applied != Applied::Duplicate {
             ep.state = h.to_state;
             ep.weight = h.weight;

@@ -6,6 +6,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use vitals_contracts::seq::Applied;
 use vitals_contracts::{HealthChanged, HealthState, Micros, PoolHealthChanged};
 
 pub const ENDPOINT_ALERT: &str = "VitalsEndpointOutOfRotation";
@@ -104,7 +105,7 @@ impl Book {
     pub fn change(&mut self, h: &HealthChanged) -> Vec<Alert> {
         let key = (h.pool.clone(), h.endpoint.clone());
         let (seq, current) = self.endpoints.get(&key).cloned().unwrap_or((-1, None));
-        if h.seq <= seq {
+        if Applied::of((seq >= 0).then_some(seq), h.seq) == Applied::Duplicate {
             return Vec::new();
         }
         let out = h.to_state == HealthState::Unhealthy;

@@ -12,11 +12,12 @@ use crate::stream::{encode_positions, Positions};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
+use vitals_contracts::seq::{Applied, SeqGate};
 use vitals_contracts::{self as c, codec::SchemaKind, view};
 
 /// One event as every client sends it.
@@ -40,7 +41,7 @@ struct Inner {
     base: Positions,
     /// Positions after the newest record read.
     positions: Positions,
-    last_seq: HashMap<(String, String), i64>,
+    seqs: SeqGate,
     /// The live feed; None once the hub stops (every client's feed then ends).
     tx: Option<broadcast::Sender<Arc<Item>>>,
 }
@@ -75,7 +76,7 @@ impl Hub {
                 ring: VecDeque::with_capacity(ring_capacity.min(100_000)),
                 base: Positions::new(),
                 positions: Positions::new(),
-                last_seq: HashMap::new(),
+                seqs: SeqGate::default(),
                 tx: Some(broadcast::channel(client_buffer.max(1)).0),
             }),
             reader: Mutex::new(None),
@@ -235,11 +236,9 @@ impl Hub {
                     Ok(h) => h,
                     Err(e) => return undecodable(&e),
                 };
-                let key = (h.pool.clone(), h.endpoint.clone());
-                if inner.last_seq.get(&key).is_some_and(|s| *s >= h.seq) {
+                if inner.seqs.admit(&h.pool, &h.endpoint, h.seq) == Applied::Duplicate {
                     return; // a republished duplicate
                 }
-                inner.last_seq.insert(key, h.seq);
                 let (pool, endpoint) = (h.pool.clone(), h.endpoint.clone());
                 match view::Transition::try_from(h) {
                     Ok(t) => ("health_changed", serde_json::to_string(&t), pool, Some(endpoint)),

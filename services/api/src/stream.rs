@@ -44,6 +44,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::ReusableBoxFuture;
 use utoipa::IntoParams;
+use vitals_contracts::seq::{Applied, SeqGate};
 use vitals_contracts::{self as c, codec::SchemaKind, view};
 
 #[derive(Deserialize, IntoParams)]
@@ -83,7 +84,7 @@ struct Live {
     positions: Positions,
     /// Its pool and endpoint (its positions are `positions`).
     filter: Filter,
-    last_seq: HashMap<(String, String), i64>,
+    seqs: SeqGate,
     ready: bool,
     cancel: tokio_util::sync::CancellationToken,
     /// When the stream ends with a `reconnect` event.
@@ -187,11 +188,9 @@ impl Live {
                     if !self.filter.names(&h.pool, Some(&h.endpoint)) {
                         continue;
                     }
-                    let key = (h.pool.clone(), h.endpoint.clone());
-                    if self.last_seq.get(&key).is_some_and(|s| *s >= h.seq) {
+                    if self.seqs.admit(&h.pool, &h.endpoint, h.seq) == Applied::Duplicate {
                         continue; // a republished duplicate
                     }
-                    self.last_seq.insert(key, h.seq);
                     match view::Transition::try_from(h) {
                         Ok(t) => ("health_changed", serde_json::to_string(&t)),
                         Err(e) => {
@@ -378,7 +377,7 @@ pub async fn stream(
         consumer,
         positions,
         filter,
-        last_seq: HashMap::new(),
+        seqs: SeqGate::default(),
         ready: false,
         cancel: app.cancel.clone(),
         ends_at,
