@@ -68,6 +68,37 @@ pub struct CallOutcome {
     pub retry_after_ms: Option<i64>,
 }
 
+impl CallOutcome {
+    /// A call with what every report has, and the rest empty (no status, no latency, no first
+    /// token, no attributes, no model, no Retry-After). Fixtures build on it with struct update
+    /// syntax — `CallOutcome { http_status: Some(503), ..CallOutcome::new(…) }` — so that a new
+    /// optional field of the schema is added here, not in every test.
+    pub fn new(
+        event_id: impl Into<String>,
+        pool: impl Into<String>,
+        endpoint: impl Into<String>,
+        gateway: impl Into<String>,
+        occurred_at: Micros,
+        outcome: OutcomeClass,
+    ) -> CallOutcome {
+        CallOutcome {
+            event_id: event_id.into(),
+            pool: pool.into(),
+            endpoint: endpoint.into(),
+            gateway: gateway.into(),
+            occurred_at,
+            outcome,
+            http_status: None,
+            latency_us: 0,
+            ttft_us: None,
+            tpot_us: None,
+            attributes: BTreeMap::new(),
+            model: None,
+            retry_after_ms: None,
+        }
+    }
+}
+
 symbols! {
     ProbeKind / ProbeKindName {
         Http = "http",
@@ -465,6 +496,42 @@ pub struct HealthChanged {
 }
 
 impl HealthChanged {
+    /// A transition of `endpoint` into `to` with its id from pool, endpoint and seq, weight 0 out
+    /// of rotation (unhealthy, maintenance) and 1 otherwise, and the rest empty (no reason, no
+    /// evidence, no triggers, policy version 0). Fixtures build on it with struct update syntax,
+    /// so that a new field of the schema is added here, not in every test.
+    pub fn new(
+        pool: impl Into<String>,
+        endpoint: impl Into<String>,
+        seq: i64,
+        from: HealthState,
+        to: HealthState,
+        stream_time: Micros,
+    ) -> HealthChanged {
+        let (pool, endpoint) = (pool.into(), endpoint.into());
+        HealthChanged {
+            transition_id: format!("{pool}/{endpoint}/{seq}"),
+            pool,
+            endpoint,
+            seq,
+            from_state: from,
+            to_state: to,
+            weight: if matches!(to, HealthState::Unhealthy | HealthState::Maintenance) {
+                0.0
+            } else {
+                1.0
+            },
+            ramp_ms: 0,
+            retry_at: None,
+            reason_code: String::new(),
+            reason: String::new(),
+            evidence: Evidence::default(),
+            policy_version: 0,
+            trigger_ids: Vec::new(),
+            stream_time,
+        }
+    }
+
     /// The reason code as the enum, to compare with (None: a code this build does not know, from
     /// a newer processor).
     pub fn reason(&self) -> Option<ReasonCode> {

@@ -331,7 +331,6 @@ impl HealthView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vitals_contracts::Evidence;
 
     #[test]
     fn a_silent_processor_makes_the_view_stale_then_open() {
@@ -359,20 +358,10 @@ mod tests {
     fn change(ep: &str, seq: i64, to: HealthState, weight: f64, ramp_ms: i64, at: Micros) -> HealthChanged {
         HealthChanged {
             transition_id: format!("p/{ep}/{seq}"),
-            pool: "p".into(),
-            endpoint: ep.into(),
-            seq,
-            from_state: HealthState::Healthy,
-            to_state: to,
             weight,
             ramp_ms,
-            retry_at: None,
             reason_code: "ejected".into(),
-            reason: String::new(),
-            evidence: Evidence::default(),
-            policy_version: 0,
-            trigger_ids: vec![],
-            stream_time: at,
+            ..HealthChanged::new("p", ep, seq, HealthState::Healthy, to, at)
         }
     }
 

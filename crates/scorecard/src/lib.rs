@@ -472,12 +472,6 @@ fn pick(routes: &[Route], panic: bool, at: Micros, rng: &mut Rng) -> Option<usiz
 
 fn call_outcome(ep: usize, id: u64, at: Micros, a: &Answer) -> CallOutcome {
     CallOutcome {
-        event_id: format!("call-{id}"),
-        pool: POOL.into(),
-        endpoint: endpoint_name(ep),
-        gateway: "scorecard".into(),
-        occurred_at: T0 + at,
-        outcome: a.class,
         http_status: match a.class {
             OutcomeClass::Success => Some(200),
             OutcomeClass::ServerError => Some(503),
@@ -487,10 +481,15 @@ fn call_outcome(ep: usize, id: u64, at: Micros, a: &Answer) -> CallOutcome {
         },
         latency_us: a.latency,
         ttft_us: a.ttft,
-        tpot_us: None,
-        attributes: Default::default(),
-        model: None,
         retry_after_ms: a.retry_after_ms,
+        ..CallOutcome::new(
+            format!("call-{id}"),
+            POOL,
+            endpoint_name(ep),
+            "scorecard",
+            T0 + at,
+            a.class,
+        )
     }
 }
 

@@ -450,21 +450,9 @@ pub fn health_changed(
     use vitals_contracts::HealthState;
     let out = matches!(to, HealthState::Unhealthy | HealthState::Maintenance);
     vitals_contracts::HealthChanged {
-        transition_id: format!("{pool}/{endpoint}/{seq}"),
-        pool: pool.into(),
-        endpoint: endpoint.into(),
-        seq,
-        from_state: HealthState::Healthy,
-        to_state: to,
         weight: if out { 0.0 } else { 1.0 },
-        ramp_ms: 0,
-        retry_at: None,
         reason_code: if out { "ejected" } else { "readmitted" }.into(),
-        reason: String::new(),
-        evidence: vitals_contracts::Evidence::default(),
-        policy_version: 0,
-        trigger_ids: vec![],
-        stream_time: 1,
+        ..vitals_contracts::HealthChanged::new(pool, endpoint, seq, HealthState::Healthy, to, 1)
     }
 }
 

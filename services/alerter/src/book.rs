@@ -239,25 +239,14 @@ pub fn slack(a: &Alert) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vitals_contracts::Evidence;
 
     fn change(ep: &str, seq: i64, to: HealthState, at: Micros) -> HealthChanged {
         HealthChanged {
             transition_id: format!("p/{ep}/{seq}"),
-            pool: "p".into(),
-            endpoint: ep.into(),
-            seq,
-            from_state: HealthState::Healthy,
-            to_state: to,
             weight: 0.0,
-            ramp_ms: 0,
-            retry_at: None,
             reason_code: "ejected".into(),
             reason: "5 refused in a row".into(),
-            evidence: Evidence::default(),
-            policy_version: 0,
-            trigger_ids: vec![],
-            stream_time: at,
+            ..HealthChanged::new("p", ep, seq, HealthState::Healthy, to, at)
         }
     }
 

@@ -56,23 +56,21 @@ fn workload(t0_ms: i64) -> Vec<(i64, Option<CallOutcome>)> {
             out.push((
                 t_ms,
                 Some(CallOutcome {
-                    event_id: format!("{ep}-{i}"),
-                    pool: pool.into(),
-                    endpoint: ep.into(),
-                    gateway: "gw".into(),
-                    occurred_at: t_ms * 1000,
-                    outcome: if refused {
-                        OutcomeClass::ConnectError
-                    } else {
-                        OutcomeClass::Success
-                    },
                     http_status: (!refused).then_some(200),
                     latency_us: if refused { 2_000 } else { 150_000 },
                     ttft_us: (!refused).then_some(90_000),
-                    tpot_us: None,
-                    attributes: Default::default(),
-                    model: None,
-                    retry_after_ms: None,
+                    ..CallOutcome::new(
+                        format!("{ep}-{i}"),
+                        pool,
+                        ep,
+                        "gw",
+                        t_ms * 1000,
+                        if refused {
+                            OutcomeClass::ConnectError
+                        } else {
+                            OutcomeClass::Success
+                        },
+                    )
                 }),
             ));
         }

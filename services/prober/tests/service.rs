@@ -275,19 +275,17 @@ async fn gateway_calls_on_the_signals_topic_cover_synthetic_completions() {
     let mut quiet_from = None;
     for i in 0..40 {
         let call = Signal::Call(vitals_contracts::CallOutcome {
-            event_id: format!("call-{i}"),
-            pool: "p".into(),
-            endpoint: "busy".into(),
-            gateway: "gw".into(),
-            occurred_at: now_us(),
-            outcome: OutcomeClass::Success,
             http_status: Some(200),
             latency_us: 900_000,
             ttft_us: Some(300_000),
-            tpot_us: None,
-            attributes: Default::default(),
-            model: None,
-            retry_after_ms: None,
+            ..vitals_contracts::CallOutcome::new(
+                format!("call-{i}"),
+                "p",
+                "busy",
+                "gw",
+                now_us(),
+                OutcomeClass::Success,
+            )
         });
         let bytes = vitals_contracts::encode_signal(&call).unwrap();
         producer

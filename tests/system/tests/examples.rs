@@ -147,19 +147,16 @@ async fn the_examples_report_follow_and_ingest() {
     assert!(out.lines().any(|l| l.starts_with("py/e1 ")), "{out}");
     let file = std::env::temp_dir().join(format!("{name}.bin"));
     let report = CallOutcome {
-        event_id: unique("kcat-call"),
-        pool: "py".into(),
-        endpoint: "e4".into(),
-        gateway: "kcat".into(),
-        occurred_at: vitals_now(),
-        outcome: OutcomeClass::Success,
         http_status: Some(200),
         latency_us: 1_000,
-        ttft_us: None,
-        tpot_us: None,
-        attributes: Default::default(),
-        model: None,
-        retry_after_ms: None,
+        ..CallOutcome::new(
+            unique("kcat-call"),
+            "py",
+            "e4",
+            "kcat",
+            vitals_now(),
+            OutcomeClass::Success,
+        )
     };
     std::fs::write(&file, encode(&report).unwrap()).unwrap();
     let out = run("examples/kcat.sh", &["report", file.to_str().unwrap(), "py"], &env);

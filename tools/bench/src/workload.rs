@@ -110,19 +110,12 @@ pub fn generate(mix: &Mix, n: usize, seed: u64) -> Vec<(Micros, Signal)> {
             })
         } else {
             Signal::Call(CallOutcome {
-                event_id: format!("ev-{i}"),
-                pool: pool.clone(),
-                endpoint: eps[e].clone(),
-                gateway: "gw-1".into(),
-                occurred_at: t,
-                outcome,
                 http_status: Some(if outcome == OutcomeClass::Success { 200 } else { 503 }),
                 latency_us: ttft + 400_000 + rng.below(300_000) as i64,
                 ttft_us: (outcome == OutcomeClass::Success).then_some(ttft),
                 tpot_us: Some(20_000),
                 attributes: BTreeMap::new(),
-                model: None,
-                retry_after_ms: None,
+                ..CallOutcome::new(format!("ev-{i}"), pool.clone(), eps[e].clone(), "gw-1", t, outcome)
             })
         };
         out.push((t, signal));

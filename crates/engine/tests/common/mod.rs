@@ -10,12 +10,6 @@ pub const MS: Micros = 1_000;
 
 pub fn call(pool: &str, ep: &str, id: u64, outcome: OutcomeClass, ttft_ms: Option<i64>) -> Signal {
     Signal::Call(CallOutcome {
-        event_id: format!("{ep}-{id}"),
-        pool: pool.into(),
-        endpoint: ep.into(),
-        gateway: "gw-1".into(),
-        occurred_at: T0,
-        outcome,
         http_status: match outcome {
             OutcomeClass::Success => Some(200),
             OutcomeClass::ServerError => Some(503),
@@ -25,10 +19,7 @@ pub fn call(pool: &str, ep: &str, id: u64, outcome: OutcomeClass, ttft_ms: Optio
         },
         latency_us: ttft_ms.map_or(80 * MS, |t| t * MS + 50 * MS),
         ttft_us: ttft_ms.map(|t| t * MS),
-        tpot_us: None,
-        attributes: Default::default(),
-        model: None,
-        retry_after_ms: None,
+        ..CallOutcome::new(format!("{ep}-{id}"), pool, ep, "gw-1", T0, outcome)
     })
 }
 

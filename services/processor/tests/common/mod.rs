@@ -61,19 +61,9 @@ pub fn ticks(ts_ms: i64, partitions: i32) -> Vec<Input> {
 
 pub fn call(pool: &str, ep: &str, id: u64, outcome: OutcomeClass, ttft_ms: Option<i64>, ts_ms: i64) -> Signal {
     Signal::Call(CallOutcome {
-        event_id: format!("{pool}-{ep}-{id}"),
-        pool: pool.into(),
-        endpoint: ep.into(),
-        gateway: "gw-test".into(),
-        occurred_at: ts_ms * 1000,
-        outcome,
-        http_status: None,
         latency_us: 50_000,
         ttft_us: ttft_ms.map(|t| t * 1000),
-        tpot_us: None,
-        attributes: Default::default(),
-        model: None,
-        retry_after_ms: None,
+        ..CallOutcome::new(format!("{pool}-{ep}-{id}"), pool, ep, "gw-test", ts_ms * 1000, outcome)
     })
 }
 
