@@ -52,6 +52,13 @@ macro_rules! symbols {
             $($(#[$vdoc])* $variant),+
         }
 
+        impl $view {
+            /// The readable name.
+            pub fn as_str(self) -> &'static str {
+                $name::from(self).as_str()
+            }
+        }
+
         impl From<$name> for $view {
             fn from(v: $name) -> $view {
                 match v {

@@ -358,3 +358,69 @@ mod tests {
         assert_eq!(ok.to_state, StateName::Unhealthy);
     }
 }
+
+// The HTTP API's answers, typed on both sides: the API serializes them and the command-line
+// tool reads them, so a renamed field fails to compile instead of printing `?`.
+
+/// A pool with its endpoints.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolHealth {
+    pub pool: String,
+    pub endpoints: Vec<EndpointHealth>,
+    pub healthy: usize,
+    pub total: usize,
+    /// Panic mode (routing over every endpoint), from the pool's latest decision.
+    pub panic: bool,
+    /// A correlated outage suspected, from the pool's latest decision.
+    pub correlated_outage: bool,
+}
+
+/// A page of pools, in name order.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolPage {
+    pub pools: Vec<PoolHealth>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
+/// One endpoint with its latest evidence.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointDetail {
+    pub pool: String,
+    #[serde(flatten)]
+    pub current: EndpointHealth,
+    /// The last transition with its full evidence, if there was one.
+    pub last_transition: Option<Transition>,
+}
+
+/// A page of transitions, newest first.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryPage {
+    pub items: Vec<Transition>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// An operator action on the signals topic.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// Id of the record on the signals topic (the trigger id of the resulting transition).
+    pub id: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// A pool's policy in force.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolPolicy {
+    pub pool: String,
+    /// The policy's version (0: the default, never changed).
+    pub version: i64,
+    pub policy: c::Policy,
+}

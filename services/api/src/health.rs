@@ -6,22 +6,9 @@ use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde::Serialize;
-use utoipa::ToSchema;
-use vitals_contracts::{view, EndpointState, HealthState};
+use vitals_contracts::view::{self, EndpointDetail, PoolHealth, PoolPage};
+use vitals_contracts::{EndpointState, HealthState};
 use vitals_store::read;
-
-#[derive(Serialize, ToSchema)]
-pub struct PoolHealth {
-    pub pool: String,
-    pub endpoints: Vec<view::EndpointHealth>,
-    pub healthy: usize,
-    pub total: usize,
-    /// Panic mode (routing over every endpoint), from the pool's latest decision.
-    pub panic: bool,
-    /// A correlated outage suspected, from the pool's latest decision.
-    pub correlated_outage: bool,
-}
 
 /// Fill in the pools' flags from their latest decisions.
 async fn flag(app: &AppState, pools: &mut [PoolHealth]) -> Result<(), ApiError> {
@@ -34,15 +21,6 @@ async fn flag(app: &AppState, pools: &mut [PoolHealth]) -> Result<(), ApiError> 
         }
     }
     Ok(())
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct EndpointDetail {
-    pub pool: String,
-    #[serde(flatten)]
-    pub current: view::EndpointHealth,
-    /// The last transition with its full evidence, if there was one.
-    pub last_transition: Option<view::Transition>,
 }
 
 /// Endpoint states in (pool, endpoint) order, grouped by pool.
@@ -71,14 +49,6 @@ fn group(rows: Vec<EndpointState>) -> Vec<PoolHealth> {
         p.total = p.endpoints.len();
     }
     pools
-}
-
-/// A page of pools, in name order.
-#[derive(Serialize, ToSchema)]
-pub struct PoolPage {
-    pub pools: Vec<PoolHealth>,
-    /// Pass as `after` for the next page; absent on the last page.
-    pub next_after: Option<String>,
 }
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]

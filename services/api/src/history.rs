@@ -10,7 +10,8 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
+use vitals_contracts::view::HistoryPage;
 use vitals_contracts::{self as c, view};
 use vitals_store::read::{self, Position, TransitionFilter};
 
@@ -38,13 +39,6 @@ pub struct HistoryParams {
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct HistoryPage {
-    pub items: Vec<view::Transition>,
-    /// Pass as `cursor` for the next (older) page; absent on the last page.
-    pub next_cursor: Option<String>,
 }
 
 /// Position of the last item of a page: (stream_time µs, pool, endpoint, seq).

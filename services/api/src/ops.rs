@@ -12,8 +12,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::Utc;
 use rdkafka::producer::FutureRecord;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::ToSchema;
+use vitals_contracts::view::{Accepted, PoolPolicy};
 use vitals_contracts::{self as c, view};
 
 #[derive(Deserialize, ToSchema)]
@@ -22,14 +23,6 @@ pub struct OverrideRequest {
     pub action: view::Action,
     /// Why; recorded in the audit log with the token's name.
     pub reason: String,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct Accepted {
-    /// Id of the record on the signals topic (the trigger id of the resulting transition).
-    pub id: String,
-    pub partition: i32,
-    pub offset: i64,
 }
 
 async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiError> {
@@ -88,15 +81,6 @@ pub async fn override_endpoint(
     c::validate_signal(&signal, Some(now)).map_err(|e| ApiError::invalid(e.field, e.message))?;
     tracing::info!(actor = %who.name, "operator override");
     Ok((StatusCode::ACCEPTED, Json(produce(&app, &signal).await?)))
-}
-
-/// A pool's policy in force.
-#[derive(Serialize, ToSchema)]
-pub struct PoolPolicy {
-    pub pool: String,
-    /// The policy's version (0: the default, never changed).
-    pub version: i64,
-    pub policy: c::Policy,
 }
 
 #[utoipa::path(

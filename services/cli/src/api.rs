@@ -1,10 +1,13 @@
 //! The HTTP API's routes as verbs: tables for people, `--json` for scripts.
 
 use anyhow::Context as _;
+use chrono::{DateTime, SecondsFormat, Utc};
 use futures::StreamExt;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
+use vitals_contracts::view;
 
 /// Where the API is and who we are.
 pub struct Api {
@@ -68,6 +71,21 @@ impl Api {
 
     pub async fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
         self.answer(self.client.get(self.url(path)).query(query)).await
+    }
+
+    /// A GET whose answer is one of the API's view types.
+    pub async fn get_as<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
+        typed(path, self.get(path, query).await?)
+    }
+
+    /// A PUT or POST answered with an `Accepted`.
+    pub async fn send_accepted(&self, put: bool, path: &str, body: &Value) -> anyhow::Result<view::Accepted> {
+        let v = if put {
+            self.put(path, body).await?
+        } else {
+            self.post(path, body).await?
+        };
+        typed(path, v)
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
@@ -184,9 +202,19 @@ pub fn cell(v: &Value) -> String {
     }
 }
 
+/// An answer as the view type it must be (an API of another version says so, not `?`).
+pub fn typed<T: DeserializeOwned>(path: &str, v: Value) -> anyhow::Result<T> {
+    serde_json::from_value(v).with_context(|| format!("the API's answer to {path} is not the one this build reads"))
+}
+
+/// A time as the API writes it (RFC 3339, UTC).
+pub fn rfc3339(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
 /// One transition as a line, coloured by its target state on a terminal.
-pub fn transition_line(t: &Value) -> String {
-    let to = t["to_state"].as_str().unwrap_or("?");
+pub fn transition_line(t: &view::Transition) -> String {
+    let to = t.to_state.as_str();
     let colour = std::io::stdout().is_terminal();
     let paint = |s: &str| -> String {
         if !colour {
@@ -203,12 +231,12 @@ pub fn transition_line(t: &Value) -> String {
     };
     format!(
         "{}  {}/{}  {} -> {}  [{}] {}",
-        t["stream_time"].as_str().unwrap_or("?"),
-        t["pool"].as_str().unwrap_or("?"),
-        t["endpoint"].as_str().unwrap_or("?"),
-        t["from_state"].as_str().unwrap_or("?"),
+        rfc3339(&t.stream_time),
+        t.pool,
+        t.endpoint,
+        t.from_state.as_str(),
         paint(to),
-        t["reason_code"].as_str().unwrap_or("?"),
-        t["reason"].as_str().unwrap_or("")
+        t.reason_code.as_str(),
+        t.reason
     )
 }

@@ -290,24 +290,19 @@ pub async fn current(api: &crate::api::Api, range: &Range) -> anyhow::Result<Tim
     }
     let mut out = Timelines::new();
     loop {
-        let page = api.get("/v1/transitions", &q).await?;
-        for t in page["items"].as_array().into_iter().flatten() {
-            let at = t["stream_time"]
-                .as_str()
-                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-                .map_or(0, |d| d.timestamp_micros());
-            let s = |k: &str| t[k].as_str().unwrap_or("").to_owned();
-            out.entry((s("pool"), s("endpoint"))).or_default().push(Step {
-                t_us: at,
-                from: s("from_state"),
-                to: s("to_state"),
-                reason_code: s("reason_code"),
+        let page: vitals_contracts::view::HistoryPage = api.get_as("/v1/transitions", &q).await?;
+        for t in page.items {
+            out.entry((t.pool, t.endpoint)).or_default().push(Step {
+                t_us: t.stream_time.timestamp_micros(),
+                from: t.from_state.as_str().to_owned(),
+                to: t.to_state.as_str().to_owned(),
+                reason_code: t.reason_code.as_str().to_owned(),
             });
         }
-        match page["next_cursor"].as_str() {
+        match page.next_cursor {
             Some(c) => {
                 q.retain(|(k, _)| *k != "cursor");
-                q.push(("cursor", c.to_owned()));
+                q.push(("cursor", c));
             }
             None => break,
         }

@@ -17,11 +17,11 @@ mod scenarios;
 mod simulate;
 
 use anyhow::Context as _;
-use api::{cell, table, transition_line, Api, Refused};
+use api::{cell, rfc3339, table, transition_line, Api, Refused};
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use vitals_contracts::Policy;
+use vitals_contracts::{view, Policy};
 
 #[derive(Parser)]
 #[command(
@@ -218,58 +218,52 @@ fn read_policy(path: &PathBuf) -> anyhow::Result<Value> {
     Ok(v)
 }
 
-fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+fn print_typed(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
 }
 
 async fn health(pool: Option<String>, endpoint: Option<String>, conn: &Connection) -> anyhow::Result<()> {
     let api = conn.api()?;
+    let f2 = |v: f64| format!("{v:.2}");
     match (pool, endpoint) {
         (None, _) => {
-            let v = api.get("/v1/pools", &[]).await?;
+            let page: view::PoolPage = api.get_as("/v1/pools", &[]).await?;
             if conn.json {
-                print_json(&v);
-                return Ok(());
+                return print_typed(&page);
             }
-            let rows = v["pools"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows = page
+                .pools
+                .iter()
                 .map(|p| {
-                    let eps = p["endpoints"].as_array().cloned().unwrap_or_default();
-                    let out = eps.iter().filter(|e| e["state"] == "unhealthy").count();
-                    vec![
-                        cell(&p["pool"]),
-                        format!("{}/{}", cell(&p["healthy"]), cell(&p["total"])),
-                        out.to_string(),
-                    ]
+                    let out = p
+                        .endpoints
+                        .iter()
+                        .filter(|e| e.state == view::StateName::Unhealthy)
+                        .count();
+                    vec![p.pool.clone(), format!("{}/{}", p.healthy, p.total), out.to_string()]
                 })
                 .collect::<Vec<_>>();
             table(&["pool", "healthy", "unhealthy"], &rows);
         }
         (Some(pool), None) => {
-            let v = api.get(&format!("/v1/pools/{pool}"), &[]).await?;
+            let p: view::PoolHealth = api.get_as(&format!("/v1/pools/{pool}"), &[]).await?;
             if conn.json {
-                print_json(&v);
-                return Ok(());
+                return print_typed(&p);
             }
-            let rows = v["endpoints"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows = p
+                .endpoints
+                .iter()
                 .map(|e| {
-                    [
-                        "endpoint",
-                        "state",
-                        "weight",
-                        "score",
-                        "failure_rate",
-                        "since",
-                        "reason",
+                    vec![
+                        e.endpoint.clone(),
+                        e.state.as_str().to_owned(),
+                        f2(e.weight),
+                        f2(e.score),
+                        f2(e.failure_rate),
+                        rfc3339(&e.since),
+                        e.reason.clone(),
                     ]
-                    .iter()
-                    .map(|k| cell(&e[*k]))
-                    .collect()
                 })
                 .collect::<Vec<_>>();
             table(
@@ -286,26 +280,25 @@ async fn health(pool: Option<String>, endpoint: Option<String>, conn: &Connectio
             );
         }
         (Some(pool), Some(ep)) => {
-            let v = api.get(&format!("/v1/pools/{pool}/endpoints/{ep}"), &[]).await?;
+            let d: view::EndpointDetail = api.get_as(&format!("/v1/pools/{pool}/endpoints/{ep}"), &[]).await?;
             if conn.json {
-                print_json(&v);
-                return Ok(());
+                return print_typed(&d);
             }
-            let c = &v["current"];
-            for k in [
-                "state",
-                "weight",
-                "ramp_ms",
-                "score",
-                "failure_rate",
-                "since",
-                "reason",
-                "seq",
+            let c = &d.current;
+            for (k, v) in [
+                ("state", c.state.as_str().to_owned()),
+                ("weight", f2(c.weight)),
+                ("ramp_ms", c.ramp_ms.to_string()),
+                ("score", f2(c.score)),
+                ("failure_rate", f2(c.failure_rate)),
+                ("since", rfc3339(&c.since)),
+                ("reason", c.reason.clone()),
+                ("seq", c.seq.to_string()),
             ] {
-                println!("{k:<13} {}", cell(&c[k]));
+                println!("{k:<13} {v}");
             }
-            if !v["last_transition"].is_null() {
-                println!("last          {}", transition_line(&v["last_transition"]));
+            if let Some(t) = &d.last_transition {
+                println!("last          {}", transition_line(t));
             }
         }
     }
@@ -334,21 +327,21 @@ async fn history(
     .filter_map(|(k, v)| v.map(|v| (k, v)))
     .collect();
     q.push(("limit", limit.clamp(1, 500).to_string()));
-    let mut items: Vec<Value> = Vec::new();
+    let mut items: Vec<view::Transition> = Vec::new();
     loop {
-        let page = api.get("/v1/transitions", &q).await?;
-        items.extend(page["items"].as_array().cloned().unwrap_or_default());
-        match page["next_cursor"].as_str() {
+        let page: view::HistoryPage = api.get_as("/v1/transitions", &q).await?;
+        items.extend(page.items);
+        match page.next_cursor {
             Some(c) if items.len() < limit => {
                 q.retain(|(k, _)| *k != "cursor");
-                q.push(("cursor", c.to_owned()));
+                q.push(("cursor", c));
             }
             _ => break,
         }
     }
     items.truncate(limit);
     if conn.json {
-        print_json(&Value::Array(items));
+        print_typed(&items)?;
     } else {
         for t in &items {
             println!("{}", transition_line(t));
@@ -392,7 +385,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 tokio::task::spawn_blocking(move || scenarios::compare(&candidate, seed, runs, scenario.as_deref()))
                     .await??;
             if json {
-                print_json(&serde_json::to_value(&rows)?);
+                print_typed(&rows)?;
             } else {
                 scenarios::print(&rows);
             }
@@ -434,7 +427,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 eprintln!("vitals backtest: timelines in {}", path.display());
             }
             if conn.json {
-                print_json(&serde_json::to_value(&diffs)?);
+                print_typed(&diffs)?;
             } else {
                 backtest::print_table(&diffs);
             }
@@ -455,29 +448,30 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             reason,
             conn,
         } => {
-            let v = conn
+            let a = conn
                 .api()?
-                .post(
+                .send_accepted(
+                    false,
                     &format!("/v1/pools/{pool}/endpoints/{endpoint}/override"),
                     &json!({"action": action, "reason": reason}),
                 )
                 .await?;
             if conn.json {
-                print_json(&v);
+                print_typed(&a)?;
             } else {
-                println!("accepted: {action} on {pool}/{endpoint} (record {})", cell(&v["id"]));
+                println!("accepted: {action} on {pool}/{endpoint} (record {})", a.id);
             }
         }
         Command::Policy {
             action: PolicyAction::Get { pool, conn },
         } => {
-            let v = conn.api()?.get(&format!("/v1/pools/{pool}/policy"), &[]).await?;
+            let p: view::PoolPolicy = conn.api()?.get_as(&format!("/v1/pools/{pool}/policy"), &[]).await?;
             if conn.json {
-                print_json(&v);
+                print_typed(&p)?;
             } else {
-                println!("pool {pool}, policy version {}", cell(&v["version"]));
-                if let Some(fields) = v["policy"].as_object() {
-                    for (k, val) in fields {
+                println!("pool {pool}, policy version {}", p.version);
+                if let Value::Object(fields) = serde_json::to_value(&p.policy)? {
+                    for (k, val) in &fields {
                         println!("  {k:<28} {}", cell(val));
                     }
                 }
@@ -487,14 +481,17 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             action: PolicyAction::Set { pool, file, conn },
         } => {
             let body = read_policy(&file)?;
-            let v = conn.api()?.put(&format!("/v1/pools/{pool}/policy"), &body).await?;
+            let a = conn
+                .api()?
+                .send_accepted(true, &format!("/v1/pools/{pool}/policy"), &body)
+                .await?;
             if conn.json {
-                print_json(&v);
+                print_typed(&a)?;
             } else {
                 println!(
                     "accepted: the policy of {pool} from {} (record {})",
                     file.display(),
-                    cell(&v["id"])
+                    a.id
                 );
             }
         }
@@ -521,17 +518,23 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                     if conn.json {
                         println!("{}", json!({"event": event, "data": data}));
                     } else if event == "health_changed" {
-                        println!("{}", transition_line(data));
+                        match serde_json::from_value::<view::Transition>(data.clone()) {
+                            Ok(t) => println!("{}", transition_line(&t)),
+                            Err(e) => eprintln!("vitals tail: a health_changed event this build cannot read: {e}"),
+                        }
                     } else {
-                        println!(
-                            "{}  {} pool: {}/{} healthy, panic={} correlated_outage={}",
-                            cell(&data["stream_time"]),
-                            cell(&data["pool"]),
-                            cell(&data["healthy"]),
-                            cell(&data["endpoints"]),
-                            cell(&data["panic"]),
-                            cell(&data["correlated_outage"])
-                        );
+                        match serde_json::from_value::<view::PoolEvent>(data.clone()) {
+                            Ok(p) => println!(
+                                "{}  {} pool: {}/{} healthy, panic={} correlated_outage={}",
+                                rfc3339(&p.stream_time),
+                                p.pool,
+                                p.healthy,
+                                p.endpoints,
+                                p.panic,
+                                p.correlated_outage
+                            ),
+                            Err(e) => eprintln!("vitals tail: a pool_changed event this build cannot read: {e}"),
+                        }
                     }
                     seen += 1;
                     max == 0 || seen < max
