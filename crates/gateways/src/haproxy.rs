@@ -26,31 +26,11 @@
 //! unless redispatched: each is reported as one more connect_error; a redispatched request's
 //! earlier attempts went to a server the line does not name, and are only counted.
 
-use crate::{class_of_status, line_id, ms, retry_after_ms, Attempt, Bad, Skip};
+use crate::{class_of_status, line_id, ms, retry_after_ms, Attempt, Bad, Line, Skip};
 use vitals_contracts::OutcomeClass;
 
 /// The first word of every line in vitals' format (its version).
 pub const MARKER: &str = "vitals1";
-
-/// What one access-log line held.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Line<'a> {
-    pub attempts: Vec<Attempt<'a>>,
-    /// Why the line gave no attempt.
-    pub skipped: Option<Skip>,
-    /// Attempts on a server the line does not name (a redispatched request's first tries).
-    pub unattributed: u32,
-}
-
-impl Line<'_> {
-    fn skipped(s: Skip) -> Self {
-        Line {
-            attempts: Vec::new(),
-            skipped: Some(s),
-            unattributed: 0,
-        }
-    }
-}
 
 fn timer(v: &str, field: &'static str) -> Result<i64, Bad> {
     v.parse::<i64>().ok().filter(|t| *t >= -1).ok_or(Bad::Field(field))

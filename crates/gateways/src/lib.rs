@@ -41,6 +41,26 @@ pub struct Attempt<'a> {
     pub detail: Option<&'a str>,
 }
 
+/// What one access-log line held (either format).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line<'a> {
+    pub attempts: Vec<Attempt<'a>>,
+    /// Why the line gave no attempt.
+    pub skipped: Option<Skip>,
+    /// Attempts on a server the line does not name (a redispatched request's first tries).
+    pub unattributed: u32,
+}
+
+impl Line<'_> {
+    pub(crate) fn skipped(s: Skip) -> Self {
+        Line {
+            attempts: Vec::new(),
+            skipped: Some(s),
+            unattributed: 0,
+        }
+    }
+}
+
 /// Why a line gave no attempt although it was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Skip {

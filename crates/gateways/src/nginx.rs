@@ -21,12 +21,10 @@
 //! | 499, or no status and the client left (499)    | cancelled (neutral)            |
 //! | the address is the upstream's name             | not reported: no live server was left to try |
 
-use crate::{class_of_status, line_id, retry_after_ms, Attempt, Bad, Skip};
+use crate::{class_of_status, line_id, retry_after_ms, Attempt, Bad, Line, Skip};
 use serde::Deserialize;
 use std::borrow::Cow;
 use vitals_contracts::OutcomeClass;
-
-pub use crate::haproxy::Line;
 
 #[derive(Deserialize)]
 struct Record<'a> {
@@ -109,15 +107,11 @@ pub fn parse(body: &[u8]) -> Result<Line<'_>, Bad> {
     let started_us = ended - took;
     let client_left = r.client_status == "499";
     if addr.is_empty() || addr == "-" || backend.is_empty() {
-        return Ok(Line {
-            attempts: Vec::new(),
-            skipped: Some(if client_left {
-                Skip::ClientAborted
-            } else {
-                Skip::NoServer
-            }),
-            unattributed: 0,
-        });
+        return Ok(Line::skipped(if client_left {
+            Skip::ClientAborted
+        } else {
+            Skip::NoServer
+        }));
     }
     let id = if r.id.is_empty() || r.id == "-" {
         line_id(body)

@@ -471,3 +471,15 @@ pub fn stack(cmd: &str) {
         .expect("stack script runs");
     assert!(status.success(), "scripts/stack.sh {cmd} failed");
 }
+
+/// Run a binary of this workspace to its end with `args`: its exit code and its output (stderr,
+/// then stdout), for tests of configuration errors.
+pub fn run_to_end(binary_name: &str, args: &[&str]) -> (i32, String) {
+    let out = Command::new(binary(binary_name))
+        .args(args)
+        .env("VITALS_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("{binary_name} runs: {e}"));
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.code().unwrap_or(-1), text)
+}

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use vitals_contracts::HealthState;
 use vitals_gateways::map::Map;
 use vitals_gateways::runtime::{plan, Client, OutState, Server, Want};
 use vitals_healthview::{Freshness, HealthView};
@@ -135,22 +136,41 @@ fn save_ours(path: Option<&PathBuf>, ours: &BTreeSet<(String, String)>) {
     }
 }
 
-/// What vitals wants of `s`, and why (for the log).
-fn want(view: &HealthView, map: &Map, s: &Server, now: i64) -> Option<(Want, String)> {
+/// Why vitals wants what it wants of a server (formatted only when a command is logged).
+enum Why<'a> {
+    FailedOpen,
+    Panic(&'a str),
+    State(&'a str, &'a str, HealthState, f64),
+    Unknown(&'a str, &'a str),
+}
+
+impl std::fmt::Display for Why<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::FailedOpen => write!(f, "vitals silent: failed open"),
+            Why::Panic(pool) => write!(f, "pool {pool} in panic: every server"),
+            Why::State(pool, ep, state, w) => write!(f, "{pool}/{ep} {} at weight {w:.2}", state.as_str()),
+            Why::Unknown(pool, ep) => write!(f, "{pool}/{ep} not known to vitals"),
+        }
+    }
+}
+
+/// What vitals wants of `s`, and why.
+fn want<'a>(view: &HealthView, map: &'a Map, s: &'a Server, now: i64) -> Option<(Want, Why<'a>)> {
     let (pool, endpoint) = map.resolve(&s.backend, &s.name)?;
     let full = Want::Ready(s.initial_weight);
     if view.freshness(now) == Freshness::Open {
-        return Some((full, "vitals silent: failed open".into()));
+        return Some((full, Why::FailedOpen));
     }
     if view.panic(pool) {
-        return Some((full, format!("pool {pool} in panic: every server")));
+        return Some((full, Why::Panic(pool)));
     }
     match (view.weight(pool, endpoint, now), view.state(pool, endpoint)) {
         (Some(w), Some(state)) => Some((
             Want::from_weight(w, s.initial_weight),
-            format!("{pool}/{endpoint} {} at weight {w:.2}", state.as_str()),
+            Why::State(pool, endpoint, state, w),
         )),
-        _ => Some((full, format!("{pool}/{endpoint} not known to vitals"))),
+        _ => Some((full, Why::Unknown(pool, endpoint))),
     }
 }
 
@@ -218,7 +238,7 @@ impl Steer {
                 .iter()
                 .find(|s| s.backend == c.backend && s.name == c.server)
                 .and_then(|s| want(view, map, s, now))
-                .map(|w| w.1)
+                .map(|w| w.1.to_string())
                 .unwrap_or_default();
             match self.client.set(&c.line, API_TIMEOUT) {
                 Ok(()) => {

@@ -1,16 +1,8 @@
 //! The binary's configuration errors: each named, nothing started. (No stack needed: it stops
 //! before it connects to anything.)
 
-use std::process::Command;
-
 fn run(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vitals-haproxy"))
-        .args(args)
-        .env("VITALS_LOG", "warn")
-        .output()
-        .expect("the binary runs");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    (out.status.code().unwrap_or(-1), text)
+    vitals_testkit::run_to_end("vitals-haproxy", args)
 }
 
 #[test]
