@@ -22,6 +22,10 @@ struct Args {
     /// Signals per second of stream time across the fleet.
     #[arg(long, default_value_t = 10_000)]
     rate: u64,
+    /// Hash every decision and print the digest (a refactor of the rules must leave it
+    /// unchanged); costs CPU inside the measured loop, so the throughput is not comparable.
+    #[arg(long)]
+    digest: bool,
 }
 
 fn main() {
@@ -41,12 +45,16 @@ fn main() {
     let mut engine = Engine::new(Policy::default());
     let mut out: Vec<Decision> = Vec::with_capacity(1024);
     let (mut transitions, mut pool_events) = (0u64, 0u64);
+    let mut digest = vitals_contracts::hash::Fnv64::new();
     let mut codes: std::collections::BTreeMap<String, u64> = Default::default();
     let cpu0 = cpu_seconds();
     let wall0 = std::time::Instant::now();
     for (i, (t, s)) in input.iter().enumerate() {
         engine.apply(*t, s, &mut out);
         for d in out.drain(..) {
+            if args.digest {
+                digest = digest.bytes(format!("{d:?}").bytes());
+            }
             match d {
                 Decision::Endpoint(h) => {
                     transitions += 1;
@@ -78,6 +86,12 @@ fn main() {
     );
     println!("  per signal          {:.0} ns", cpu * 1e9 / input.len() as f64);
     println!("  decisions           {transitions} transitions, {pool_events} pool events");
+    if args.digest {
+        println!(
+            "  decision digest     {:016x} (FNV-1a of every decision)",
+            digest.finish()
+        );
+    }
     let by_code: Vec<String> = codes.iter().map(|(c, n)| format!("{c} {n}")).collect();
     println!("  by reason           {}", by_code.join(", "));
     println!(

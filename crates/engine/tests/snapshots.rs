@@ -1,0 +1,142 @@
+//! Snapshot compatibility: a snapshot written by an earlier build of the engine still restores,
+//! re-serializes to the same bytes and continues exactly as the uninterrupted run.
+//!
+//! `fixtures/pool-snapshot-2026-12.json` was written by the engine as it stood before its rules
+//! moved into modules (issue 23), from [`mixed_signals`] cut at [`CUT`]. To write a new fixture
+//! for a later format, run this test with `VITALS_WRITE_SNAPSHOT_FIXTURE=<path>`.
+
+mod common;
+use common::*;
+use vitals_contracts::*;
+use vitals_engine::{Decision, Engine};
+
+const FIXTURE: &[u8] = include_bytes!("fixtures/pool-snapshot-2026-12.json");
+const CUT: usize = 3_000;
+
+/// Three pools whose endpoints go through every kind of state entry: ejection and trial, a
+/// cooldown after 429s, degradation on slow first tokens, heartbeat silence, a critical
+/// dependency down, an operator override and a policy change.
+fn mixed_signals() -> Vec<(Micros, Signal)> {
+    let mut v = Vec::new();
+    let mut id = 0u64;
+    for step in 0..1_200i64 {
+        let t = T0 + step * 100 * MS;
+        let phase = (step / 150) % 4;
+        for (i, ep) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            id += 1;
+            let class = match (ep, phase) {
+                ("a", 1 | 2) => OutcomeClass::ConnectError,
+                ("b", 2) if step % 5 < 2 => OutcomeClass::RateLimited,
+                ("c", 3) if step % 7 == 0 => OutcomeClass::ConnectionDropped,
+                _ => OutcomeClass::Success,
+            };
+            let ttft = if ep == "d" && phase == 1 {
+                6_000
+            } else {
+                300 + (i as i64) * 20
+            };
+            let mut s = call("chat", ep, id, class, Some(ttft));
+            if let Signal::Call(c) = &mut s {
+                if class == OutcomeClass::RateLimited {
+                    c.retry_after_ms = Some(4_000);
+                }
+            }
+            v.push((t, s));
+        }
+        if step % 10 == 0 {
+            let failing = (300..700).contains(&step);
+            let outcome = if failing {
+                OutcomeClass::ConnectError
+            } else {
+                OutcomeClass::Success
+            };
+            v.push((t, Signal::Probe(probe("chat", "a", id, ProbeKind::Http, outcome))));
+            if !(400..600).contains(&step) {
+                let mut hb = probe("edge", "h", id, ProbeKind::Heartbeat, OutcomeClass::Success);
+                hb.interval_ms = Some(2_000);
+                v.push((t, Signal::Probe(hb)));
+            }
+            let mut dep = probe("db", "x", id, ProbeKind::Http, OutcomeClass::Success);
+            dep.dependencies = vec![DependencyReport {
+                name: "postgres".into(),
+                critical: true,
+                status: if (500..800).contains(&step) {
+                    DependencyStatus::Down
+                } else {
+                    DependencyStatus::Up
+                },
+            }];
+            v.push((t, Signal::Probe(dep)));
+            v.push((t, tick()));
+        }
+        if step == 900 {
+            v.push((
+                t,
+                Signal::Override(OperatorOverride {
+                    override_id: "ov-1".into(),
+                    pool: "chat".into(),
+                    endpoint: "c".into(),
+                    action: OverrideAction::MaintenanceOn,
+                    actor: "alice".into(),
+                    reason: "upgrade".into(),
+                    issued_at: T0,
+                }),
+            ));
+        }
+        if step == 1_000 {
+            v.push((
+                t,
+                Signal::Policy(PolicyChange {
+                    change_id: "pc-1".into(),
+                    pool: "chat".into(),
+                    policy: Policy {
+                        version: 2,
+                        consecutive_failures: 3,
+                        ..Policy::default()
+                    },
+                    actor: "bob".into(),
+                    issued_at: T0,
+                }),
+            ));
+        }
+    }
+    v
+}
+
+fn run(engine: &mut Engine, signals: &[(Micros, Signal)]) -> Vec<Decision> {
+    let mut out = Vec::new();
+    for (t, s) in signals {
+        engine.apply(*t, s, &mut out);
+    }
+    out
+}
+
+#[test]
+fn a_snapshot_from_before_the_rules_moved_restores_and_continues_identically() {
+    let signals = mixed_signals();
+    let mut whole = Engine::new(Policy::default());
+    let first = run(&mut whole, &signals[..CUT]);
+    if let Ok(path) = std::env::var("VITALS_WRITE_SNAPSHOT_FIXTURE") {
+        std::fs::write(path, whole.snapshot()).unwrap();
+    }
+    let states: Vec<HealthState> = transitions(&first).iter().map(|h| h.to_state).collect();
+    for s in [
+        HealthState::Unhealthy,
+        HealthState::Recovering,
+        HealthState::Degraded,
+        HealthState::Suspect,
+    ] {
+        assert!(states.contains(&s), "the first part enters {s:?}: {states:?}");
+    }
+    let expected = run(&mut whole, &signals[CUT..]);
+    let mut restored = Engine::restore(FIXTURE).expect("an older snapshot restores");
+    assert_eq!(
+        restored.snapshot(),
+        FIXTURE,
+        "an older snapshot re-serializes to the same bytes (no field renamed, dropped or reordered)"
+    );
+    let got = run(&mut restored, &signals[CUT..]);
+    assert!(!expected.is_empty());
+    assert_eq!(got, expected);
+    assert_eq!(restored, whole);
+}
