@@ -3,6 +3,7 @@
 
 use crate::window::{counts_as_failure, Rate, Totals, Window};
 use serde::{Deserialize, Serialize};
+use vitals_contracts::hash::Fnv64;
 use vitals_contracts::{Evidence, HealthState, Micros, OutcomeClass, OverrideAction, Policy};
 
 /// Number of recent TTFT samples kept for the percentiles in the evidence.
@@ -11,24 +12,6 @@ pub const TTFT_SAMPLES: usize = 16;
 pub const MAX_TRIGGERS: usize = 5;
 /// Latency samples an endpoint needs before it is compared with its peers.
 pub const LATENCY_MIN_SAMPLES: u32 = 5;
-
-/// A rule an endpoint crosses: an ejection, degradation or suspicion cause.
-#[derive(Debug, Clone, Copy)]
-enum Cause {
-    HardBreak,
-    ConsecutiveFailures,
-    FailureRate,
-    CriticalDown,
-    HeartbeatSilence,
-    Score,
-    NoncriticalDown,
-    LatencyOutlier,
-    PeerFailures,
-    TtftOutlier,
-    EjectionRefused,
-    SuspectFailures,
-    SuspectSilence,
-}
 
 /// What an ejection was for: the kind of evidence that can show the fault is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,99 +42,123 @@ impl Dimension {
     }
 }
 
-/// Where an outcome comes from: a real call or a probe of some kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    Call,
-    Probe(vitals_contracts::ProbeKind),
+/// A state an endpoint enters, with what entering it takes ([`Tracker::enter`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Entry {
+    /// Ejected: a new isolation (longer for a flapping endpoint), for what it is out for (None:
+    /// what it was out for before, else errors).
+    Eject(Option<Dimension>),
+    /// The trial after an isolation failed: the same isolation again, jittered by this hash of
+    /// the pool's and the endpoint's names.
+    TrialFailed(Fnv64),
+    /// 429s: a cooldown of this many ms, no backoff.
+    Cooldown(i64),
+    /// Out by an operator: forced unhealthy, or maintenance.
+    Operator(HealthState),
+    /// Back at slow-start weight: readmitted (as a canary, or not), or a cooldown over.
+    Recovering { canary: bool },
+    /// Healthy: nothing of an isolation is left.
+    Healthy,
+    /// Suspect or degraded: still in rotation, nothing reset.
+    InRotation(HealthState),
 }
 
-/// What an outcome says about an endpoint that is out, given what it is out for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// It says nothing (a 4xx, a cancelled call, a 429).
-    Neutral,
-    /// The fault is still there.
-    Fail,
-    /// It passed, but cannot see the fault: readmit only as a canary that real calls decide.
-    Canary,
-    /// It passed and can see the fault.
-    Pass,
+/// What [`Tracker::enter`] recorded, for the decision the pool publishes.
+pub(crate) struct Entered {
+    pub from: HealthState,
+    pub seq: u64,
+    /// When the router's trial is due (or a cooldown ends), for an isolation.
+    pub retry_at: Option<Micros>,
+    pub evidence: Evidence,
+    /// It was out on a cooldown before.
+    pub was_cooling: bool,
+}
+
+/// Deterministic jitter for a retry: up to a quarter of `base`, from the endpoint's names (`key`)
+/// and the attempt (FNV-1a), so that replaying the log gives the same times and retries of
+/// different endpoints (or of one endpoint after each failed trial) never line up with a
+/// periodic fault.
+fn jitter(key: Fnv64, isolations: u32, attempt: u16, base: i64) -> i64 {
+    let h = key
+        .bytes(isolations.to_le_bytes())
+        .bytes(attempt.to_le_bytes())
+        .finish();
+    base / 1000 * (h % 250) as i64
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tracker {
-    pub state: HealthState,
-    pub since: Micros,
-    pub seq: u64,
-    pub window: Window,
-    pub score: f64,
+    state: HealthState,
+    since: Micros,
+    seq: u64,
+    window: Window,
+    score: f64,
     /// When the score last rose above `recover_above`; the deadband's 30 s hold counts from here.
-    pub above_since: Option<Micros>,
-    pub consecutive_failures: u32,
-    pub consecutive_successes: u32,
-    pub consecutive_hard: u32,
+    above_since: Option<Micros>,
+    consecutive_failures: u32,
+    consecutive_successes: u32,
+    consecutive_hard: u32,
     /// Ids of the current run of failures, newest last, at most [`MAX_TRIGGERS`].
-    pub failure_ids: Vec<String>,
+    failure_ids: Vec<String>,
     /// Isolations in a row, each ejected soon after a readmission (k + 1 of the 30 s × 2^k
     /// backoff); 1 for a first ejection.
-    pub isolations: u32,
+    isolations: u32,
     /// When the current (or last) ejection began: the minimum isolation counts from here.
-    pub last_isolated_at: Option<Micros>,
+    last_isolated_at: Option<Micros>,
     /// When the router's trial call is due (`retry_at`), or a cooldown ends.
-    pub isolated_until: Option<Micros>,
+    isolated_until: Option<Micros>,
     /// The isolation has expired: the next call is the router's trial.
-    pub trial_open: bool,
-    pub ramp_until: Option<Micros>,
+    trial_open: bool,
+    ramp_until: Option<Micros>,
     ttft_us: [u32; TTFT_SAMPLES],
     ttft_len: u8,
     ttft_pos: u8,
-    pub latency_ewma_ms: f64,
-    pub latency_samples: u32,
-    pub latency_outlier: bool,
-    pub last_heartbeat: Option<Micros>,
-    pub heartbeat_interval_ms: Option<i64>,
+    latency_ewma_ms: f64,
+    latency_samples: u32,
+    latency_outlier: bool,
+    last_heartbeat: Option<Micros>,
+    heartbeat_interval_ms: Option<i64>,
     /// Heartbeats have been silent past the suspect threshold.
-    pub heartbeat_silent: bool,
-    pub critical_down: Vec<String>,
-    pub noncritical_down: Vec<String>,
+    heartbeat_silent: bool,
+    critical_down: Vec<String>,
+    noncritical_down: Vec<String>,
     /// An automatic ejection was refused by the pool's max-ejection rule.
-    pub eject_refused: bool,
-    pub forced: Option<OverrideAction>,
+    eject_refused: bool,
+    forced: Option<OverrideAction>,
     /// What the current ejection is for (None while in rotation).
     #[serde(default)]
-    pub out_for: Option<Dimension>,
+    out_for: Option<Dimension>,
     /// Passing outcomes in a row while out.
     #[serde(default)]
-    pub passes_while_out: u16,
+    passes_while_out: u16,
     /// Failed trial calls of the current isolation: the jitter's attempt number.
     #[serde(default)]
-    pub failed_trials: u16,
+    failed_trials: u16,
     /// 429s in a row.
     #[serde(default)]
-    pub consecutive_rate_limited: u16,
+    consecutive_rate_limited: u16,
     /// Readmitted on evidence that cannot see the fault: real calls decide.
     #[serde(default)]
-    pub canary: bool,
+    canary: bool,
     /// Real calls that passed since a canary readmission.
     #[serde(default)]
-    pub canary_calls: u16,
+    canary_calls: u16,
     /// The latest Retry-After the upstream sent with a 429, in ms.
     #[serde(default)]
-    pub retry_after_ms: Option<u32>,
+    retry_after_ms: Option<u32>,
     /// When the endpoint was last readmitted: an ejection soon after is a flap.
     #[serde(default)]
-    pub readmitted_at: Option<Micros>,
+    readmitted_at: Option<Micros>,
     /// Failure rate significantly above the peers' (Wilson bounds; set by the pool).
     #[serde(default)]
-    pub failure_outlier: bool,
+    failure_outlier: bool,
     /// First tokens far slower than the peers' (set by the pool).
     #[serde(default)]
-    pub ttft_outlier: bool,
+    ttft_outlier: bool,
 }
 
 impl Tracker {
-    pub fn new(now: Micros, policy: &Policy) -> Tracker {
+    pub(crate) fn new(now: Micros, policy: &Policy) -> Tracker {
         Tracker {
             state: HealthState::Healthy,
             since: now,
@@ -194,6 +201,136 @@ impl Tracker {
         }
     }
 
+    /// The state it is in.
+    pub fn state(&self) -> HealthState {
+        self.state
+    }
+
+    /// When it entered its state (stream time).
+    pub fn since(&self) -> Micros {
+        self.since
+    }
+
+    /// Its transitions so far: the seq of the last one.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The EWMA health score, 0–100.
+    pub fn score(&self) -> f64 {
+        self.score
+    }
+
+    /// Isolations in a row (the k + 1 of the 30 s × 2^k backoff); 0 before any ejection.
+    pub fn isolations(&self) -> u32 {
+        self.isolations
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures
+    }
+
+    pub fn consecutive_successes(&self) -> u32 {
+        self.consecutive_successes
+    }
+
+    /// The operator's override in force, if any.
+    pub fn forced(&self) -> Option<OverrideAction> {
+        self.forced
+    }
+
+    /// What the current ejection is for (None while in rotation).
+    pub fn out_for(&self) -> Option<Dimension> {
+        self.out_for
+    }
+
+    pub(crate) fn consecutive_hard(&self) -> u32 {
+        self.consecutive_hard
+    }
+
+    pub(crate) fn consecutive_rate_limited(&self) -> u16 {
+        self.consecutive_rate_limited
+    }
+
+    pub(crate) fn above_since(&self) -> Option<Micros> {
+        self.above_since
+    }
+
+    /// Ids of the current run of failures: the triggers of a transition they cause.
+    pub(crate) fn failure_ids(&self) -> &[String] {
+        &self.failure_ids
+    }
+
+    pub(crate) fn eject_refused(&self) -> bool {
+        self.eject_refused
+    }
+
+    pub(crate) fn latency_outlier(&self) -> bool {
+        self.latency_outlier
+    }
+
+    pub(crate) fn failure_outlier(&self) -> bool {
+        self.failure_outlier
+    }
+
+    pub(crate) fn ttft_outlier(&self) -> bool {
+        self.ttft_outlier
+    }
+
+    pub(crate) fn latency_ewma_ms(&self) -> f64 {
+        self.latency_ewma_ms
+    }
+
+    pub(crate) fn latency_samples(&self) -> u32 {
+        self.latency_samples
+    }
+
+    pub(crate) fn critical_down(&self) -> &[String] {
+        &self.critical_down
+    }
+
+    pub(crate) fn noncritical_down(&self) -> &[String] {
+        &self.noncritical_down
+    }
+
+    pub(crate) fn heartbeat_silent(&self) -> bool {
+        self.heartbeat_silent
+    }
+
+    pub(crate) fn trial_open(&self) -> bool {
+        self.trial_open
+    }
+
+    pub(crate) fn isolated_until(&self) -> Option<Micros> {
+        self.isolated_until
+    }
+
+    pub(crate) fn ramp_until(&self) -> Option<Micros> {
+        self.ramp_until
+    }
+
+    pub(crate) fn readmitted_at(&self) -> Option<Micros> {
+        self.readmitted_at
+    }
+
+    pub(crate) fn last_isolated_at(&self) -> Option<Micros> {
+        self.last_isolated_at
+    }
+
+    /// Readmitted on evidence that cannot see the fault: real calls decide.
+    pub(crate) fn canary(&self) -> bool {
+        self.canary
+    }
+
+    pub(crate) fn retry_after_ms(&self) -> Option<u32> {
+        self.retry_after_ms
+    }
+
+    /// Out on a rate-limit cooldown: out of rotation, but not an outage.
+    pub(crate) fn cooling(&self) -> bool {
+        self.state == HealthState::Unhealthy && self.out_for == Some(Dimension::RateLimit)
+    }
+
     pub fn totals(&self, now: Micros, policy: &Policy) -> Totals {
         self.window.totals(now, us(policy.bucket_ms))
     }
@@ -217,7 +354,7 @@ impl Tracker {
     /// Record an outcome: window, counters, score. `class` is the effective class (a success
     /// slower than `slow_call_ms` to its first token arrives here as a timeout).
     /// Returns the window's counts after recording.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         now: Micros,
         policy: &Policy,
@@ -280,7 +417,7 @@ impl Tracker {
         rate
     }
 
-    pub fn record_latency(&mut self, latency_us: i64, policy: &Policy) {
+    pub(crate) fn record_latency(&mut self, latency_us: i64, policy: &Policy) {
         let ms = latency_us as f64 / 1000.0;
         self.latency_ewma_ms = if self.latency_samples == 0 {
             ms
@@ -300,201 +437,12 @@ impl Tracker {
         Some(f64::from(v[idx]) / 1000.0)
     }
 
-    /// The ejection rules this endpoint crosses, not yet spelled out (the rules are checked at
-    /// every timer of the pool; thresholds are only written when the state changes).
-    ///
-    /// Fresh evidence only: the rules that look back over the window (failure rate, the peer
-    /// comparison) never eject an endpoint whose latest outcome succeeded.
-    fn eject_rules(&self, totals: &Rate, policy: &Policy, now: Micros) -> impl Iterator<Item = Cause> {
-        let silent = self.heartbeat_silence(now).is_some_and(|silence| {
-            silence >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
-        });
-        let fresh = self.consecutive_successes == 0;
-        [
-            (
-                self.consecutive_hard >= policy.hard_break_after as u32,
-                Cause::HardBreak,
-            ),
-            (
-                self.consecutive_failures >= policy.consecutive_failures as u32,
-                Cause::ConsecutiveFailures,
-            ),
-            (
-                fresh
-                    && totals.counted() >= policy.min_volume as u64
-                    && totals.failure_rate() > policy.failure_rate_threshold,
-                Cause::FailureRate,
-            ),
-            (fresh && self.failure_outlier, Cause::PeerFailures),
-            (self.ttft_outlier, Cause::TtftOutlier),
-            (!self.critical_down.is_empty(), Cause::CriticalDown),
-            (silent, Cause::HeartbeatSilence),
-        ]
-        .into_iter()
-        .filter_map(|(crossed, cause)| crossed.then_some(cause))
-    }
-
-    fn degrade_rules(&self, policy: &Policy) -> impl Iterator<Item = Cause> {
-        [
-            (self.score < policy.degrade_below, Cause::Score),
-            (!self.noncritical_down.is_empty(), Cause::NoncriticalDown),
-            (self.latency_outlier, Cause::LatencyOutlier),
-            (self.eject_refused, Cause::EjectionRefused),
-        ]
-        .into_iter()
-        .filter_map(|(crossed, cause)| crossed.then_some(cause))
-    }
-
-    /// Failures make an endpoint suspect only when they are not isolated: a run of them and a
-    /// window failure rate of at least half the ejection threshold (a few failures in a row among
-    /// many successes used to flicker healthy → suspect → healthy and fill the audit log).
-    fn suspect_rules(&self, totals: &Rate, policy: &Policy) -> impl Iterator<Item = Cause> {
-        [
-            (
-                self.consecutive_failures >= policy.suspect_after_failures as u32
-                    && totals.failure_rate() >= policy.failure_rate_threshold / 2.0,
-                Cause::SuspectFailures,
-            ),
-            (self.heartbeat_silent, Cause::SuspectSilence),
-        ]
-        .into_iter()
-        .filter_map(|(crossed, cause)| crossed.then_some(cause))
-    }
-
-    /// Whether [`Tracker::eject_causes`] is not empty, without spelling the causes out.
-    pub fn ejectable(&self, totals: &Rate, policy: &Policy, now: Micros) -> bool {
-        self.eject_rules(totals, policy, now).next().is_some()
-    }
-
-    /// Whether [`Tracker::degrade_causes`] is not empty.
-    pub fn degradable(&self, policy: &Policy) -> bool {
-        self.degrade_rules(policy).next().is_some()
-    }
-
-    /// Whether [`Tracker::suspect_causes`] is not empty.
-    pub fn suspicious(&self, totals: &Rate, policy: &Policy) -> bool {
-        self.suspect_rules(totals, policy).next().is_some()
-    }
-
-    /// What an ejection on these rules is for. `slow` says the outcome that crossed them was a
-    /// 200 whose first token came too late.
-    pub fn eject_dimension(&self, totals: &Rate, policy: &Policy, now: Micros, slow: bool) -> Dimension {
-        let mut dims = self.eject_rules(totals, policy, now).map(|c| match c {
-            Cause::TtftOutlier => Dimension::Ttft,
-            Cause::CriticalDown => Dimension::Dependency,
-            Cause::HeartbeatSilence => Dimension::Heartbeat,
-            _ if slow => Dimension::Ttft,
-            _ => Dimension::Errors,
-        });
-        let first = dims.next().unwrap_or(Dimension::Errors);
-        // Slow first tokens and errors together: only a first token shows both gone.
-        dims.fold(first, |a, b| if b == Dimension::Ttft { b } else { a })
-    }
-
-    /// What a passing or failing outcome says about this endpoint while it is out (or
-    /// recovering) for `dim`.
-    pub fn verdict(
-        &self,
-        dim: Dimension,
-        source: Source,
-        class: OutcomeClass,
-        ttft_us: Option<i64>,
-        probe_reports_dependencies: bool,
-        policy: &Policy,
-    ) -> Verdict {
-        use vitals_contracts::ProbeKind;
-        if class.is_neutral() || class == OutcomeClass::RateLimited {
-            return Verdict::Neutral;
-        }
-        if counts_as_failure(class) {
-            return Verdict::Fail;
-        }
-        let first_token_ok = ttft_us.map(|t| (t as f64) <= policy.ttft_max_ms * 1000.0);
-        match (dim, source) {
-            (Dimension::RateLimit, _) => Verdict::Neutral,
-            (Dimension::Errors, Source::Probe(ProbeKind::Heartbeat)) => Verdict::Canary,
-            (Dimension::Errors, _) => Verdict::Pass,
-            (Dimension::Ttft, _) => match first_token_ok {
-                Some(true) => Verdict::Pass,
-                Some(false) => Verdict::Fail,
-                None => Verdict::Canary,
-            },
-            // Only a heartbeat shows heartbeats back; a call or another probe says nothing
-            // about them (readmitting on one only ejected the endpoint again, still silent).
-            (Dimension::Heartbeat, Source::Probe(ProbeKind::Heartbeat)) => Verdict::Pass,
-            (Dimension::Heartbeat, _) => Verdict::Neutral,
-            // Only a probe that reports the dependency shows it back.
-            (Dimension::Dependency, _) if !probe_reports_dependencies => Verdict::Neutral,
-            (Dimension::Dependency, _) if self.critical_down.is_empty() => Verdict::Pass,
-            (Dimension::Dependency, _) => Verdict::Fail,
-        }
-    }
-
-    /// Reasons for an automatic ejection, as thresholds crossed. Empty when there is none.
-    pub fn eject_causes(&self, totals: &Rate, policy: &Policy, now: Micros) -> Vec<String> {
-        self.eject_rules(totals, policy, now)
-            .map(|c| self.threshold(c, policy))
-            .collect()
-    }
-
-    /// Reasons for degraded, as thresholds crossed.
-    pub fn degrade_causes(&self, policy: &Policy) -> Vec<String> {
-        self.degrade_rules(policy).map(|c| self.threshold(c, policy)).collect()
-    }
-
-    pub fn suspect_causes(&self, totals: &Rate, policy: &Policy) -> Vec<String> {
-        self.suspect_rules(totals, policy)
-            .map(|c| self.threshold(c, policy))
-            .collect()
-    }
-
-    /// A crossed rule as the threshold the audit log records.
-    fn threshold(&self, cause: Cause, policy: &Policy) -> String {
-        match cause {
-            Cause::HardBreak => format!("consecutive_5xx_or_timeouts>={}", policy.hard_break_after),
-            Cause::ConsecutiveFailures => format!("consecutive_failures>={}", policy.consecutive_failures),
-            Cause::FailureRate => format!("failure_rate>{}", policy.failure_rate_threshold),
-            Cause::CriticalDown => format!("critical_dependency_down:{}", self.critical_down.join(",")),
-            Cause::HeartbeatSilence => format!("heartbeat_silence>={}x_interval", policy.heartbeat_unhealthy_intervals),
-            Cause::Score => format!("score<{}", policy.degrade_below),
-            Cause::NoncriticalDown => format!("noncritical_dependency_down:{}", self.noncritical_down.join(",")),
-            Cause::LatencyOutlier => format!("latency>{}x_pool_median", policy.latency_outlier_factor),
-            Cause::PeerFailures => format!(
-                "failure_rate>peers+{}(wilson_z={})",
-                policy.peer_failure_margin, policy.peer_failure_z
-            ),
-            Cause::TtftOutlier => format!(
-                "ttft>{}ms(p50,>{}x_pool_median)",
-                policy.ttft_max_ms, policy.latency_outlier_factor
-            ),
-            Cause::EjectionRefused => "ejection_refused:max_ejection".to_owned(),
-            Cause::SuspectFailures => format!("consecutive_failures>={}", policy.suspect_after_failures),
-            Cause::SuspectSilence => format!("heartbeat_silence>={}x_interval", policy.heartbeat_suspect_intervals),
-        }
-    }
-
     pub fn heartbeat_interval(&self, policy: &Policy) -> i64 {
         self.heartbeat_interval_ms.unwrap_or(policy.heartbeat_interval_ms)
     }
 
     pub fn heartbeat_silence(&self, now: Micros) -> Option<i64> {
         self.last_heartbeat.map(|t| now.saturating_sub(t))
-    }
-
-    /// The isolation for a new ejection: base × 2^k, capped. k grows only for a flapping
-    /// endpoint, one ejected again within `isolation_reset_ms` of its last readmission; a first
-    /// ejection (or one after a quiet period) starts again at the base.
-    pub fn next_isolation(&mut self, now: Micros, policy: &Policy) -> i64 {
-        let flapping = self
-            .readmitted_at
-            .is_some_and(|t| now.saturating_sub(t) <= us(policy.isolation_reset_ms));
-        if !flapping {
-            self.isolations = 0;
-        }
-        self.isolations = self.isolations.saturating_add(1);
-        self.last_isolated_at = Some(now);
-        self.failed_trials = 0;
-        self.isolation(policy)
     }
 
     /// The current isolation's length: base × 2^(isolations − 1), capped.
@@ -596,9 +544,201 @@ impl Tracker {
         }
     }
 
+    /// A heartbeat arrived (with the interval the endpoint announces, if any).
+    pub(crate) fn heartbeat(&mut self, now: Micros, interval_ms: Option<i64>) {
+        self.last_heartbeat = Some(now);
+        self.heartbeat_silent = false;
+        if interval_ms.is_some() {
+            self.heartbeat_interval_ms = interval_ms;
+        }
+    }
+
+    /// Heartbeats have been silent past the suspect threshold: remember it (the deadline then
+    /// moves to the unhealthy threshold).
+    pub(crate) fn note_heartbeat_silence(&mut self, now: Micros, policy: &Policy) {
+        if let (Some(silence), false) = (self.heartbeat_silence(now), self.heartbeat_silent) {
+            if silence >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_suspect_intervals.into())
+            {
+                self.heartbeat_silent = true;
+            }
+        }
+    }
+
+    /// What a probe reported of the endpoint's dependencies, by name.
+    pub(crate) fn dependencies(&mut self, critical_down: Vec<String>, noncritical_down: Vec<String>) {
+        self.critical_down = critical_down;
+        self.noncritical_down = noncritical_down;
+    }
+
+    /// The Retry-After a 429 came with.
+    pub(crate) fn note_retry_after(&mut self, ms: i64) {
+        self.retry_after_ms = Some(u32::try_from(ms.max(0)).unwrap_or(u32::MAX));
+    }
+
+    /// The isolation has expired: the next call is the router's trial.
+    pub(crate) fn open_trial_when_due(&mut self, now: Micros) {
+        if self.isolated_until.is_some_and(|u| u <= now) {
+            self.trial_open = true;
+        }
+    }
+
+    /// A failure while out: the count of passing evidence starts again.
+    pub(crate) fn failed_while_out(&mut self) {
+        self.passes_while_out = 0;
+    }
+
+    /// Passing evidence while out; returns how many in a row.
+    pub(crate) fn passed_while_out(&mut self) -> u16 {
+        self.passes_while_out = self.passes_while_out.saturating_add(1);
+        self.passes_while_out
+    }
+
+    /// A real call passed after a canary readmission; `needed` of them end the canary.
+    pub(crate) fn canary_call_passed(&mut self, needed: i32) {
+        if self.canary {
+            self.canary_calls = self.canary_calls.saturating_add(1);
+            if i32::from(self.canary_calls) >= needed {
+                self.canary = false;
+            }
+        }
+    }
+
+    pub(crate) fn set_forced(&mut self, forced: Option<OverrideAction>) {
+        self.forced = forced;
+    }
+
+    pub(crate) fn set_eject_refused(&mut self, refused: bool) {
+        self.eject_refused = refused;
+    }
+
+    pub(crate) fn set_latency_outlier(&mut self, outlier: bool) {
+        self.latency_outlier = outlier;
+    }
+
+    pub(crate) fn set_failure_outlier(&mut self, outlier: bool) {
+        self.failure_outlier = outlier;
+    }
+
+    pub(crate) fn set_ttft_outlier(&mut self, outlier: bool) {
+        self.ttft_outlier = outlier;
+    }
+
+    /// A policy with other buckets: the window starts empty.
+    pub(crate) fn resize_window(&mut self, buckets: usize) {
+        self.window = Window::new(buckets);
+    }
+
+    /// Enter the state `entry` names, with what entering it resets, and record the transition:
+    /// its evidence (with `thresholds` and the pool's latency median) is taken in the new state.
+    pub(crate) fn enter(
+        &mut self,
+        entry: Entry,
+        now: Micros,
+        policy: &Policy,
+        thresholds: Vec<String>,
+        pool_median: Option<f64>,
+    ) -> Entered {
+        let from = self.state;
+        let was_cooling = self.cooling();
+        let (to, retry_at) = match entry {
+            Entry::Eject(dim) => {
+                let ms = self.next_isolation(now, policy);
+                (HealthState::Unhealthy, Some(self.isolate(now, ms, dim)))
+            }
+            Entry::TrialFailed(key) => {
+                // The same isolation again, jittered: a continuing outage does not grow it.
+                self.failed_trials = self.failed_trials.saturating_add(1);
+                let iso = us(self.isolation(policy));
+                let ms = iso.saturating_add(jitter(key, self.isolations, self.failed_trials, iso)) / 1000;
+                (HealthState::Unhealthy, Some(self.isolate(now, ms, None)))
+            }
+            Entry::Cooldown(ms) => {
+                self.retry_after_ms = None;
+                (
+                    HealthState::Unhealthy,
+                    Some(self.isolate(now, ms, Some(Dimension::RateLimit))),
+                )
+            }
+            Entry::Operator(to) => {
+                self.out_for = None;
+                self.canary = false;
+                (to, None)
+            }
+            Entry::Recovering { canary } => {
+                self.reset_for_recovery(now);
+                self.isolated_until = None;
+                self.trial_open = false;
+                self.passes_while_out = 0;
+                self.canary = canary;
+                self.canary_calls = 0;
+                if was_cooling {
+                    // The end of a cooldown is not a readmission: a later ejection is no flap.
+                    self.out_for = None;
+                } else {
+                    self.readmitted_at = Some(now);
+                }
+                self.ramp_until = Some(now.saturating_add(us(policy.slow_start_ms)));
+                (HealthState::Recovering, None)
+            }
+            Entry::Healthy => {
+                self.isolated_until = None;
+                self.trial_open = false;
+                self.ramp_until = None;
+                self.out_for = None;
+                self.canary = false;
+                (HealthState::Healthy, None)
+            }
+            Entry::InRotation(to) => (to, None),
+        };
+        self.state = to;
+        self.since = now;
+        self.seq += 1;
+        let evidence = self.evidence(now, policy, thresholds, pool_median);
+        if let Entry::Cooldown(_) = entry {
+            // Judged afresh when the cooldown ends: the 429s that started it are in the evidence.
+            self.reset_for_recovery(now);
+        }
+        Entered {
+            from,
+            seq: self.seq,
+            retry_at,
+            evidence,
+            was_cooling,
+        }
+    }
+
+    /// Out of rotation for `ms` (for `dim`; None keeps what it was out for, else errors).
+    /// Returns when the router's trial is due.
+    fn isolate(&mut self, now: Micros, ms: i64, dim: Option<Dimension>) -> Micros {
+        self.out_for = dim.or(self.out_for).or(Some(Dimension::Errors));
+        let until = now.saturating_add(us(ms));
+        self.isolated_until = Some(until);
+        self.trial_open = false;
+        self.passes_while_out = 0;
+        self.canary = false;
+        self.ramp_until = None;
+        until
+    }
+
+    /// The isolation for a new ejection: base × 2^k, capped. k grows only for a flapping
+    /// endpoint, one ejected again within `isolation_reset_ms` of its last readmission; a first
+    /// ejection (or one after a quiet period) starts again at the base.
+    fn next_isolation(&mut self, now: Micros, policy: &Policy) -> i64 {
+        let flapping = self
+            .readmitted_at
+            .is_some_and(|t| now.saturating_sub(t) <= us(policy.isolation_reset_ms));
+        if !flapping {
+            self.isolations = 0;
+        }
+        self.isolations = self.isolations.saturating_add(1);
+        self.last_isolated_at = Some(now);
+        self.failed_trials = 0;
+        self.isolation(policy)
+    }
+
     /// A fresh start after an isolation's trial succeeded: the old window and score were the
     /// evidence of the outage and are already in the audit log.
-    pub fn reset_for_recovery(&mut self, now: Micros) {
+    fn reset_for_recovery(&mut self, now: Micros) {
         self.window.clear();
         self.score = 100.0;
         self.above_since = Some(now);
@@ -612,7 +752,7 @@ impl Tracker {
 
     /// Kept serving through a suspected shared outage: judged on what happens from now on, not
     /// on the outage's window (its latest successes still count).
-    pub fn forget_outage(&mut self, now: Micros) {
+    pub(crate) fn forget_outage(&mut self, now: Micros) {
         let successes = self.consecutive_successes;
         self.reset_for_recovery(now);
         self.consecutive_successes = successes;

@@ -77,7 +77,7 @@ impl Engine {
     /// Every pool, in name order.
     pub fn pools(&self) -> impl Iterator<Item = &PoolState> {
         let mut v: Vec<&PoolState> = self.pools.values().collect();
-        v.sort_unstable_by(|a, b| a.pool.cmp(&b.pool));
+        v.sort_unstable_by(|a, b| a.name().cmp(b.name()));
         v.into_iter()
     }
 
@@ -87,7 +87,7 @@ impl Engine {
     /// learn every member of a pool from it.
     pub fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) -> Option<EndpointState> {
         let first_seen = match (signal.pool(), signal.endpoint()) {
-            (Some(pool), Some(ep)) => self.pools.get(pool).is_none_or(|p| !p.endpoints.contains_key(ep)),
+            (Some(pool), Some(ep)) => self.pools.get(pool).is_none_or(|p| p.endpoint(ep).is_none()),
             _ => false,
         };
         self.apply_signal(at, signal, out);
@@ -95,8 +95,8 @@ impl Engine {
             return None;
         }
         let (pool, ep) = (signal.pool()?, signal.endpoint()?);
-        let p = self.pools.get(pool).filter(|p| p.endpoints.contains_key(ep))?;
-        Some(EndpointState::first_seen(pool, ep, self.now, p.policy.version))
+        let p = self.pools.get(pool).filter(|p| p.endpoint(ep).is_some())?;
+        Some(EndpointState::first_seen(pool, ep, self.now, p.policy().version))
     }
 
     fn apply_signal(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {
@@ -153,7 +153,7 @@ impl Engine {
                 .pools()
                 .map(|p| {
                     let bytes = serde_json::to_vec(p).expect("pool state is always serializable");
-                    (p.pool.clone(), bytes)
+                    (p.name().to_owned(), bytes)
                 })
                 .collect(),
         }
@@ -168,8 +168,8 @@ impl Engine {
         let mut engine = Engine::new(default_policy);
         for bytes in pools {
             let p: PoolState = serde_json::from_slice(bytes)?;
-            engine.now = engine.now.max(p.now);
-            engine.pools.insert(p.pool.clone(), p);
+            engine.now = engine.now.max(p.now());
+            engine.pools.insert(p.name().to_owned(), p);
         }
         engine.now = engine.now.max(stream_time);
         Ok(engine)

@@ -72,8 +72,8 @@ fn a_long_outage_ends_on_the_first_passing_probe_and_failed_probes_do_not_grow_t
         t += 5 * SEC;
     }
     assert_eq!(r.changes_of("a").len(), out, "failed probes are not transitions");
-    let a = &r.engine.pool("p").unwrap().endpoints["a"];
-    assert_eq!(a.isolations, 1, "a continuing outage does not grow the isolation");
+    let a = r.engine.pool("p").unwrap().endpoint("a").unwrap();
+    assert_eq!(a.isolations(), 1, "a continuing outage does not grow the isolation");
     let d = r.at(312 * SEC, http("a", id + 1, OutcomeClass::Success));
     let back = transitions(&d);
     assert_eq!(back.len(), 1, "{back:#?}");
@@ -390,7 +390,7 @@ fn rate_limiting_cools_down_for_retry_after_without_backoff_or_outage() {
     let second = *r.changes_of("a").last().unwrap();
     assert_eq!(second.reason_code, "cooldown");
     assert_eq!(second.retry_at, Some(second.stream_time + 7 * SEC));
-    assert_eq!(r.engine.pool("p").unwrap().endpoints["a"].isolations, 0);
+    assert_eq!(r.engine.pool("p").unwrap().endpoint("a").unwrap().isolations(), 0);
 }
 
 /// Every endpoint fails for 30 s: half are ejected, half kept serving. When the outage ends,
@@ -405,7 +405,7 @@ fn after_a_shared_outage_endpoints_kept_serving_are_judged_on_fresh_calls() {
     });
     let pool = r.engine.pool("p").unwrap();
     assert_eq!(pool.count(HealthState::Unhealthy), 2);
-    assert!(pool.correlated_outage);
+    assert!(pool.correlated_outage());
     let before = r.decisions.len();
     let mut id = traffic(&mut r, 40 * SEC, 41 * SEC, 5, id, ok);
     for ep in EPS {
@@ -430,5 +430,5 @@ fn after_a_shared_outage_endpoints_kept_serving_are_judged_on_fresh_calls() {
     );
     let pool = r.engine.pool("p").unwrap();
     assert_eq!(pool.count(HealthState::Healthy), 4);
-    assert!(!pool.correlated_outage);
+    assert!(!pool.correlated_outage());
 }

@@ -136,7 +136,7 @@ proptest! {
         let mut engine = Engine::new(Policy::default());
         for (t, s) in signals(&steps) {
             let before: HashMap<String, u32> =
-                engine.pools().map(|p| (p.pool.clone(), p.count(HealthState::Unhealthy))).collect();
+                engine.pools().map(|p| (p.name().to_owned(), p.count(HealthState::Unhealthy))).collect();
             let out = engine.step(t, &s);
             // Walk the step's transitions in order, keeping each pool's count of ejected endpoints.
             let mut running = before;

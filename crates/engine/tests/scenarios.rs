@@ -67,7 +67,7 @@ fn degraded_recovers_only_after_score_held_above_85_for_30s() {
     while t < 90 * SEC && healthy_at.is_none() {
         id += 1;
         let d = r.at(t, call("llm", "a", id, OutcomeClass::Success, Some(250)));
-        let score = r.engine.pool("llm").unwrap().endpoints["a"].score;
+        let score = r.engine.pool("llm").unwrap().endpoint("a").unwrap().score();
         if score > 85.0 && crossed_at.is_none() {
             crossed_at = Some(t);
         }
@@ -359,9 +359,9 @@ fn client_error_storm_changes_nothing() {
         r.at(i * 10 * MS, call("p", "a", i as u64, outcome, None));
     }
     assert!(r.decisions.is_empty(), "{:#?}", r.decisions.first());
-    let t = &r.engine.pool("p").unwrap().endpoints["a"];
+    let t = r.engine.pool("p").unwrap().endpoint("a").unwrap();
     assert_eq!(
-        (t.state, t.score, t.consecutive_failures),
+        (t.state(), t.score(), t.consecutive_failures()),
         (HealthState::Healthy, 100.0, 0)
     );
 }

@@ -128,10 +128,10 @@ impl AuditLog {
         // already there is as new or newer (it was written by the batch that applied it).
         let changed: Vec<PolicyInForce> = engine
             .pools()
-            .filter(|p| p.policy.version > 0)
+            .filter(|p| p.policy().version > 0)
             .map(|p| PolicyInForce {
-                pool: p.pool.clone(),
-                policy: p.policy.clone(),
+                pool: p.name().to_owned(),
+                policy: p.policy().clone(),
                 stream_time: engine.now(),
                 partition,
             })

@@ -101,7 +101,7 @@ impl Run {
     }
 
     pub fn state_of(&self, pool: &str, ep: &str) -> HealthState {
-        self.engine.pool(pool).unwrap().endpoints[ep].state
+        self.engine.pool(pool).unwrap().endpoint(ep).unwrap().state()
     }
 
     pub fn changes_of(&self, ep: &str) -> Vec<&HealthChanged> {

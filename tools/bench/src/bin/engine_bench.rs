@@ -71,7 +71,7 @@ fn main() {
     let wall = wall0.elapsed().as_secs_f64();
     drop(out);
     let state_bytes = alloc::live_bytes() - before;
-    let endpoints: usize = engine.pools().map(|p| p.endpoints.len()).sum();
+    let endpoints: usize = engine.pools().map(|p| p.total() as usize).sum();
     let snapshot = engine.snapshot().len();
     println!(
         "engine-bench: {} signals, {} pools, {} endpoints",

@@ -1,0 +1,197 @@
+//! Ejection: the rules that take an endpoint in rotation out (a hard break, consecutive
+//! failures, the failure rate, the peer comparison, slow first tokens, a critical dependency
+//! down, heartbeat silence), what the ejection is for, and Envoy's max-ejection rule, which may
+//! refuse it and make the pool suspect a shared dependency instead.
+
+use super::cause::{crossed, thresholds, Cause};
+use super::degradation::degradable;
+use super::{Change, PoolState};
+use crate::endpoint::{us, Dimension, Tracker};
+use crate::window::Rate;
+use std::ops::ControlFlow;
+use vitals_contracts::{HealthState, Micros, Policy, ReasonCode};
+
+/// The ejection rules `t` crosses.
+///
+/// Fresh evidence only: the rules that look back over the window (failure rate, the peer
+/// comparison) never eject an endpoint whose latest outcome succeeded.
+fn eject_rules(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros) -> impl Iterator<Item = Cause> {
+    let silent = t.heartbeat_silence(now).is_some_and(|silence| {
+        silence >= us(t.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
+    });
+    let fresh = t.consecutive_successes() == 0;
+    crossed([
+        (t.consecutive_hard() >= policy.hard_break_after as u32, Cause::HardBreak),
+        (
+            t.consecutive_failures() >= policy.consecutive_failures as u32,
+            Cause::ConsecutiveFailures,
+        ),
+        (
+            fresh
+                && totals.counted() >= policy.min_volume as u64
+                && totals.failure_rate() > policy.failure_rate_threshold,
+            Cause::FailureRate,
+        ),
+        (fresh && t.failure_outlier(), Cause::PeerFailures),
+        (t.ttft_outlier(), Cause::TtftOutlier),
+        (!t.critical_down().is_empty(), Cause::CriticalDown),
+        (silent, Cause::HeartbeatSilence),
+    ])
+}
+
+/// What an ejection on these rules is for. `slow` says the outcome that crossed them was a 200
+/// whose first token came too late.
+fn dimension(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros, slow: bool) -> Dimension {
+    let mut dims = eject_rules(t, totals, policy, now).map(|c| match c {
+        Cause::TtftOutlier => Dimension::Ttft,
+        Cause::CriticalDown => Dimension::Dependency,
+        Cause::HeartbeatSilence => Dimension::Heartbeat,
+        _ if slow => Dimension::Ttft,
+        _ => Dimension::Errors,
+    });
+    let first = dims.next().unwrap_or(Dimension::Errors);
+    // Slow first tokens and errors together: only a first token shows both gone.
+    dims.fold(first, |a, b| if b == Dimension::Ttft { b } else { a })
+}
+
+impl PoolState {
+    /// The ejection rules for an endpoint in rotation. Breaks when one holds: with the ejection,
+    /// with a refusal (kept serving, degraded), or with nothing for a degraded endpoint whose
+    /// ejection is still refused. `extra` are thresholds the outcome itself crossed (a slow
+    /// first token).
+    pub(super) fn ejection(&mut self, name: &str, extra: &[String], totals: &Rate) -> ControlFlow<Option<Change>> {
+        let now = self.now;
+        let policy = &self.policy;
+        let t = &self.endpoints[name];
+        let state = t.state();
+        let mut rules = eject_rules(t, totals, policy, now).peekable();
+        if rules.peek().is_none() {
+            return ControlFlow::Continue(());
+        }
+        if !self.may_eject() && t.eject_refused() && state == HealthState::Degraded {
+            return ControlFlow::Break(None);
+        }
+        let mut crossed = extra.to_vec();
+        crossed.extend(thresholds(rules, t, policy));
+        if !self.may_eject() {
+            let newly_refused = !t.eject_refused();
+            self.set_refused(name, true);
+            if state != HealthState::Degraded || newly_refused {
+                return ControlFlow::Break(Some(self.refusal(name, crossed)));
+            }
+            return ControlFlow::Break(None);
+        }
+        let mut reason = format!(
+            "ejected: {} (failure rate {:.0}% of {} calls, score {:.0})",
+            crossed.join(", "),
+            totals.failure_rate() * 100.0,
+            totals.counted(),
+            t.score()
+        );
+        if t.failure_outlier() {
+            let own = t.recent_rate(now, policy);
+            let (peers, n) = self.peer_failures(name);
+            reason.push_str(&format!(
+                "; last {} s: {} of {} calls failed, its {n} peers {} of {}",
+                policy.window_ms / 3000,
+                own.failed,
+                own.counted(),
+                peers.failed,
+                peers.counted()
+            ));
+        }
+        let mut change = Change::new(
+            HealthState::Unhealthy,
+            ReasonCode::Ejected,
+            reason,
+            crossed,
+            t.failure_ids().to_vec(),
+        );
+        change.out_for = Some(dimension(t, totals, policy, now, !extra.is_empty()));
+        ControlFlow::Break(Some(change))
+    }
+
+    /// An endpoint kept serving through a suspected shared outage crosses no ejection rule any
+    /// more: it is judged on what happens from now on, not on the outage's window, and a
+    /// degraded one with nothing else wrong is healthy again.
+    pub(super) fn shared_outage_over(&mut self, name: &str) -> Option<Change> {
+        if !self.endpoints[name].eject_refused() {
+            return None;
+        }
+        self.set_refused(name, false);
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        t.forget_outage(self.now);
+        (t.state() == HealthState::Degraded && !degradable(t, &self.policy)).then(|| {
+            Change::new(
+                HealthState::Healthy,
+                ReasonCode::OutageOver,
+                "kept serving through a suspected shared outage; the calls since pass, so it is judged on them"
+                    .to_owned(),
+                vec![format!("consecutive_successes>={}", t.consecutive_successes())],
+                vec![],
+            )
+        })
+    }
+
+    /// An endpoint came back out of an ejection (not a cooldown): the shared cause may be gone,
+    /// so those kept serving through it are judged on what they do from now on, not on the
+    /// outage's window (they were ejected on it seconds after an outage ended, their latest
+    /// calls fine). Either way an ejection slot came free: refused ejections are looked at again
+    /// at the next signal.
+    pub(super) fn ejection_slot_freed(&mut self, back_in_rotation: bool) {
+        if self.refused == 0 {
+            return;
+        }
+        if back_in_rotation {
+            let now = self.now;
+            for t in self.endpoints.values_mut().filter(|t| t.eject_refused()) {
+                t.forget_outage(now);
+            }
+        }
+        self.rearm_now();
+    }
+
+    /// The max-ejection rule said no: keep the endpoint serving, degraded, and let the pool
+    /// suspect a shared dependency.
+    pub(super) fn refusal(&self, name: &str, mut thresholds: Vec<String>) -> Change {
+        let reason = format!(
+            "would eject ({}) but {} of {} endpoints are already out (max {}%): suspected shared dependency, kept serving",
+            thresholds.join(", "),
+            self.count(HealthState::Unhealthy),
+            self.total(),
+            self.policy.max_ejection_pct
+        );
+        thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
+        let triggers = self.endpoints[name].failure_ids().to_vec();
+        Change::new(
+            HealthState::Degraded,
+            ReasonCode::EjectionRefused,
+            reason,
+            thresholds,
+            triggers,
+        )
+    }
+
+    /// Envoy's rule: never eject more than max_ejection_pct of the pool, but always allow one.
+    pub(super) fn may_eject(&self) -> bool {
+        self.count(HealthState::Unhealthy) < self.max_ejected()
+    }
+
+    /// The most endpoints the max-ejection rule lets out at once (at least one).
+    pub fn max_ejected(&self) -> u32 {
+        let by_pct = (f64::from(self.total()) * self.policy.max_ejection_pct / 100.0).floor() as u32;
+        by_pct.max(1)
+    }
+
+    pub(super) fn set_refused(&mut self, name: &str, refused: bool) {
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        if t.eject_refused() != refused {
+            t.set_eject_refused(refused);
+            if refused {
+                self.refused += 1;
+            } else {
+                self.refused -= 1;
+            }
+        }
+    }
+}

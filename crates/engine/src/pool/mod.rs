@@ -1,0 +1,549 @@
+//! One pool: its endpoints, its policy, and the dispatch of signals to the rules.
+//!
+//! The rules live in modules by concern, each looking at the pool and returning the [`Change`]
+//! it wants (or none): [`ejection`], [`degradation`], [`suspicion`], [`readmission`],
+//! [`cooldown`], [`peers`] (the comparisons with the other endpoints) and [`panic`] (the pool's
+//! own rules). [`PoolState::apply_change`] turns a change into the tracker's state entry
+//! ([`Entry`]); only the tracker's entry methods reset what entering a state resets.
+
+mod cause;
+mod cooldown;
+mod degradation;
+mod ejection;
+mod panic;
+mod peers;
+mod readmission;
+mod suspicion;
+
+use crate::endpoint::{buckets, us, Dimension, Entry, Tracker, LATENCY_MIN_SAMPLES};
+use crate::window::{counts_as_failure, Rate};
+use crate::Decision;
+use rustc_hash::FxHashMap as HashMap;
+use serde::{Deserialize, Serialize};
+use std::ops::ControlFlow;
+use vitals_contracts::{
+    DependencyStatus, HealthChanged, HealthState, Micros, OperatorOverride, OutcomeClass, OverrideAction, Policy,
+    PolicyChange, ProbeKind, ReasonCode, Signal,
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolState {
+    pool: String,
+    policy: Policy,
+    now: Micros,
+    seq: u64,
+    #[serde(serialize_with = "crate::sorted")]
+    /// Boxed: a small pool's hash table has spare slots, and a spare slot then costs a pointer,
+    /// not a whole tracker (this keeps engine state under 1 KB per endpoint).
+    endpoints: HashMap<String, Box<Tracker>>,
+    /// Endpoints by state, kept with every transition (index: `state_index`).
+    counts: [u32; 6],
+    refused: u32,
+    /// Endpoints out on a rate-limit cooldown: out of rotation, but not an outage (they count
+    /// as healthy for panic mode and never as a refused ejection).
+    #[serde(default)]
+    cooling: u32,
+    panic: bool,
+    correlated_outage: bool,
+    /// The earliest stream time at which some endpoint's timer may fire.
+    next_deadline: Option<Micros>,
+    /// A reusable buffer for the peer-latency median, so the hot path does not allocate.
+    #[serde(skip)]
+    scratch: Cache<Vec<f64>>,
+    /// The endpoint names in sorted order, the order in which timers are evaluated; rebuilt
+    /// when an endpoint joins (endpoints never leave).
+    #[serde(skip)]
+    order: Cache<Vec<String>>,
+}
+
+/// Working memory of a pool, not state: it never takes part in equality or snapshots (a restored
+/// pool starts with it empty).
+#[derive(Debug, Clone, Default)]
+struct Cache<T>(T);
+
+impl<T> PartialEq for Cache<T> {
+    fn eq(&self, _: &Cache<T>) -> bool {
+        true
+    }
+}
+
+fn state_index(s: HealthState) -> usize {
+    s as usize
+}
+
+/// Where an outcome comes from: a real call or a probe of some kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Call,
+    Probe(ProbeKind),
+}
+
+/// What an outcome signal carries, from a call or a probe.
+struct Outcome<'a> {
+    id: &'a str,
+    endpoint: &'a str,
+    source: Source,
+    class: OutcomeClass,
+    latency_us: i64,
+    ttft_us: Option<i64>,
+    retry_after_ms: Option<i64>,
+    /// A probe that reported the endpoint's dependencies.
+    reports_dependencies: bool,
+}
+
+impl Outcome<'_> {
+    /// When the call or probe began, on the engine's clock: its report's stream time less its
+    /// latency (no producer clock involved).
+    fn started(&self, now: Micros) -> Micros {
+        now.saturating_sub(self.latency_us.max(0))
+    }
+}
+
+/// A transition a rule chose, before it is applied.
+struct Change {
+    to: HealthState,
+    code: ReasonCode,
+    reason: String,
+    thresholds: Vec<String>,
+    triggers: Vec<String>,
+    /// For an ejection: what it is for.
+    out_for: Option<Dimension>,
+    /// For a readmission: on evidence that cannot see the fault.
+    canary: bool,
+}
+
+impl Change {
+    fn new(
+        to: HealthState,
+        code: ReasonCode,
+        reason: String,
+        thresholds: Vec<String>,
+        triggers: Vec<String>,
+    ) -> Change {
+        Change {
+            to,
+            code,
+            reason,
+            thresholds,
+            triggers,
+            out_for: None,
+            canary: false,
+        }
+    }
+}
+
+impl PoolState {
+    pub fn new(pool: &str, policy: Policy, now: Micros) -> PoolState {
+        PoolState {
+            pool: pool.to_owned(),
+            policy,
+            now,
+            seq: 0,
+            endpoints: HashMap::default(),
+            counts: [0; 6],
+            refused: 0,
+            cooling: 0,
+            panic: false,
+            correlated_outage: false,
+            next_deadline: None,
+            scratch: Cache::default(),
+            order: Cache::default(),
+        }
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.pool
+    }
+
+    /// The pool's stream time.
+    pub fn now(&self) -> Micros {
+        self.now
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Panic mode: too few endpoints healthy, so the router spreads over all of them.
+    pub fn panic(&self) -> bool {
+        self.panic
+    }
+
+    /// The max-ejection rule refused an ejection: a shared dependency is suspected.
+    pub fn correlated_outage(&self) -> bool {
+        self.correlated_outage
+    }
+
+    /// One endpoint's state.
+    pub fn endpoint(&self, name: &str) -> Option<&Tracker> {
+        self.endpoints.get(name).map(|t| t.as_ref())
+    }
+
+    pub fn count(&self, s: HealthState) -> u32 {
+        self.counts[state_index(s)]
+    }
+
+    /// Endpoints in the pool.
+    pub fn total(&self) -> u32 {
+        self.endpoints.len() as u32
+    }
+
+    /// Fire the timers at `d` at the latest, if `d` is still ahead (None: no timer).
+    fn arm(&mut self, d: Option<Micros>) {
+        if let Some(d) = d.filter(|d| *d > self.now) {
+            self.next_deadline = Some(self.next_deadline.map_or(d, |x| x.min(d)));
+        }
+    }
+
+    /// Look at every endpoint again at the next signal.
+    fn rearm_now(&mut self) {
+        self.next_deadline = Some(self.now);
+    }
+
+    /// The earliest timer still ahead. A timer that has fired and changed nothing is spent: it
+    /// does not fire again at every later signal (it did, and each firing looked at every
+    /// endpoint of the pool, so the engine slowed down as more timers were spent).
+    fn future_deadline(&self) -> Option<Micros> {
+        self.endpoints
+            .values()
+            .filter_map(|t| t.deadline(&self.policy))
+            .filter(|d| *d > self.now)
+            .min()
+    }
+
+    /// Move stream time and fire the timers that are due.
+    pub fn advance(&mut self, now: Micros, out: &mut Vec<Decision>) {
+        self.now = self.now.max(now);
+        if self.next_deadline.is_none_or(|d| d > self.now) {
+            return;
+        }
+        // Sorted, so that the decisions come in the same order in every run.
+        let mut names = std::mem::take(&mut self.order.0);
+        if names.len() != self.endpoints.len() {
+            names = self.endpoints.keys().cloned().collect();
+            names.sort_unstable();
+        }
+        for name in &names {
+            if let Some(change) = self.timer_change(name) {
+                self.apply_change(name, change, out);
+            }
+        }
+        self.order.0 = names;
+        self.next_deadline = self.future_deadline();
+        self.pool_rules(out, None);
+    }
+
+    /// What a timer of `name` changes: a cooldown over, the router's trial opened, slow start
+    /// complete, heartbeats gone quiet, the rules of an endpoint in rotation.
+    fn timer_change(&mut self, name: &str) -> Option<Change> {
+        let now = self.now;
+        let t = self.endpoints.get_mut(name)?;
+        if t.forced().is_some() {
+            return None;
+        }
+        match t.state() {
+            HealthState::Unhealthy if t.out_for() == Some(Dimension::RateLimit) => self.cooldown_over(name),
+            HealthState::Unhealthy => {
+                t.open_trial_when_due(now);
+                None
+            }
+            HealthState::Recovering => self.recovery_complete(name),
+            _ => {
+                t.note_heartbeat_silence(now, &self.policy);
+                self.automatic_change(name, &[], None)
+            }
+        }
+    }
+
+    pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>) {
+        match signal {
+            Signal::Call(c) => {
+                let o = Outcome {
+                    id: &c.event_id,
+                    endpoint: &c.endpoint,
+                    source: Source::Call,
+                    class: c.outcome,
+                    latency_us: c.latency_us,
+                    ttft_us: c.ttft_us,
+                    retry_after_ms: c.retry_after_ms,
+                    reports_dependencies: false,
+                };
+                self.outcome(o, out);
+            }
+            Signal::Probe(p) => {
+                self.probe_bookkeeping(p);
+                let o = Outcome {
+                    id: &p.probe_id,
+                    endpoint: &p.endpoint,
+                    source: Source::Probe(p.kind),
+                    class: p.outcome,
+                    latency_us: p.latency_us,
+                    ttft_us: p.ttft_us,
+                    retry_after_ms: None,
+                    reports_dependencies: !p.dependencies.is_empty(),
+                };
+                self.outcome(o, out);
+            }
+            Signal::Override(o) => self.operator_override(o, out),
+            Signal::Policy(p) => self.policy_change(p, out),
+            Signal::Tick(_) => {}
+        }
+    }
+
+    fn tracker(&mut self, endpoint: &str) -> &mut Tracker {
+        if !self.endpoints.contains_key(endpoint) {
+            self.endpoints
+                .insert(endpoint.to_owned(), Box::new(Tracker::new(self.now, &self.policy)));
+            self.counts[state_index(HealthState::Healthy)] += 1;
+            if self.refused > 0 {
+                // A larger pool may eject more: refused ejections are looked at again.
+                self.rearm_now();
+            }
+        }
+        self.endpoints.get_mut(endpoint).expect("inserted above")
+    }
+
+    fn probe_bookkeeping(&mut self, p: &vitals_contracts::ProbeResult) {
+        let now = self.now;
+        let t = self.tracker(&p.endpoint);
+        if p.kind == ProbeKind::Heartbeat {
+            t.heartbeat(now, p.interval_ms);
+        }
+        let down = |critical: bool| -> Vec<String> {
+            p.dependencies
+                .iter()
+                .filter(|d| d.critical == critical && d.status == DependencyStatus::Down)
+                .map(|d| d.name.clone())
+                .collect()
+        };
+        // A probe without dependency reports says nothing about dependencies.
+        if !p.dependencies.is_empty() {
+            t.dependencies(down(true), down(false));
+        }
+    }
+
+    fn outcome(&mut self, o: Outcome<'_>, out: &mut Vec<Decision>) {
+        let now = self.now;
+        // A 200 whose first token took longer than slow_call_ms is a timeout to the user who waited.
+        let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > us(self.policy.slow_call_ms));
+        let class = if slow { OutcomeClass::Timeout } else { o.class };
+        if !self.endpoints.contains_key(o.endpoint) {
+            self.tracker(o.endpoint);
+        }
+        let policy = &self.policy;
+        let t = self.endpoints.get_mut(o.endpoint).expect("created above");
+        let totals = t.record(now, policy, class, o.ttft_us, o.id);
+        if class.is_neutral() {
+            return;
+        }
+        if class == OutcomeClass::RateLimited {
+            if let Some(ms) = o.retry_after_ms {
+                t.note_retry_after(ms);
+            }
+        }
+        let mut check_latency = false;
+        let mut check_ttft = false;
+        if class == OutcomeClass::Success {
+            t.record_latency(o.latency_us, policy);
+            check_latency = t.latency_samples() >= LATENCY_MIN_SAMPLES
+                && (t.latency_samples().is_multiple_of(4) || t.latency_outlier());
+            check_ttft = o
+                .ttft_us
+                .is_some_and(|v| t.ttft_outlier() || v as f64 > policy.ttft_max_ms * 1000.0);
+        }
+        let check_failures = counts_as_failure(class) || t.failure_outlier();
+        let state = t.state();
+        let in_rotation = matches!(
+            state,
+            HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
+        );
+        if check_latency {
+            self.check_latency_outlier(o.endpoint);
+        }
+        if check_ttft && in_rotation {
+            self.check_ttft_outlier(o.endpoint, o.ttft_us.unwrap_or(0));
+        }
+        if check_failures && in_rotation {
+            self.check_failure_outlier(o.endpoint);
+        }
+        let change = match state {
+            HealthState::Unhealthy | HealthState::Recovering | HealthState::Maintenance => {
+                self.isolated_outcome(&o, class)
+            }
+            _ if class == OutcomeClass::RateLimited => self.rate_limited(o.endpoint),
+            _ if slow => {
+                let extra = [format!("ttft>{}ms", self.policy.slow_call_ms)];
+                self.automatic_change(o.endpoint, &extra, Some(totals))
+            }
+            _ => self.automatic_change(o.endpoint, &[], Some(totals)),
+        };
+        if let Some(mut change) = change {
+            if change.triggers.is_empty() {
+                change.triggers.push(o.id.to_owned());
+            }
+            self.apply_change(o.endpoint, change, out);
+        } else {
+            let d = self.endpoints[o.endpoint].deadline(&self.policy);
+            self.arm(d);
+        }
+        self.pool_rules(out, None);
+    }
+
+    /// The automatic rules for an endpoint in rotation (healthy, suspect or degraded), in order:
+    /// ejection (or its refusal), the end of a suspected shared outage, degradation, suspicion,
+    /// the end of a degradation. `extra` are thresholds the outcome itself crossed.
+    fn automatic_change(&mut self, name: &str, extra: &[String], totals: Option<Rate>) -> Option<Change> {
+        let t = &self.endpoints[name];
+        if t.forced().is_some() {
+            return None;
+        }
+        let totals = totals.unwrap_or_else(|| t.rate(self.now, &self.policy));
+        if let ControlFlow::Break(change) = self.ejection(name, extra, &totals) {
+            return change;
+        }
+        if let Some(change) = self.shared_outage_over(name) {
+            return Some(change);
+        }
+        if let ControlFlow::Break(change) = self.degradation(name, extra) {
+            return change;
+        }
+        let suspicious = self.suspicious(name, &totals);
+        self.suspicion(name, &totals, suspicious)
+            .or_else(|| self.degradation_over(name, suspicious))
+    }
+
+    fn weight(&self, state: HealthState, forced: Option<OverrideAction>) -> (f64, i64) {
+        match (state, forced) {
+            (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
+            (HealthState::Healthy | HealthState::Suspect, _) => (1.0, 0),
+            (HealthState::Degraded, _) => (self.policy.degraded_weight, 0),
+            (HealthState::Recovering, _) => (self.policy.slow_start_weight, self.policy.slow_start_ms),
+            (HealthState::Unhealthy | HealthState::Maintenance, _) => (0.0, 0),
+        }
+    }
+
+    /// The state entry a change asks of the tracker.
+    fn entry(&self, name: &str, change: &Change) -> Entry {
+        let t = &self.endpoints[name];
+        match change.to {
+            HealthState::Unhealthy if t.forced().is_none() => match change.code {
+                ReasonCode::TrialFailed => Entry::TrialFailed(
+                    vitals_contracts::hash::Fnv64::new().bytes(self.pool.bytes().chain([0]).chain(name.bytes())),
+                ),
+                ReasonCode::Cooldown => Entry::Cooldown(self.cooldown_ms(t)),
+                _ => Entry::Eject(change.out_for),
+            },
+            HealthState::Unhealthy | HealthState::Maintenance => Entry::Operator(change.to),
+            HealthState::Recovering => Entry::Recovering { canary: change.canary },
+            HealthState::Healthy => Entry::Healthy,
+            to => Entry::InRotation(to),
+        }
+    }
+
+    /// Enter the state a change asks for, keep the pool's counts, and publish the transition.
+    fn apply_change(&mut self, name: &str, change: Change, out: &mut Vec<Decision>) {
+        let now = self.now;
+        let median = if self.endpoints[name].latency_outlier() {
+            self.peer_median(name, false, 1)
+        } else {
+            None
+        };
+        let entry = self.entry(name, &change);
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        let entered = t.enter(entry, now, &self.policy, change.thresholds, median);
+        let (forced, cooling) = (t.forced(), t.cooling());
+        match (entered.was_cooling, cooling) {
+            (false, true) => self.cooling += 1,
+            (true, false) => self.cooling -= 1,
+            _ => {}
+        }
+        self.counts[state_index(entered.from)] -= 1;
+        self.counts[state_index(change.to)] += 1;
+        let (weight, ramp_ms) = self.weight(change.to, forced);
+        let d = self.endpoints[name].deadline(&self.policy);
+        self.arm(d);
+        if entered.from == HealthState::Unhealthy {
+            let back = matches!(change.to, HealthState::Recovering | HealthState::Healthy);
+            self.ejection_slot_freed(back && !entered.was_cooling);
+        }
+        let reason = match entered.retry_at {
+            Some(r) => format!(
+                "{}; isolated for {} s",
+                change.reason,
+                r.saturating_sub(now) / 1_000_000
+            ),
+            None => change.reason,
+        };
+        let seq = entered.seq as i64;
+        out.push(Decision::Endpoint(Box::new(HealthChanged {
+            transition_id: vitals_contracts::keys::transition_id(&self.pool, name, seq),
+            pool: self.pool.clone(),
+            endpoint: name.to_owned(),
+            seq,
+            from_state: entered.from,
+            to_state: change.to,
+            weight,
+            ramp_ms,
+            retry_at: entered.retry_at,
+            reason_code: change.code.as_str().to_owned(),
+            reason,
+            evidence: entered.evidence,
+            policy_version: self.policy.version,
+            trigger_ids: change.triggers,
+            stream_time: now,
+        })));
+    }
+
+    fn operator_override(&mut self, o: &OperatorOverride, out: &mut Vec<Decision>) {
+        let t = self.tracker(&o.endpoint);
+        let previous = t.forced();
+        let (to, forced, code) = match o.action {
+            OverrideAction::ForceHealthy => (HealthState::Healthy, Some(o.action), ReasonCode::ForcedHealthy),
+            OverrideAction::ForceUnhealthy => (HealthState::Unhealthy, Some(o.action), ReasonCode::ForcedUnhealthy),
+            OverrideAction::MaintenanceOn => (HealthState::Maintenance, Some(o.action), ReasonCode::MaintenanceOn),
+            OverrideAction::MaintenanceOff | OverrideAction::Clear => match previous {
+                None | Some(OverrideAction::ForceHealthy) => (t.state(), None, ReasonCode::OverrideCleared),
+                Some(_) => (HealthState::Recovering, None, ReasonCode::OverrideCleared),
+            },
+        };
+        t.set_forced(forced);
+        if forced.is_some() && t.eject_refused() {
+            self.set_refused(&o.endpoint, false);
+        }
+        let change = Change::new(
+            to,
+            code,
+            format!("{} by {}: {}", action_words(o.action), o.actor, o.reason),
+            vec![format!("operator:{}", o.actor)],
+            vec![o.override_id.clone()],
+        );
+        self.apply_change(&o.endpoint, change, out);
+        self.pool_rules(out, None);
+    }
+
+    fn policy_change(&mut self, p: &PolicyChange, out: &mut Vec<Decision>) {
+        let resize = buckets(&p.policy) != buckets(&self.policy) || p.policy.bucket_ms != self.policy.bucket_ms;
+        self.policy = p.policy.clone();
+        if resize {
+            let n = buckets(&self.policy);
+            for t in self.endpoints.values_mut() {
+                t.resize_window(n);
+            }
+        }
+        self.next_deadline = self.future_deadline();
+        let reason = format!("policy version {} applied by {}", p.policy.version, p.actor);
+        self.pool_rules(out, Some(reason));
+    }
+}
+
+fn action_words(a: OverrideAction) -> &'static str {
+    match a {
+        OverrideAction::ForceHealthy => "forced healthy",
+        OverrideAction::ForceUnhealthy => "forced unhealthy",
+        OverrideAction::MaintenanceOn => "maintenance on",
+        OverrideAction::MaintenanceOff => "maintenance off",
+        OverrideAction::Clear => "override cleared",
+    }
+}

@@ -1,0 +1,68 @@
+//! The pool's own rules: panic mode (too few endpoints healthy, so route over all of them) and
+//! correlated-outage suspicion (the max-ejection rule refused an ejection). A pool event is
+//! published when either flips, or when a policy change says so.
+
+use super::PoolState;
+use crate::Decision;
+use vitals_contracts::{HealthState, PoolHealthChanged};
+
+impl PoolState {
+    /// Panic mode and correlated-outage suspicion; a pool event when either flips, or when
+    /// `force_reason` says so (policy changes).
+    pub(super) fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
+        let total = self.total();
+        let healthy = self.count(HealthState::Healthy);
+        // An endpoint cooling down after 429s is not part of an outage.
+        let fraction = if total == 0 {
+            1.0
+        } else {
+            f64::from(healthy + self.cooling) / f64::from(total)
+        };
+        let panic = total > 0 && fraction * 100.0 < self.policy.panic_threshold_pct;
+        let correlated = self.refused > 0;
+        if panic == self.panic && correlated == self.correlated_outage && force_reason.is_none() {
+            return;
+        }
+        let mut reasons = Vec::new();
+        if let Some(r) = force_reason {
+            reasons.push(r);
+        }
+        if correlated != self.correlated_outage {
+            reasons.push(if correlated {
+                format!(
+                    "correlated outage suspected: ejection refused for {} endpoint(s) at max-ejection {}%",
+                    self.refused, self.policy.max_ejection_pct
+                )
+            } else {
+                "correlated outage over".to_owned()
+            });
+        }
+        if panic != self.panic {
+            reasons.push(if panic {
+                format!(
+                    "panic mode: {:.0}% healthy is below {}%; route over all endpoints",
+                    fraction * 100.0,
+                    self.policy.panic_threshold_pct
+                )
+            } else {
+                format!("panic mode over: {:.0}% healthy", fraction * 100.0)
+            });
+        }
+        self.panic = panic;
+        self.correlated_outage = correlated;
+        self.seq += 1;
+        out.push(Decision::Pool(PoolHealthChanged {
+            pool: self.pool.clone(),
+            seq: self.seq as i64,
+            endpoints: total as i32,
+            healthy: healthy as i32,
+            ejected: self.count(HealthState::Unhealthy) as i32,
+            healthy_fraction: fraction,
+            panic,
+            correlated_outage: correlated,
+            reason: reasons.join("; "),
+            policy_version: self.policy.version,
+            stream_time: self.now,
+        }));
+    }
+}

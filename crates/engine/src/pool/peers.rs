@@ -1,0 +1,151 @@
+//! Peer comparisons: an endpoint judged against the others of its pool. Its failure rate
+//! significantly above theirs (Wilson bounds), its first tokens far slower than theirs, its
+//! latency far above their median. Each sets a flag on the tracker that the ejection and
+//! degradation rules read.
+
+use super::PoolState;
+use crate::endpoint::LATENCY_MIN_SAMPLES;
+use crate::window::Rate;
+use vitals_contracts::HealthState;
+
+/// Wilson score interval of `k` successes in `n` trials at width `z`.
+fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let n = n as f64;
+    let p = k as f64 / n;
+    let z2 = z * z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+impl PoolState {
+    /// The median latency EWMA of `name`'s peers that have enough samples (and, for the rule,
+    /// are in rotation); None with fewer than `min_peers` of them.
+    pub(super) fn peer_median(&mut self, name: &str, in_rotation_only: bool, min_peers: usize) -> Option<f64> {
+        let mut peers = std::mem::take(&mut self.scratch.0);
+        peers.clear();
+        peers.extend(
+            self.endpoints
+                .iter()
+                .filter(|(n, t)| {
+                    n.as_str() != name
+                        && t.latency_samples() >= LATENCY_MIN_SAMPLES
+                        && !(in_rotation_only && t.state() == HealthState::Unhealthy)
+                })
+                .map(|(_, t)| t.latency_ewma_ms()),
+        );
+        let median = (!peers.is_empty() && peers.len() >= min_peers).then(|| {
+            let mid = peers.len() / 2;
+            *peers.select_nth_unstable_by(mid, f64::total_cmp).1
+        });
+        self.scratch.0 = peers;
+        median
+    }
+
+    /// Whether the latency EWMA of `name` is far above its peers' median (with hysteresis).
+    pub(super) fn check_latency_outlier(&mut self, name: &str) {
+        let min_peers = self.policy.latency_outlier_min_peers as usize;
+        let Some(median) = self.peer_median(name, true, min_peers) else {
+            return;
+        };
+        let policy = &self.policy;
+        let factor = policy.latency_outlier_factor;
+        let min_ms = policy.latency_outlier_min_ms;
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        let ewma = t.latency_ewma_ms();
+        let outlier = if t.latency_outlier() {
+            // Hysteresis: clear only well inside the limit.
+            ewma > factor * median * 0.8
+        } else {
+            ewma > factor * median && ewma - median > min_ms
+        };
+        t.set_latency_outlier(outlier);
+    }
+
+    /// The recent failures (see [`crate::Tracker::recent_rate`]) of the peers of `name` in
+    /// rotation, pooled, with the number of peers.
+    pub(super) fn peer_failures(&self, name: &str) -> (Rate, u32) {
+        let mut peers = (Rate::default(), 0u32);
+        for (n, p) in &self.endpoints {
+            let routable = matches!(
+                p.state(),
+                HealthState::Healthy | HealthState::Suspect | HealthState::Degraded | HealthState::Recovering
+            );
+            if n.as_str() != name && routable && p.forced().is_none() {
+                let r = p.recent_rate(self.now, &self.policy);
+                peers.0.ok += r.ok;
+                peers.0.failed += r.failed;
+                peers.1 += 1;
+            }
+        }
+        peers
+    }
+
+    /// Whether the failure rate of `name` lies significantly above its peers': the lower Wilson
+    /// bound of its recent rate above both the upper bound of the peers' pooled rate and the
+    /// peers' rate plus `peer_failure_margin`. Only in a pool with at least two other endpoints
+    /// in rotation; pools of one or two keep the absolute rules. Cheap checks on the endpoint's
+    /// own counts come first, so a healthy endpoint never looks at its peers.
+    pub(super) fn check_failure_outlier(&mut self, name: &str) {
+        let policy = &self.policy;
+        let own = self.endpoints[name].recent_rate(self.now, policy);
+        let margin = policy.peer_failure_margin;
+        let z = policy.peer_failure_z;
+        let mut outlier = false;
+        if own.failed >= 3 && own.failure_rate() > margin && wilson(own.failed, own.counted(), z).0 > margin {
+            let (peers, n) = self.peer_failures(name);
+            if n >= 2 {
+                let low = wilson(own.failed, own.counted(), z).0;
+                let high = wilson(peers.failed, peers.counted(), z).1;
+                outlier = low > high && low > peers.failure_rate() + margin;
+            }
+        }
+        self.endpoints
+            .get_mut(name)
+            .expect("known endpoint")
+            .set_failure_outlier(outlier);
+    }
+
+    /// Whether the first tokens of `name` are far slower than its peers': its latest and its
+    /// median (of the last 16) above `ttft_max_ms` and above `latency_outlier_factor` × the
+    /// median of the peers' medians (at least two peers in rotation with enough samples).
+    pub(super) fn check_ttft_outlier(&mut self, name: &str, latest_us: i64) {
+        let policy = &self.policy;
+        let max = policy.ttft_max_ms;
+        let min = LATENCY_MIN_SAMPLES as usize;
+        let t = &self.endpoints[name];
+        let mut outlier = false;
+        if let Some(own) = t
+            .ttft_p(0.5, min)
+            .filter(|p| latest_us as f64 > max * 1000.0 && *p > max)
+        {
+            let mut peers = std::mem::take(&mut self.scratch.0);
+            peers.clear();
+            peers.extend(
+                self.endpoints
+                    .iter()
+                    .filter(|(n, p)| {
+                        n.as_str() != name
+                            && matches!(
+                                p.state(),
+                                HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
+                            )
+                    })
+                    .filter_map(|(_, p)| p.ttft_p(0.5, min)),
+            );
+            if peers.len() >= 2 {
+                let mid = peers.len() / 2;
+                let median = *peers.select_nth_unstable_by(mid, f64::total_cmp).1;
+                outlier = own > policy.latency_outlier_factor * median;
+            }
+            self.scratch.0 = peers;
+        }
+        self.endpoints
+            .get_mut(name)
+            .expect("known endpoint")
+            .set_ttft_outlier(outlier);
+    }
+}
