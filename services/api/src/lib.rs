@@ -5,18 +5,16 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod extract;
-pub mod fanout;
 pub mod health;
 pub mod history;
-pub mod hub;
 pub mod ingest;
 pub mod limit;
+pub mod live;
 pub mod metrics;
 pub mod openapi;
 pub mod ops;
 pub mod probes;
 pub mod serve;
-pub mod stream;
 
 use anyhow::Context;
 use auth::{Principal, Role, Token};
@@ -43,7 +41,7 @@ pub struct AppState {
     /// The slots of streams served from Kafka (resuming from before the hub's ring).
     pub kafka_streams: Arc<Semaphore>,
     /// The one reader of the changes topic that feeds every live stream.
-    pub hub: Arc<hub::Hub>,
+    pub hub: Arc<live::Hub>,
     /// The stream slots anonymous clients may take (the rest are kept for token holders).
     pub anonymous_streams: Arc<Semaphore>,
     /// Live streams per client (token name or IP address).
@@ -83,7 +81,7 @@ pub fn router(state: AppState) -> Router {
             post(ops::override_endpoint),
         )
         .route("/v1/pools/{pool}/policy", put(ops::put_policy).get(ops::get_policy))
-        .route("/v1/stream", get(stream::stream))
+        .route("/v1/stream", get(live::stream))
         .route("/v1/signals", post(ingest::ingest))
         .route("/v1/openapi.json", get(|| async { Json(openapi::ApiDoc::openapi()) }))
         .route("/healthz", get(probes::healthz))
@@ -113,9 +111,8 @@ impl App {
             header_read_timeout: std::time::Duration::from_millis(self.state.cfg.header_read_timeout_ms),
         };
         let state = self.state.clone();
-        let takeover: serve::Takeover = Arc::new(move |sock, peer| {
-            Box::pin(stream::takeover(state.clone(), sock, peer, limits.header_read_timeout))
-        });
+        let takeover: serve::Takeover =
+            Arc::new(move |sock, peer| Box::pin(live::takeover(state.clone(), sock, peer, limits.header_read_timeout)));
         let app = router(self.state);
         serve::serve(self.listener, app, limits, cancel, Some(takeover)).await;
         Ok(())
@@ -154,7 +151,7 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         .await
         .with_context(|| format!("binding {}", cfg.http_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
-    let hub = hub::Hub::new(cfg.stream_ring, cfg.stream_client_buffer, cfg.stream_writers);
+    let hub = live::Hub::new(cfg.stream_ring, cfg.stream_client_buffer, cfg.stream_writers);
     let metrics: Arc<metrics::Metrics> = Arc::default();
     tokio::spawn(hub.clone().run(
         cfg.kafka.clone(),

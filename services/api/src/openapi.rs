@@ -11,7 +11,7 @@ use utoipa::{Modify, OpenApi};
         crate::health::pools,
         crate::health::pool,
         crate::health::endpoint,
-        crate::stream::stream,
+        crate::live::stream::stream,
         crate::ingest::ingest,
         crate::ops::override_endpoint,
         crate::ops::put_policy,

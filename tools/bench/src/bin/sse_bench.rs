@@ -24,7 +24,15 @@ struct Args {
     /// Also print each change's first, median, p99 and last delivery, and a histogram.
     #[arg(long)]
     per_change: bool,
+    /// Each client asks for `/healthz` first and for the stream second, on the same kept-alive
+    /// connection (as a browser reusing an idle connection does): the stream is then served by
+    /// the HTTP server (the hub's broadcast), not by the live-stream writers.
+    #[arg(long)]
+    kept_alive: bool,
 }
+
+/// What a client sends on a kept-alive connection (`--kept-alive`): a request before the stream.
+const FIRST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n";
 
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
@@ -46,6 +54,9 @@ fn rss_kb(pid: u32) -> u64 {
 struct Shared {
     /// Clients that got their `ready` event.
     connected: AtomicUsize,
+    /// Of those, streams the HTTP server answered (chunked, on a kept-alive connection) rather
+    /// than the live-stream writers (`connection: close`).
+    by_server: AtomicUsize,
     /// Warm-up changes received (every client gets each).
     warmed: AtomicUsize,
     /// Clients that got every timed change (or failed).
@@ -77,7 +88,7 @@ struct Conn {
 /// the API's). Each client sends its request once connected, then reads events until `want`
 /// timed changes arrived, recording each one's latency from the `sent:<µs>` its reason carries,
 /// and holds its connection until `closing`.
-fn clients(port: u16, n: usize, want: usize, shared: &Shared) -> anyhow::Result<()> {
+fn clients(port: u16, n: usize, want: usize, request: &[u8], shared: &Shared) -> anyhow::Result<()> {
     use std::io::{Read, Write};
     let mut poll = mio::Poll::new()?;
     let mut events = mio::Events::with_capacity(4096);
@@ -120,8 +131,8 @@ fn clients(port: u16, n: usize, want: usize, shared: &Shared) -> anyhow::Result<
                 continue;
             }
             if ev.is_writable() && !c.asked {
-                match c.sock.write(REQUEST) {
-                    Ok(k) if k == REQUEST.len() => c.asked = true,
+                match c.sock.write(request) {
+                    Ok(k) if k == request.len() => c.asked = true,
                     Ok(_) => fail(c, &"the request was not written whole"),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => fail(c, &e),
@@ -150,6 +161,9 @@ fn clients(port: u16, n: usize, want: usize, shared: &Shared) -> anyhow::Result<
                 if !c.ready && memchr::memmem::find(&c.pending, b"event: ready").is_some() {
                     c.ready = true;
                     shared.connected.fetch_add(1, Ordering::Relaxed);
+                    if memchr::memmem::find(&c.pending, b"transfer-encoding: chunked").is_some() {
+                        shared.by_server.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 let warmed = warm.find_iter(&c.pending).count();
                 if warmed > 0 {
@@ -248,8 +262,13 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let driver = {
         let (shared, clients_n, want) = (shared.clone(), args.clients, args.events);
+        let request = if args.kept_alive {
+            [FIRST, REQUEST].concat()
+        } else {
+            REQUEST.to_vec()
+        };
         std::thread::spawn(move || {
-            if let Err(e) = clients(port, clients_n, want, &shared) {
+            if let Err(e) = clients(port, clients_n, want, &request, &shared) {
                 eprintln!("the clients stopped: {e}");
                 shared.failures.store(clients_n, Ordering::Relaxed);
             }
@@ -362,6 +381,11 @@ async fn main() -> anyhow::Result<()> {
         args.events,
         lat.len(),
         shared.failures.load(Ordering::Relaxed)
+    );
+    println!(
+        "  streams served by the HTTP server (kept-alive connection, hub broadcast): {}; by the live-stream writers: {}",
+        shared.by_server.load(Ordering::Relaxed),
+        shared.connected.load(Ordering::Relaxed) - shared.by_server.load(Ordering::Relaxed)
     );
     println!(
         "  delivery latency (produce → client read): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",

@@ -15,8 +15,7 @@
 //! never slows the others). Every second a shard sends keep-alive comments to clients that had
 //! nothing for 15 s, and ends streams past their lifetime with a `reconnect` event.
 
-use crate::hub::Item;
-use crate::stream::{frame, lagged, Filter, RECONNECT};
+use super::protocol::{self, Filter, Item, KEEP_ALIVE, KEEP_ALIVE_COMMENT};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -55,7 +54,6 @@ pub struct Fanout {
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// How often a shard retries clients with queued frames.
 const RETRY: Duration = Duration::from_millis(20);
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 impl Fanout {
     /// `shards` threads; a client more than `client_buffer` events behind is dropped.
@@ -171,7 +169,7 @@ impl Client {
         let wanted = self.c.filter.wants(item);
         if wanted && !self.queued.is_empty() && self.queued_events >= buffer {
             let missed = self.queued_events;
-            let lagged = lagged(&self.c.last_id, missed as u64);
+            let lagged = protocol::lagged(&self.c.last_id, missed as u64);
             // Its id is the position before this event, which is not sent.
             self.queued.extend_from_slice(&lagged);
             self.closing = true;
@@ -259,12 +257,12 @@ impl Shard {
                 for c in &mut self.clients {
                     c.flush();
                     if house && !c.closing && now >= c.c.ends_at {
-                        let last = frame("reconnect", &c.c.last_id, RECONNECT);
+                        let last = protocol::reconnect(&c.c.last_id);
                         c.put(&last);
                         c.closing = true;
                     }
                     if beat && !std::mem::take(&mut c.sent) && !c.closing {
-                        c.put(b":\n\n");
+                        c.put(KEEP_ALIVE_COMMENT);
                     }
                     self.queued |= !c.queued.is_empty();
                 }
@@ -323,7 +321,7 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::Positions;
+    use crate::live::protocol::Positions;
     use tokio::io::AsyncReadExt;
 
     fn item(offset: i64) -> Arc<Item> {
@@ -334,11 +332,10 @@ mod tests {
             kind: "health_changed",
             pool: "p".into(),
             endpoint: Some("e".into()),
-            frame: frame(
-                "health_changed",
-                &id,
-                &format!("{{\"n\":{offset},\"pad\":\"{}\"}}", "x".repeat(1000)),
-            ),
+            frame: axum::body::Bytes::from(format!(
+                "event: health_changed\nid: {id}\ndata: {{\"n\":{offset},\"pad\":\"{}\"}}\n\n",
+                "x".repeat(1000)
+            )),
             id,
         })
     }

@@ -2,38 +2,20 @@
 //! decoded once, duplicates (a relay's republish) are dropped once, and the result goes to a
 //! bounded ring of recent events and to a broadcast channel. A client that resumes from a
 //! position inside the ring is replayed from it; one further behind is served from Kafka by its
-//! own consumer (`stream.rs`). A client that falls behind the broadcast by more than its
+//! own consumer (`kafka.rs`). A client that falls behind the broadcast by more than its
 //! capacity is dropped with a `lagged` event (it resumes with `Last-Event-ID`), so a slow client
 //! never slows the others.
 
-use crate::fanout::{Fanout, RawClient};
+use super::fanout::{Fanout, RawClient};
+use super::protocol::{self, encode_positions, Decoder, Item, Positions, RAW_HEAD};
 use crate::metrics::Metrics;
-use crate::stream::{encode_positions, Positions};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
-use vitals_contracts::seq::{Applied, SeqGate};
-use vitals_contracts::{self as c, codec::SchemaKind, view};
-
-/// One event as every client sends it.
-#[derive(Debug)]
-pub struct Item {
-    pub partition: i32,
-    pub offset: i64,
-    /// `health_changed` or `pool_changed`.
-    pub kind: &'static str,
-    pub pool: String,
-    pub endpoint: Option<String>,
-    /// The stream position after this event (its SSE id).
-    pub id: String,
-    /// The whole event as every client sends it, made once.
-    pub frame: axum::body::Bytes,
-}
 
 struct Inner {
     ring: VecDeque<Arc<Item>>,
@@ -41,7 +23,7 @@ struct Inner {
     base: Positions,
     /// Positions after the newest record read.
     positions: Positions,
-    seqs: SeqGate,
+    decoder: Decoder,
     /// The live feed; None once the hub stops (every client's feed then ends).
     tx: Option<broadcast::Sender<Arc<Item>>>,
 }
@@ -76,7 +58,7 @@ impl Hub {
                 ring: VecDeque::with_capacity(ring_capacity.min(100_000)),
                 base: Positions::new(),
                 positions: Positions::new(),
-                seqs: SeqGate::default(),
+                decoder: Decoder::default(),
                 tx: Some(broadcast::channel(client_buffer.max(1)).0),
             }),
             reader: Mutex::new(None),
@@ -200,17 +182,17 @@ impl Hub {
         })
     }
 
-    /// Hand a stream to the live-stream writers: `head`, `ready`, the events of the ring at or
-    /// after where it starts (`filter.from`), then the live events. The client back if the ring does not
-    /// reach back that far (serve it from Kafka).
-    pub fn attach(&self, head: &[u8], mut client: Box<RawClient>) -> Result<(), Box<RawClient>> {
+    /// Hand a stream to the live-stream writers: the response head, `ready`, the events of the
+    /// ring at or after where it starts (`filter.from`), then the live events. The client back if
+    /// the ring does not reach back that far (serve it from Kafka).
+    pub fn attach(&self, mut client: Box<RawClient>) -> Result<(), Box<RawClient>> {
         let inner = self.lock();
         let Some(replay) = Self::replay(&inner, &client.filter.from) else {
             return Err(client);
         };
         client.last_id = encode_positions(&client.filter.from);
-        let mut first = head.to_vec();
-        first.extend_from_slice(&crate::stream::frame("ready", &client.last_id, "{}"));
+        let mut first = RAW_HEAD.to_vec();
+        first.extend_from_slice(&protocol::ready(&client.last_id));
         for item in &replay {
             client.last_id.clone_from(&item.id);
             if client.filter.wants(item) {
@@ -225,52 +207,15 @@ impl Hub {
     /// Take one record of the changes topic: the event clients get, if any.
     fn take(&self, partition: i32, offset: i64, payload: &[u8], metrics: &Metrics) {
         let mut inner = self.lock();
+        let inner = &mut *inner;
         inner.positions.insert(partition, offset + 1);
-        let undecodable = |e: &dyn std::fmt::Display| {
-            metrics.stream_undecodable();
-            tracing::warn!(partition, offset, error = %e, "live stream: skipping a record that cannot be decoded");
+        let Some(item) = inner
+            .decoder
+            .decode(partition, offset, payload, &inner.positions, None, metrics)
+        else {
+            return;
         };
-        let (kind, data, pool, endpoint) = match c::codec::peek_kind(payload) {
-            Ok(SchemaKind::HealthChanged) => {
-                let h = match c::decode::<c::HealthChanged>(payload) {
-                    Ok(h) => h,
-                    Err(e) => return undecodable(&e),
-                };
-                if inner.seqs.admit(&h.pool, &h.endpoint, h.seq) == Applied::Duplicate {
-                    return; // a republished duplicate
-                }
-                let (pool, endpoint) = (h.pool.clone(), h.endpoint.clone());
-                match view::Transition::try_from(h) {
-                    Ok(t) => ("health_changed", serde_json::to_string(&t), pool, Some(endpoint)),
-                    Err(e) => return undecodable(&e),
-                }
-            }
-            Ok(SchemaKind::PoolHealthChanged) => {
-                let p = match c::decode::<c::PoolHealthChanged>(payload) {
-                    Ok(p) => p,
-                    Err(e) => return undecodable(&e),
-                };
-                let pool = p.pool.clone();
-                (
-                    "pool_changed",
-                    serde_json::to_string(&view::PoolEvent::from(p)),
-                    pool,
-                    None,
-                )
-            }
-            _ => return, // ticks and other kinds move the position only
-        };
-        let Ok(data) = data else { return };
-        let id = encode_positions(&inner.positions);
-        let item = Arc::new(Item {
-            partition,
-            offset,
-            kind,
-            frame: crate::stream::frame(kind, &id, &data),
-            pool,
-            endpoint,
-            id,
-        });
+        let item = Arc::new(item);
         if inner.ring.len() >= self.ring_capacity {
             if let Some(old) = inner.ring.pop_front() {
                 inner.base.insert(old.partition, old.offset + 1);
@@ -326,23 +271,10 @@ impl Hub {
         let (consumer, start) = {
             let topic = topic.to_owned();
             let known = self.lock().positions.clone();
-            tokio::task::spawn_blocking(move || -> anyhow::Result<(Arc<StreamConsumer>, Positions)> {
-                let timeout = Duration::from_secs(5);
-                let parts = vitals_runtime::kafka::partitions(&*consumer, &topic, timeout)?;
-                anyhow::ensure!(!parts.is_empty(), "topic {topic} has no partitions");
-                let mut start = Positions::new();
-                let mut tpl = TopicPartitionList::new();
-                for p in parts {
-                    // After a reconnect, from where the hub was; the first time, from the end.
-                    let o = match known.get(&p) {
-                        Some(o) => *o,
-                        None => consumer.fetch_watermarks(&topic, p, timeout)?.1,
-                    };
-                    start.insert(p, o);
-                    tpl.add_partition_offset(&topic, p, Offset::Offset(o))?;
-                }
-                consumer.assign(&tpl)?;
-                Ok((consumer, start))
+            tokio::task::spawn_blocking(move || {
+                // After a reconnect, from where the hub was; the first time, from the end.
+                let start = protocol::assign(&consumer, &topic, |p| known.get(&p).copied())?;
+                anyhow::Ok((consumer, start))
             })
             .await??
         };

@@ -1,0 +1,233 @@
+//! The route `GET /v1/stream`: authorization, the stream's slot (its limits), where it starts,
+//! and which part feeds it: the live-stream writers (a connection taken over before the server
+//! reads it), the hub's broadcast (a stream asked for on a kept-alive connection) or a Kafka
+//! consumer of its own (a resume from further back than the ring).
+
+use super::fanout::RawClient;
+use super::feed::{sse_response, HubFeed};
+use super::kafka;
+use super::protocol::{parse_positions, Filter, Positions};
+use super::slot::{take_slot, StreamSlot};
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::ApiQuery;
+use crate::AppState;
+use axum::extract::connect_info::ConnectInfo;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use utoipa::IntoParams;
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // documents the parameters
+pub struct StreamParams {
+    /// Only events of this pool.
+    pool: Option<String>,
+    /// Only events of this endpoint.
+    endpoint: Option<String>,
+}
+
+/// A live stream admitted: its slot, where it starts and what it wants.
+struct Opened {
+    slot: StreamSlot,
+    /// The client's `Last-Event-ID`.
+    resume: Option<Positions>,
+    /// What it wants, from where it starts (`filter.from`: after `resume`, or the end of the
+    /// topic).
+    filter: Filter,
+    ends_at: tokio::time::Instant,
+}
+
+/// Authorize a stream request and take its slot; where it starts.
+async fn open(
+    app: &AppState,
+    headers: &HeaderMap,
+    peer: Option<std::net::SocketAddr>,
+    q: &HashMap<String, String>,
+) -> Result<Opened, ApiError> {
+    app.authorize_read(headers)?;
+    let principal = crate::auth::authorize(headers, &app.tokens, crate::auth::Role::Reader).ok();
+    let (client, anonymous) = match principal {
+        Some(p) => (format!("token:{}", p.name), false),
+        None => (
+            format!("ip:{}", peer.map_or("unknown".to_string(), |a| a.ip().to_string())),
+            true,
+        ),
+    };
+    let resume = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("Last-Event-ID", "not text"))
+                .and_then(parse_positions)
+        })
+        .transpose()?;
+    let slot = take_slot(app, client, anonymous)?;
+    let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
+    if !app.hub.ready(Duration::from_secs(5)).await {
+        return Err(ApiError::Unavailable("the changes topic is unavailable".into()));
+    }
+    let from = match &resume {
+        Some(r) => r.clone(),
+        None => app.hub.end_positions().await.map_err(|e| {
+            tracing::warn!(error = %e, "live stream: cannot read the end of the changes topic");
+            ApiError::Unavailable("the changes topic is unavailable".into())
+        })?,
+    };
+    Ok(Opened {
+        slot,
+        resume,
+        filter: Filter {
+            from,
+            pool: q.get("pool").cloned(),
+            endpoint: q.get("endpoint").cloned(),
+        },
+        ends_at,
+    })
+}
+
+#[utoipa::path(
+    get, path = "/v1/stream", tag = "stream", params(StreamParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
+    responses(
+        (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`; `reconnect` when the stream reaches its lifetime", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A Last-Event-ID that is not from this stream", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 429, description = "This client holds its maximum of live streams", body = ErrorBody),
+        (status = 503, description = "Too many live streams, or Kafka unavailable", body = ErrorBody),
+    )
+)]
+pub async fn stream(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+) -> Result<axum::response::Response, ApiError> {
+    let peer = peer.map(|axum::Extension(ConnectInfo(a))| a);
+    let Opened {
+        slot,
+        resume,
+        filter,
+        ends_at,
+    } = open(&app, &headers, peer, &q).await?;
+    if let Some(sub) = app.hub.subscribe(&filter.from) {
+        return Ok(sse_response(HubFeed::new(sub, filter, ends_at, slot)));
+    }
+    // Further back than the ring: a consumer of its own, from the client's positions.
+    let events = kafka::events(&app, resume, filter, ends_at, slot).await?;
+    Ok(sse_response(events))
+}
+
+/// Take a connection whose first request is `GET /v1/stream` that the hub can serve, and hand
+/// it to the live-stream writers (`fanout.rs`); everything else, including every refusal and a
+/// resume from further back than the ring, is given back (`Err`) untouched for the HTTP server
+/// to answer. The request is only peeked at until the stream is taken.
+///
+/// The task stays with the connection: it holds the stream's slot, reads (and drops) whatever
+/// the client sends until it goes away, and closes the socket when the stream ends.
+pub async fn takeover(
+    app: AppState,
+    sock: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    head_timeout: Duration,
+) -> Result<(), tokio::net::TcpStream> {
+    let start = std::time::Instant::now();
+    let mut buf = vec![0u8; 8192];
+    let n = match tokio::time::timeout(head_timeout, sock.peek(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(_)) => return Ok(()), // the connection failed
+        Err(_) => return Ok(()),     // no request within the header timeout: closed
+    };
+    if !buf[..n].starts_with(b"GET /v1/stream") {
+        return Err(sock);
+    }
+    let Some((headers, query)) = parse_head(&buf[..n]) else {
+        return Err(sock);
+    };
+    let Ok(opened) = open(&app, &headers, Some(peer), &query).await else {
+        return Err(sock); // answered by the server, with the reason
+    };
+    // The socket is shared with a writer thread, which writes without waiting (`try_write`):
+    // its readiness to write is known before it is handed over.
+    if sock.writable().await.is_err() {
+        return Ok(());
+    }
+    let sock = Arc::new(sock);
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ended_tx, mut ended) = tokio::sync::oneshot::channel();
+    let client = Box::new(RawClient {
+        sock: sock.clone(),
+        filter: opened.filter,
+        last_id: String::new(),
+        ends_at: opened.ends_at.into_std(),
+        gone: gone.clone(),
+        ended: ended_tx,
+    });
+    if let Err(client) = app.hub.attach(client) {
+        drop((client, opened.slot));
+        // Further back than the ring: served from Kafka by the server.
+        return Arc::try_unwrap(sock).map_or(Ok(()), Err);
+    }
+    app.metrics
+        .observe("/v1/stream", "GET", 200, start.elapsed().as_secs_f64());
+    let _slot = opened.slot;
+    // Until the client goes away or the stream ends here.
+    let mut scratch = [0u8; 1024];
+    let closed_here = loop {
+        tokio::select! {
+            _ = &mut ended => break true,
+            r = sock.readable() => {
+                if r.is_err() {
+                    break false;
+                }
+                match sock.try_read(&mut scratch) {
+                    Ok(0) => break false,
+                    Ok(_) => {} // the request, or one after it: not answered
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => break false,
+                }
+            }
+        }
+    };
+    gone.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The writer let go of the socket before saying the stream ended: end it cleanly.
+    if closed_here {
+        if let Ok(mut sock) = Arc::try_unwrap(sock) {
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut sock).await;
+        }
+    }
+    Ok(())
+}
+
+/// The headers and query of a complete request head; None if it is not one this path takes
+/// (incomplete, not HTTP/1.x, a path other than `/v1/stream`, a query or header the API's
+/// extractors would refuse).
+fn parse_head(buf: &[u8]) -> Option<(HeaderMap, HashMap<String, String>)> {
+    let mut slots = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut slots);
+    if !matches!(req.parse(buf), Ok(httparse::Status::Complete(_))) || req.method != Some("GET") {
+        return None;
+    }
+    let uri: axum::http::Uri = req.path?.parse().ok()?;
+    if uri.path() != "/v1/stream" {
+        return None;
+    }
+    let mut headers = HeaderMap::new();
+    for h in req.headers.iter() {
+        headers.append(
+            axum::http::HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+            axum::http::HeaderValue::from_bytes(h.value).ok()?,
+        );
+    }
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(uri.query().unwrap_or("")).ok()?;
+    if pairs
+        .iter()
+        .any(|(k, v)| crate::extract::no_control(k, k).is_err() || crate::extract::no_control(k, v).is_err())
+    {
+        return None;
+    }
+    Some((headers, pairs.into_iter().collect()))
+}
