@@ -378,10 +378,16 @@ pub enum ReasonCode {
     /// An endpoint kept serving through a suspected shared outage answers again: it is judged on
     /// what happened after the outage, not on the outage's window.
     OutageOver,
+    /// Readmitted on probation: after a flap, a failure-rate ejection, or on evidence that cannot
+    /// see the fault (a health probe after a first-token ejection). Held at the probation weight
+    /// while real calls decide.
+    Probation,
+    /// Probation passed: enough passing outcomes in a row; recovering with slow start.
+    ProbationOver,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 17] = [
+    pub const ALL: [ReasonCode; 19] = [
         ReasonCode::Ejected,
         ReasonCode::Degraded,
         ReasonCode::Suspect,
@@ -399,6 +405,8 @@ impl ReasonCode {
         ReasonCode::Cooldown,
         ReasonCode::CooldownOver,
         ReasonCode::OutageOver,
+        ReasonCode::Probation,
+        ReasonCode::ProbationOver,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -420,6 +428,8 @@ impl ReasonCode {
             ReasonCode::Cooldown => "cooldown",
             ReasonCode::CooldownOver => "cooldown_over",
             ReasonCode::OutageOver => "outage_over",
+            ReasonCode::Probation => "probation",
+            ReasonCode::ProbationOver => "probation_over",
         }
     }
 

@@ -12,6 +12,21 @@ pub const TTFT_SAMPLES: usize = 16;
 pub const MAX_TRIGGERS: usize = 5;
 /// Latency samples an endpoint needs before it is compared with its peers.
 pub const LATENCY_MIN_SAMPLES: u32 = 5;
+/// Passing outcomes in a row that end a first probation for errors: a fault that fails 15 % of
+/// calls passes 20 in a row 4 % of the time. Each probation after an ejection that followed a
+/// probation needs 20 more. (Slow first tokens are not a matter of chance: the policy's
+/// `consecutive_successes` fast ones end a probation for first tokens.)
+pub const PROBATION_PASSES: u16 = 20;
+
+/// The weight of an endpoint on probation: a tenth of the slow-start weight, a trickle of real
+/// calls that keeps the evidence coming while the failures of an endpoint whose fault comes and
+/// goes cost its users little.
+pub fn probation_weight(policy: &Policy) -> f64 {
+    policy.slow_start_weight / 10.0
+}
+
+/// Outcomes over which a share of 429s starts a cooldown (at most 16).
+const LIMITED_HISTORY: u32 = 16;
 
 /// What an ejection was for: the kind of evidence that can show the fault is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,8 +34,11 @@ pub const LATENCY_MIN_SAMPLES: u32 = 5;
 pub enum Dimension {
     /// Failed calls or probes: any passing call or probe shows them gone.
     Errors,
+    /// A share of calls failing (the failure rate, or a rate far above the peers'), not all of
+    /// them: a passing probe or call is weak evidence, so it readmits only on probation.
+    ErrorRate,
     /// Slow first tokens: only an outcome with a first token (a call, a synthetic completion)
-    /// shows them gone; a health-route probe readmits as a canary.
+    /// shows them gone; a health-route probe readmits on probation once the isolation is over.
     Ttft,
     /// Heartbeats stopped: only a heartbeat shows the endpoint back.
     Heartbeat,
@@ -34,6 +52,7 @@ impl Dimension {
     pub fn as_str(self) -> &'static str {
         match self {
             Dimension::Errors => "errors",
+            Dimension::ErrorRate => "error_rate",
             Dimension::Ttft => "ttft",
             Dimension::Heartbeat => "heartbeat",
             Dimension::Dependency => "dependency",
@@ -55,8 +74,9 @@ pub(crate) enum Entry {
     Cooldown(i64),
     /// Out by an operator: forced unhealthy, or maintenance.
     Operator(HealthState),
-    /// Back at slow-start weight: readmitted (as a canary, or not), or a cooldown over.
-    Recovering { canary: bool },
+    /// Back in rotation: readmitted at slow-start weight (or a cooldown over), or on probation
+    /// (at the probation weight, held: real calls decide).
+    Recovering { probation: bool },
     /// Healthy: nothing of an isolation is left.
     Healthy,
     /// Suspect or degraded: still in rotation, nothing reset.
@@ -137,12 +157,23 @@ pub struct Tracker {
     /// 429s in a row.
     #[serde(default)]
     consecutive_rate_limited: u16,
-    /// Readmitted on evidence that cannot see the fault: real calls decide.
+    /// On probation: readmitted on evidence that cannot see the fault, or after a flap or a
+    /// failure-rate ejection; held at the probation weight while real calls decide. (Named
+    /// `canary` in snapshots, as before probation held.)
+    #[serde(default, rename = "canary")]
+    probation: bool,
+    /// Passing outcomes in a row on probation (a failure starts the count again).
+    #[serde(default, rename = "canary_calls")]
+    probation_passes: u16,
+    /// Cooldowns in a row, each begun soon after the last: the cooldown doubles with each.
     #[serde(default)]
-    canary: bool,
-    /// Real calls that passed since a canary readmission.
+    cooldowns: u16,
+    /// When the last cooldown began.
     #[serde(default)]
-    canary_calls: u16,
+    cooled_at: Option<Micros>,
+    /// The latest outcomes that were not neutral, newest in bit 0: 1 for a 429.
+    #[serde(default)]
+    limited_bits: u16,
     /// The latest Retry-After the upstream sent with a 429, in ms.
     #[serde(default)]
     retry_after_ms: Option<u32>,
@@ -192,8 +223,11 @@ impl Tracker {
             passes_while_out: 0,
             failed_trials: 0,
             consecutive_rate_limited: 0,
-            canary: false,
-            canary_calls: 0,
+            probation: false,
+            probation_passes: 0,
+            cooldowns: 0,
+            cooled_at: None,
+            limited_bits: 0,
             retry_after_ms: None,
             readmitted_at: None,
             failure_outlier: false,
@@ -317,9 +351,9 @@ impl Tracker {
         self.last_isolated_at
     }
 
-    /// Readmitted on evidence that cannot see the fault: real calls decide.
-    pub(crate) fn canary(&self) -> bool {
-        self.canary
+    /// On probation: held at the probation weight while real calls decide.
+    pub(crate) fn probation(&self) -> bool {
+        self.probation
     }
 
     pub(crate) fn retry_after_ms(&self) -> Option<u32> {
@@ -345,6 +379,12 @@ impl Tracker {
         self.window.rate_last(now, us(policy.bucket_ms), recent_buckets(policy))
     }
 
+    /// Successes and failures over the most recent two thirds of the window.
+    pub fn recent_rate_longer(&self, now: Micros, policy: &Policy) -> Rate {
+        self.window
+            .rate_last(now, us(policy.bucket_ms), recent_buckets(policy) * 2)
+    }
+
     /// Per-class counts over the most recent third of the window.
     pub fn recent_totals(&self, now: Micros, policy: &Policy) -> Totals {
         self.window
@@ -367,7 +407,9 @@ impl Tracker {
         if class.is_neutral() {
             return rate;
         }
-        if class == OutcomeClass::RateLimited {
+        let limited = class == OutcomeClass::RateLimited;
+        self.limited_bits = (self.limited_bits << 1) | u16::from(limited);
+        if limited {
             // Not a failure of the endpoint: its own rule (the cooldown) answers it.
             self.consecutive_rate_limited = self.consecutive_rate_limited.saturating_add(1);
             return rate;
@@ -582,9 +624,14 @@ impl Tracker {
         }
     }
 
-    /// A failure while out: the count of passing evidence starts again.
-    pub(crate) fn failed_while_out(&mut self) {
+    /// A failure while out: the count of passing evidence starts again. An endpoint out for a
+    /// share of failed calls whose failures now come `down_after` in a row is down, not partly
+    /// failing: evidence that can see errors readmits it as it would any endpoint that was down.
+    pub(crate) fn failed_while_out(&mut self, down_after: u32) {
         self.passes_while_out = 0;
+        if self.out_for == Some(Dimension::ErrorRate) && self.consecutive_failures >= down_after {
+            self.out_for = Some(Dimension::Errors);
+        }
     }
 
     /// Passing evidence while out; returns how many in a row.
@@ -593,13 +640,41 @@ impl Tracker {
         self.passes_while_out
     }
 
-    /// A real call passed after a canary readmission; `needed` of them end the canary.
-    pub(crate) fn canary_call_passed(&mut self, needed: i32) {
-        if self.canary {
-            self.canary_calls = self.canary_calls.saturating_add(1);
-            if i32::from(self.canary_calls) >= needed {
-                self.canary = false;
-            }
+    /// An outcome on probation: a pass adds to the run of passes, a failure starts it again.
+    /// Returns the run.
+    pub(crate) fn probation_outcome(&mut self, passed: bool) -> u16 {
+        self.probation_passes = if passed {
+            self.probation_passes.saturating_add(1)
+        } else {
+            0
+        };
+        self.probation_passes
+    }
+
+    /// 429s among the latest `n` outcomes (at most 16) that were not neutral.
+    pub(crate) fn recent_429s(&self, n: u32) -> u32 {
+        let n = n.clamp(1, LIMITED_HISTORY);
+        let mask = if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
+        (self.limited_bits & mask).count_ones()
+    }
+
+    /// The cooldown a new one would get: `base` ms, doubled for each cooldown in a row (one
+    /// begun within `isolation_reset_ms` of the last) up to four times `base`, and never longer
+    /// than the longest isolation.
+    pub(crate) fn cooldown_for(&self, base: i64, now: Micros, policy: &Policy) -> i64 {
+        let k = self.cooldowns_in_a_row(now, policy).saturating_sub(1).min(2);
+        base.saturating_mul(1i64 << k).clamp(1, policy.isolation_max_ms.max(1))
+    }
+
+    /// Cooldowns in a row including one begun `now`.
+    fn cooldowns_in_a_row(&self, now: Micros, policy: &Policy) -> u16 {
+        let recent = self
+            .cooled_at
+            .is_some_and(|t| now.saturating_sub(t) <= us(policy.isolation_reset_ms));
+        if recent {
+            self.cooldowns.saturating_add(1)
+        } else {
+            1
         }
     }
 
@@ -653,6 +728,8 @@ impl Tracker {
                 (HealthState::Unhealthy, Some(self.isolate(now, ms, None)))
             }
             Entry::Cooldown(ms) => {
+                self.cooldowns = self.cooldowns_in_a_row(now, policy);
+                self.cooled_at = Some(now);
                 self.retry_after_ms = None;
                 (
                     HealthState::Unhealthy,
@@ -661,23 +738,25 @@ impl Tracker {
             }
             Entry::Operator(to) => {
                 self.out_for = None;
-                self.canary = false;
+                self.probation = false;
                 (to, None)
             }
-            Entry::Recovering { canary } => {
+            Entry::Recovering { probation } => {
+                let ended_probation = self.probation && !probation;
                 self.reset_for_recovery(now);
                 self.isolated_until = None;
                 self.trial_open = false;
                 self.passes_while_out = 0;
-                self.canary = canary;
-                self.canary_calls = 0;
+                self.probation = probation;
+                self.probation_passes = 0;
                 if was_cooling {
                     // The end of a cooldown is not a readmission: a later ejection is no flap.
                     self.out_for = None;
-                } else {
+                } else if !ended_probation {
                     self.readmitted_at = Some(now);
                 }
-                self.ramp_until = Some(now.saturating_add(us(policy.slow_start_ms)));
+                // On probation the weight is held: no ramp until it ends.
+                self.ramp_until = (!probation).then(|| now.saturating_add(us(policy.slow_start_ms)));
                 (HealthState::Recovering, None)
             }
             Entry::Healthy => {
@@ -685,7 +764,7 @@ impl Tracker {
                 self.trial_open = false;
                 self.ramp_until = None;
                 self.out_for = None;
-                self.canary = false;
+                self.probation = false;
                 (HealthState::Healthy, None)
             }
             Entry::InRotation(to) => (to, None),
@@ -715,7 +794,7 @@ impl Tracker {
         self.isolated_until = Some(until);
         self.trial_open = false;
         self.passes_while_out = 0;
-        self.canary = false;
+        self.probation = false;
         self.ramp_until = None;
         until
     }

@@ -136,6 +136,8 @@ pub struct Score {
     /// Ejections of an endpoint that had no real fault then (nor within 1 s before).
     pub false_ejections: u32,
     pub transitions: u32,
+    /// Transitions of the faulty endpoints while a fault lasted (from its start to its end).
+    pub fault_transitions: u32,
     /// Largest share of the pool at weight 0 at any moment.
     pub max_out: f64,
     pub calls: u32,
@@ -146,6 +148,9 @@ pub struct Score {
     /// From the end of the last fault until every faulty endpoint was back in rotation; None if
     /// none was ever out, `Err` with the time observed if one was still out when the run ended.
     pub restore: Option<Result<Micros, Micros>>,
+    /// From the end of the last fault until every faulty endpoint was back at full weight (slow
+    /// start and probation over); the same None / `Err` as `restore`.
+    pub full_weight: Option<Result<Micros, Micros>>,
     /// Every transition: (time since start, endpoint, from, to, reason).
     pub log: Vec<(Micros, String, HealthState, HealthState, String)>,
 }
@@ -323,16 +328,21 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
         ejection: None,
         false_ejections: 0,
         transitions: 0,
+        fault_transitions: 0,
         max_out: 0.0,
         calls: 0,
         failed: 0,
         slow: 0,
         restore: None,
+        full_weight: None,
         log: Vec::new(),
     };
     let mut ever_out = false;
     // The last time every faulty endpoint was back in rotation after one was out.
     let mut back_at: Option<Micros> = None;
+    // The last time every faulty endpoint was at full weight again after one was lowered.
+    let mut full_at: Option<Micros> = None;
+    let mut ever_lowered = false;
     let mut ids = 0u64;
     let mut decisions = Vec::new();
     while let Some(Reverse((at, _, event))) = queue.pop() {
@@ -405,6 +415,12 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
                         ramp_ms: h.ramp_ms,
                     };
                     score.transitions += 1;
+                    if first_fault.is_some_and(|f| at >= f)
+                        && last_fault_end.is_some_and(|e| at < e)
+                        && faulty.contains(&ep)
+                    {
+                        score.fault_transitions += 1;
+                    }
                     score
                         .log
                         .push((at, h.endpoint.clone(), h.from_state, h.to_state, h.reason.clone()));
@@ -435,11 +451,24 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
             } else if ever_out && back_at.is_none() {
                 back_at = Some(at);
             }
+            if faulty.iter().any(|&e| routes[e].weight < 1.0) {
+                ever_lowered = true;
+                full_at = None;
+            } else if ever_lowered && full_at.is_none() {
+                full_at = Some(at);
+            }
         }
     }
     if let Some(end) = last_fault_end {
         let out_at_end = faulty.iter().any(|&e| routes[e].weight == 0.0);
         score.restore = match (ever_out, out_at_end, back_at) {
+            (false, _, _) => None,
+            (true, true, _) => Some(Err(s.duration - end)),
+            (true, false, Some(b)) => Some(Ok((b - end).max(0))),
+            (true, false, None) => Some(Ok(0)),
+        };
+        let lowered_at_end = faulty.iter().any(|&e| routes[e].weight < 1.0);
+        score.full_weight = match (ever_lowered, lowered_at_end, full_at) {
             (false, _, _) => None,
             (true, true, _) => Some(Err(s.duration - end)),
             (true, false, Some(b)) => Some(Ok((b - end).max(0))),
@@ -594,6 +623,63 @@ pub fn scenarios() -> Vec<Scenario> {
             what: "0.5 calls/s into the pool; e0 down for 60 s",
             rate: 0.5,
             faults: vec![on_e0(Fault::Down, 30, 90)],
+            ..base.clone()
+        },
+        Scenario {
+            name: "drops-15pct-5min",
+            what: "e0 drops 15 % of connections for 5 minutes",
+            duration: 420 * SEC,
+            faults: vec![on_e0(Fault::Drops { share: 0.15 }, 30, 330)],
+            ..base.clone()
+        },
+        Scenario {
+            name: "drops-15pct-3-endpoints",
+            what: "e0 of three drops 15 % of connections for 5 minutes",
+            endpoints: 3,
+            rate: 15.0,
+            duration: 420 * SEC,
+            faults: vec![on_e0(Fault::Drops { share: 0.15 }, 30, 330)],
+            ..base.clone()
+        },
+        Scenario {
+            name: "periodic-10s",
+            what: "e0 down 10 s, up 10 s, for 5 minutes",
+            duration: 420 * SEC,
+            faults: vec![Injection {
+                period: Some((10 * SEC, 10 * SEC)),
+                ..on_e0(Fault::Down, 30, 330)
+            }],
+            ..base.clone()
+        },
+        Scenario {
+            name: "periodic-503",
+            what: "e0 answers 503 for 5 s, then fine for 15 s, for 5 minutes",
+            duration: 420 * SEC,
+            faults: vec![Injection {
+                period: Some((5 * SEC, 15 * SEC)),
+                ..on_e0(Fault::ServerErrors, 30, 330)
+            }],
+            ..base.clone()
+        },
+        Scenario {
+            name: "slow-ttft-5min",
+            what: "e0 answers 200 with a 5 s first token for 5 minutes; health-route probes",
+            duration: 420 * SEC,
+            faults: vec![on_e0(Fault::SlowTtft { ttft_ms: 5_000 }, 30, 330)],
+            ..base.clone()
+        },
+        Scenario {
+            name: "429-5min",
+            what: "e0 rate-limits 40 % of calls (no Retry-After) for 5 minutes",
+            duration: 420 * SEC,
+            faults: vec![on_e0(
+                Fault::RateLimited {
+                    share: 0.4,
+                    retry_after_ms: None,
+                },
+                30,
+                330,
+            )],
             ..base.clone()
         },
         Scenario {

@@ -86,3 +86,53 @@ fn the_same_seed_gives_the_same_scorecard() {
     let s = scenarios().into_iter().find(|s| s.name == "periodic").unwrap();
     assert_eq!(run(&s, 9), run(&s, 9));
 }
+
+fn worst(scores: &[Score], f: fn(&Score) -> u32) -> u32 {
+    scores.iter().map(f).max().unwrap_or(0)
+}
+
+#[test]
+fn fifteen_percent_drops_for_five_minutes_are_out_once_and_held_not_cycled() {
+    for name in ["drops-15pct-5min", "drops-15pct-3-endpoints"] {
+        let s = runs(name);
+        assert!(delay(&s, |x| x.ejection) <= 10 * SEC, "{name}: {s:#?}");
+        assert!(worst(&s, |x| x.fault_transitions) <= 6, "{name}: {s:#?}");
+        assert!(restore(&s) <= 10 * SEC, "{name}: {s:#?}");
+        assert_eq!(false_ejections(&s), 0, "{name}");
+    }
+}
+
+#[test]
+fn a_fault_that_comes_and_goes_for_five_minutes_is_held_on_probation() {
+    for name in ["periodic-10s", "periodic-503"] {
+        let s = runs(name);
+        assert!(worst(&s, |x| x.fault_transitions) <= 12, "{name}: {s:#?}");
+        assert!(restore(&s) <= 10 * SEC, "{name}: {s:#?}");
+    }
+    // No more failed calls than when it was ejected and readmitted every cycle (19, median).
+    let s = runs("periodic-10s");
+    let mut failed: Vec<u32> = s.iter().map(|x| x.failed).collect();
+    failed.sort_unstable();
+    assert!(failed[failed.len() / 2] <= 19, "{failed:?}");
+}
+
+#[test]
+fn slow_first_tokens_seen_only_by_health_probes_re_expose_users_once() {
+    let s = runs("slow-ttft-5min");
+    assert!(worst(&s, |x| x.fault_transitions) <= 4, "{s:#?}");
+    // 151 slow calls (median) when a health probe readmitted it as a canary every ~30 s.
+    assert!(s.iter().all(|x| x.slow < 120), "{s:#?}");
+}
+
+#[test]
+fn forty_percent_429s_cool_within_five_seconds_and_cost_few_calls() {
+    for name in ["429-storm", "429-5min"] {
+        let s = runs(name);
+        assert!(delay(&s, |x| x.detection) <= 5 * SEC, "{name}: {s:#?}");
+        assert!(
+            s.iter().all(|x| x.detection.is_some_and(|d| d <= 7 * SEC)),
+            "{name}: {s:#?}"
+        );
+    }
+    assert!(worst(&runs("429-5min"), |x| x.failed) <= 40);
+}

@@ -14,6 +14,11 @@ pub struct Figures {
     pub failed_calls: u32,
     pub slow_calls: u32,
     pub transitions: u32,
+    /// Transitions of the faulty endpoints while the fault lasted.
+    pub transitions_in_fault: u32,
+    /// From the end of the fault until every faulty endpoint was back in rotation (None: none
+    /// was out, or one was still out at the end).
+    pub restore_s: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -41,6 +46,11 @@ fn figures(scores: &[Score]) -> Figures {
         failed_calls: median(scores.iter().map(|s| s.failed).collect()),
         slow_calls: median(scores.iter().map(|s| s.slow).collect()),
         transitions: median(scores.iter().map(|s| s.transitions).collect()),
+        transitions_in_fault: median(scores.iter().map(|s| s.fault_transitions).collect()),
+        restore_s: delay(|s| match s.restore {
+            Some(Ok(t)) => Some(t),
+            _ => None,
+        }),
     }
 }
 
@@ -70,6 +80,7 @@ pub fn compare(candidate: &Policy, seed: u64, runs: u64, only: Option<&str>) -> 
 
 pub fn print(rows: &[Row]) {
     let s = |v: Option<f64>| v.map_or("never".to_owned(), |v| format!("{v:.1}"));
+    let restore = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.1}"));
     let pair = |a: String, b: String| if a == b { a } else { format!("{a} → {b}") };
     let table: Vec<Vec<String>> = rows
         .iter()
@@ -82,6 +93,8 @@ pub fn print(rows: &[Row]) {
                 pair(d.false_ejections.to_string(), c.false_ejections.to_string()),
                 pair(d.failed_calls.to_string(), c.failed_calls.to_string()),
                 pair(d.slow_calls.to_string(), c.slow_calls.to_string()),
+                pair(d.transitions_in_fault.to_string(), c.transitions_in_fault.to_string()),
+                pair(restore(d.restore_s), restore(c.restore_s)),
             ]
         })
         .collect();
@@ -93,6 +106,8 @@ pub fn print(rows: &[Row]) {
             "false ejections",
             "failed calls",
             "slow calls",
+            "transitions in the fault",
+            "restore s",
         ],
         &table,
     );

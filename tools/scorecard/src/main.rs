@@ -55,6 +55,26 @@ fn delay(scores: &[Score], f: fn(&Score) -> Option<Micros>) -> String {
         .unwrap_or_default()
 }
 
+/// A time after the fault over the runs: never out < back after t < still out after t, so that
+/// a median or worst run means what it says.
+fn after_fault(scores: &[Score], f: fn(&Score) -> Option<Result<Micros, Micros>>) -> String {
+    let v = pick(
+        scores
+            .iter()
+            .map(|x| match f(x) {
+                None => (0, 0),
+                Some(Ok(t)) => (1, t),
+                Some(Err(t)) => (2, t),
+            })
+            .collect(),
+    );
+    match v {
+        Some((1, t)) => secs(t),
+        Some((2, t)) => format!("> {}", secs(t)),
+        _ => "—".to_owned(),
+    }
+}
+
 fn main() {
     let args = Args::parse();
     WORST.store(args.worst, Ordering::Relaxed);
@@ -78,44 +98,31 @@ fn main() {
         if args.worst { "worst run of each figure" } else { "medians" }
     );
     println!(
-        "| scenario | detection s | out after s | false ejections | transitions | max out | failed calls | slow calls | restore s |"
+        "| scenario | detection s | out after s | false ejections | transitions | in the fault | max out | failed calls | slow calls | restore s | full weight s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in chosen {
         eprintln!("[scorecard] {} ({}) …", s.name, s.what);
         let scores: Vec<Score> = (0..runs).map(|k| run(s, args.seed + k)).collect();
         let detection = delay(&scores, |x| x.detection);
         let ejection = delay(&scores, |x| x.ejection);
-        // Never out < back after t < still out after t, so that a median or worst run means
-        // what it says.
-        let restore = pick(
-            scores
-                .iter()
-                .map(|x| match x.restore {
-                    None => (0, 0),
-                    Some(Ok(t)) => (1, t),
-                    Some(Err(t)) => (2, t),
-                })
-                .collect(),
-        );
-        let restore = match restore {
-            Some((1, t)) => secs(t),
-            Some((2, t)) => format!("> {}", secs(t)),
-            _ => "—".to_owned(),
-        };
+        let restore = after_fault(&scores, |x| x.restore);
+        let full_weight = after_fault(&scores, |x| x.full_weight);
         let med = |f: fn(&Score) -> u32| pick(scores.iter().map(f).collect()).unwrap_or(0);
         let max_out = pick(scores.iter().map(|x| (x.max_out * 100.0).round() as u32).collect()).unwrap_or(0);
         println!(
-            "| {} | {} | {} | {} | {} | {} % | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} | {} | {} |",
             s.name,
             detection,
             ejection,
             scores.iter().map(|x| x.false_ejections).sum::<u32>(),
             med(|x| x.transitions),
+            med(|x| x.fault_transitions),
             max_out,
             med(|x| x.failed),
             med(|x| x.slow),
-            restore
+            restore,
+            full_weight
         );
         if args.log {
             for (at, ep, from, to, reason) in &scores[0].log {

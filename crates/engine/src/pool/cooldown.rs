@@ -1,30 +1,33 @@
 //! Cooldown: an upstream that answers 429 is not failing, it is asking for less. A run of 429s
 //! or a share of the recent calls starts a cooldown of the upstream's Retry-After (else the
-//! policy's), with no isolation backoff; when its time is over the endpoint comes back through
-//! slow start, which finds what the upstream takes.
+//! policy's); when its time is over the endpoint comes back through slow start, which finds what
+//! the upstream takes. A cooldown begun soon after the last (the upstream still cannot take the
+//! load) is twice as long, so that a limit that persists costs a few 429s per doubling, not a
+//! few every cycle.
 
 use super::{Change, PoolState};
 use crate::endpoint::{Dimension, Tracker};
-use vitals_contracts::{HealthState, OutcomeClass, ReasonCode};
+use vitals_contracts::{HealthState, ReasonCode};
 
 impl PoolState {
     /// A 429 for an endpoint in rotation (or recovering): a run of them (as long as the hard
-    /// break's) or a share of at least `rate_limited_share` of the recent calls (at least
-    /// `min_volume`) starts a cooldown. A cooldown takes an ejection slot; with none free the
-    /// endpoint keeps serving, and nothing suspects an outage.
+    /// break's), or at least that many among the recent calls making a share of at least
+    /// `rate_limited_share`, starts a cooldown. A cooldown takes an ejection slot; with none
+    /// free the endpoint keeps serving, and nothing suspects an outage.
     pub(super) fn rate_limited(&self, name: &str) -> Option<Change> {
-        let now = self.now;
         let policy = &self.policy;
         let t = &self.endpoints[name];
         if t.forced().is_some() {
             return None;
         }
-        // Over the most recent third of the window, like the peer comparison: a storm that
-        // began 5 s ago is a small share of a 30 s window.
-        let limited = t.recent_totals(now, policy).get(OutcomeClass::RateLimited);
-        let all = t.recent_rate(now, policy).counted() + limited;
-        let by_run = i32::from(t.consecutive_rate_limited()) >= policy.hard_break_after;
-        let by_share = all >= policy.min_volume as u64 && limited as f64 >= policy.rate_limited_share * all as f64;
+        // Over the latest outcomes, not a window of time: a storm that began 2 s ago is a small
+        // share of even the last 10 s. `run` 429s among the fewest outcomes in which they make
+        // `rate_limited_share` of them (12 at 3 and 25 %, at most 16).
+        let run = policy.hard_break_after.max(1) as u32;
+        let all = ((f64::from(run) / policy.rate_limited_share.max(0.01)).ceil() as u32).clamp(run, 16);
+        let limited = t.recent_429s(all);
+        let by_run = u32::from(t.consecutive_rate_limited()) >= run;
+        let by_share = limited >= run;
         if !(by_run || by_share) || !self.may_eject() {
             return None;
         }
@@ -36,16 +39,22 @@ impl PoolState {
             thresholds.push(format!("429_share>={}", policy.rate_limited_share));
         }
         let ms = self.cooldown_ms(t);
-        let source = if t.retry_after_ms().is_some() {
+        let base = if t.retry_after_ms().is_some() {
             "the upstream's Retry-After"
         } else {
             "the policy's cooldown"
+        };
+        let base_ms = self.cooldown_base_ms(t);
+        let source = if ms > base_ms {
+            format!("{base}, doubled: it rate-limits again soon after its last cooldown")
+        } else {
+            base.to_owned()
         };
         let mut change = Change::new(
             HealthState::Unhealthy,
             ReasonCode::Cooldown,
             format!(
-                "rate limited: {limited} of the last {all} calls were 429s; cooling down for {:.1} s ({source}), no isolation backoff",
+                "rate limited: {limited} of the last {all} calls were 429s; cooling down for {:.1} s ({source}), then slow start",
                 ms as f64 / 1000.0
             ),
             thresholds,
@@ -55,9 +64,13 @@ impl PoolState {
         Some(change)
     }
 
-    /// The cooldown `t` gets: the upstream's latest Retry-After, else the policy's, bounded by
-    /// the longest isolation.
+    /// The cooldown `t` gets now: the upstream's latest Retry-After, else the policy's, doubled
+    /// for each cooldown in a row, bounded by the longest isolation.
     pub(super) fn cooldown_ms(&self, t: &Tracker) -> i64 {
+        t.cooldown_for(self.cooldown_base_ms(t), self.now, &self.policy)
+    }
+
+    fn cooldown_base_ms(&self, t: &Tracker) -> i64 {
         t.retry_after_ms()
             .map_or(self.policy.cooldown_ms, i64::from)
             .clamp(1, self.policy.isolation_max_ms.max(1))

@@ -40,18 +40,28 @@ fn eject_rules(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros) -> impl
 }
 
 /// What an ejection on these rules is for. `slow` says the outcome that crossed them was a 200
-/// whose first token came too late.
+/// whose first token came too late. Only the rate rules (the failure rate, the peer comparison)
+/// make it an ejection for a share of failed calls, and only while its latest failures are not
+/// a run as long as the hard break's: such a run says the endpoint is down (a refused
+/// connection is often out on the peer comparison before five failures in a row).
 fn dimension(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros, slow: bool) -> Dimension {
+    let down = t.consecutive_failures() >= policy.hard_break_after.max(1) as u32;
     let mut dims = eject_rules(t, totals, policy, now).map(|c| match c {
         Cause::TtftOutlier => Dimension::Ttft,
         Cause::CriticalDown => Dimension::Dependency,
         Cause::HeartbeatSilence => Dimension::Heartbeat,
         _ if slow => Dimension::Ttft,
+        Cause::FailureRate | Cause::PeerFailures if !down => Dimension::ErrorRate,
         _ => Dimension::Errors,
     });
     let first = dims.next().unwrap_or(Dimension::Errors);
-    // Slow first tokens and errors together: only a first token shows both gone.
-    dims.fold(first, |a, b| if b == Dimension::Ttft { b } else { a })
+    dims.fold(first, |a, b| match (a, b) {
+        // Slow first tokens and errors together: only a first token shows both gone.
+        (_, Dimension::Ttft) => Dimension::Ttft,
+        // A run of failures with the rate: down, not partly failing.
+        (Dimension::ErrorRate, Dimension::Errors) => Dimension::Errors,
+        (a, _) => a,
+    })
 }
 
 impl PoolState {
@@ -90,7 +100,7 @@ impl PoolState {
         );
         if t.failure_outlier() {
             let own = t.recent_rate(now, policy);
-            let (peers, n) = self.peer_failures(name);
+            let (peers, n) = self.peer_failures(name, false);
             reason.push_str(&format!(
                 "; last {} s: {} of {} calls failed, its {n} peers {} of {}",
                 policy.window_ms / 3000,

@@ -15,7 +15,7 @@ mod peers;
 mod readmission;
 mod suspicion;
 
-use crate::endpoint::{buckets, us, Dimension, Entry, Tracker, LATENCY_MIN_SAMPLES};
+use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker, LATENCY_MIN_SAMPLES};
 use crate::window::{counts_as_failure, Rate};
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
@@ -108,8 +108,8 @@ struct Change {
     triggers: Vec<String>,
     /// For an ejection: what it is for.
     out_for: Option<Dimension>,
-    /// For a readmission: on evidence that cannot see the fault.
-    canary: bool,
+    /// For a readmission: on probation.
+    probation: bool,
 }
 
 impl Change {
@@ -127,7 +127,7 @@ impl Change {
             thresholds,
             triggers,
             out_for: None,
-            canary: false,
+            probation: false,
         }
     }
 }
@@ -414,11 +414,13 @@ impl PoolState {
             .or_else(|| self.degradation_over(name, suspicious))
     }
 
-    fn weight(&self, state: HealthState, forced: Option<OverrideAction>) -> (f64, i64) {
-        match (state, forced) {
+    /// The weight routers give an endpoint, and the ramp to full weight (slow start).
+    fn weight(&self, t: &Tracker) -> (f64, i64) {
+        match (t.state(), t.forced()) {
             (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
             (HealthState::Healthy | HealthState::Suspect, _) => (1.0, 0),
             (HealthState::Degraded, _) => (self.policy.degraded_weight, 0),
+            (HealthState::Recovering, _) if t.probation() => (probation_weight(&self.policy), 0),
             (HealthState::Recovering, _) => (self.policy.slow_start_weight, self.policy.slow_start_ms),
             (HealthState::Unhealthy | HealthState::Maintenance, _) => (0.0, 0),
         }
@@ -436,7 +438,9 @@ impl PoolState {
                 _ => Entry::Eject(change.out_for),
             },
             HealthState::Unhealthy | HealthState::Maintenance => Entry::Operator(change.to),
-            HealthState::Recovering => Entry::Recovering { canary: change.canary },
+            HealthState::Recovering => Entry::Recovering {
+                probation: change.probation,
+            },
             HealthState::Healthy => Entry::Healthy,
             to => Entry::InRotation(to),
         }
@@ -453,7 +457,7 @@ impl PoolState {
         let entry = self.entry(name, &change);
         let t = self.endpoints.get_mut(name).expect("known endpoint");
         let entered = t.enter(entry, now, &self.policy, change.thresholds, median);
-        let (forced, cooling) = (t.forced(), t.cooling());
+        let cooling = t.cooling();
         match (entered.was_cooling, cooling) {
             (false, true) => self.cooling += 1,
             (true, false) => self.cooling -= 1,
@@ -461,7 +465,7 @@ impl PoolState {
         }
         self.counts[state_index(entered.from)] -= 1;
         self.counts[state_index(change.to)] += 1;
-        let (weight, ramp_ms) = self.weight(change.to, forced);
+        let (weight, ramp_ms) = self.weight(&self.endpoints[name]);
         let d = self.endpoints[name].deadline(&self.policy);
         self.arm(d);
         if entered.from == HealthState::Unhealthy {
@@ -469,11 +473,7 @@ impl PoolState {
             self.ejection_slot_freed(back && !entered.was_cooling);
         }
         let reason = match entered.retry_at {
-            Some(r) => format!(
-                "{}; isolated for {} s",
-                change.reason,
-                r.saturating_sub(now) / 1_000_000
-            ),
+            Some(r) => format!("{}; {}", change.reason, self.what_readmits(name, r)),
             None => change.reason,
         };
         let seq = entered.seq as i64;

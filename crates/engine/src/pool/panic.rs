@@ -1,4 +1,4 @@
-//! The pool's own rules: panic mode (too few endpoints healthy, so route over all of them) and
+//! The pool's own rules: panic mode (too few endpoints can serve, so route over all of them) and
 //! correlated-outage suspicion (the max-ejection rule refused an ejection). A pool event is
 //! published when either flips, or when a policy change says so.
 
@@ -7,16 +7,33 @@ use crate::Decision;
 use vitals_contracts::{HealthState, PoolHealthChanged};
 
 impl PoolState {
+    /// Endpoints that can serve: healthy, suspect, recovering (slow start or probation), degraded
+    /// at a weight above 0 unless only the max-ejection rule keeps it in (it fails), and cooling
+    /// down after 429s (not an outage: the upstream asked for less). Envoy counts hosts in slow
+    /// start as healthy for its panic threshold, for the same reason.
+    fn available(&self) -> u32 {
+        let degraded = if self.policy.degraded_weight > 0.0 {
+            self.count(HealthState::Degraded).saturating_sub(self.refused)
+        } else {
+            0
+        };
+        self.count(HealthState::Healthy)
+            + self.count(HealthState::Suspect)
+            + self.count(HealthState::Recovering)
+            + degraded
+            + self.cooling
+    }
+
     /// Panic mode and correlated-outage suspicion; a pool event when either flips, or when
     /// `force_reason` says so (policy changes).
     pub(super) fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
         let total = self.total();
         let healthy = self.count(HealthState::Healthy);
-        // An endpoint cooling down after 429s is not part of an outage.
+        let available = self.available();
         let fraction = if total == 0 {
             1.0
         } else {
-            f64::from(healthy + self.cooling) / f64::from(total)
+            f64::from(available) / f64::from(total)
         };
         let panic = total > 0 && fraction * 100.0 < self.policy.panic_threshold_pct;
         let correlated = self.refused > 0;
@@ -40,12 +57,15 @@ impl PoolState {
         if panic != self.panic {
             reasons.push(if panic {
                 format!(
-                    "panic mode: {:.0}% healthy is below {}%; route over all endpoints",
+                    "panic mode: {available} of {total} endpoints can serve ({:.0}%), below {}%; route over all endpoints",
                     fraction * 100.0,
                     self.policy.panic_threshold_pct
                 )
             } else {
-                format!("panic mode over: {:.0}% healthy", fraction * 100.0)
+                format!(
+                    "panic mode over: {available} of {total} endpoints can serve ({:.0}%)",
+                    fraction * 100.0
+                )
             });
         }
         self.panic = panic;

@@ -31,9 +31,10 @@ impl PoolState {
             self.endpoints
                 .iter()
                 .filter(|(n, t)| {
+                    // One on probation gets a trickle of calls: its latency is mostly its probes'.
                     n.as_str() != name
                         && t.latency_samples() >= LATENCY_MIN_SAMPLES
-                        && !(in_rotation_only && t.state() == HealthState::Unhealthy)
+                        && !(in_rotation_only && (t.state() == HealthState::Unhealthy || t.probation()))
                 })
                 .map(|(_, t)| t.latency_ewma_ms()),
         );
@@ -65,9 +66,9 @@ impl PoolState {
         t.set_latency_outlier(outlier);
     }
 
-    /// The recent failures (see [`crate::Tracker::recent_rate`]) of the peers of `name` in
-    /// rotation, pooled, with the number of peers.
-    pub(super) fn peer_failures(&self, name: &str) -> (Rate, u32) {
+    /// The recent failures (see [`crate::Tracker::recent_rate`]; `longer`: over two thirds of
+    /// the window) of the peers of `name` in rotation, pooled, with the number of peers.
+    pub(super) fn peer_failures(&self, name: &str, longer: bool) -> (Rate, u32) {
         let mut peers = (Rate::default(), 0u32);
         for (n, p) in &self.endpoints {
             let routable = matches!(
@@ -75,7 +76,11 @@ impl PoolState {
                 HealthState::Healthy | HealthState::Suspect | HealthState::Degraded | HealthState::Recovering
             );
             if n.as_str() != name && routable && p.forced().is_none() {
-                let r = p.recent_rate(self.now, &self.policy);
+                let r = if longer {
+                    p.recent_rate_longer(self.now, &self.policy)
+                } else {
+                    p.recent_rate(self.now, &self.policy)
+                };
                 peers.0.ok += r.ok;
                 peers.0.failed += r.failed;
                 peers.1 += 1;
@@ -89,24 +94,34 @@ impl PoolState {
     /// peers' rate plus `peer_failure_margin`. Only in a pool with at least two other endpoints
     /// in rotation; pools of one or two keep the absolute rules. Cheap checks on the endpoint's
     /// own counts come first, so a healthy endpoint never looks at its peers.
+    ///
+    /// Over the last third of the window, and over the last two thirds: 15 % of 5 calls a second
+    /// is sometimes too few failures in 10 s to stand out at this confidence, and then twice the
+    /// calls over 20 s are enough.
     pub(super) fn check_failure_outlier(&mut self, name: &str) {
-        let policy = &self.policy;
-        let own = self.endpoints[name].recent_rate(self.now, policy);
-        let margin = policy.peer_failure_margin;
-        let z = policy.peer_failure_z;
-        let mut outlier = false;
-        if own.failed >= 3 && own.failure_rate() > margin && wilson(own.failed, own.counted(), z).0 > margin {
-            let (peers, n) = self.peer_failures(name);
-            if n >= 2 {
-                let low = wilson(own.failed, own.counted(), z).0;
-                let high = wilson(peers.failed, peers.counted(), z).1;
-                outlier = low > high && low > peers.failure_rate() + margin;
-            }
-        }
+        let outlier = self.failure_outlier_over(name, false) || self.failure_outlier_over(name, true);
         self.endpoints
             .get_mut(name)
             .expect("known endpoint")
             .set_failure_outlier(outlier);
+    }
+
+    fn failure_outlier_over(&self, name: &str, longer: bool) -> bool {
+        let policy = &self.policy;
+        let t = &self.endpoints[name];
+        let own = if longer {
+            t.recent_rate_longer(self.now, policy)
+        } else {
+            t.recent_rate(self.now, policy)
+        };
+        let margin = policy.peer_failure_margin;
+        let z = policy.peer_failure_z;
+        let low = wilson(own.failed, own.counted(), z).0;
+        if own.failed < 3 || own.failure_rate() <= margin || low <= margin {
+            return false;
+        }
+        let (peers, n) = self.peer_failures(name, longer);
+        n >= 2 && low > wilson(peers.failed, peers.counted(), z).1 && low > peers.failure_rate() + margin
     }
 
     /// Whether the first tokens of `name` are far slower than its peers': its latest and its

@@ -1,12 +1,20 @@
 //! Readmission: what an outcome says about an endpoint that is out (or recovering) given what
 //! it is out for, the router's trial call after an isolation, passing evidence after the
-//! minimum isolation, a canary readmission on evidence that cannot see the fault, and the end
-//! of slow start.
+//! minimum isolation, probation, and the end of slow start.
+//!
+//! Probation is for an endpoint whose fault a probe cannot rule out: one that flaps (ejected
+//! again soon after a readmission), one ejected for a share of failed calls (a probe that passes
+//! 85 % of the time says little about 15 % of dropped calls), and one out for slow first tokens
+//! that only a health probe has seen since (after the whole announced isolation). It is back in
+//! rotation at the probation weight, held: its failures cost users little, and real calls stay
+//! the evidence. A failure there is no transition; it only starts the count of passes again.
+//! [`PROBATION_PASSES`] passes in a row end it (slow start follows); a run of failures as long as
+//! two ejections' worth with no pass between takes it out again, with the isolation grown.
 
 use super::{Change, Outcome, PoolState, Source};
-use crate::endpoint::{Dimension, Tracker};
+use crate::endpoint::{probation_weight, Dimension, Tracker, PROBATION_PASSES};
 use crate::window::counts_as_failure;
-use vitals_contracts::{HealthState, OutcomeClass, Policy, ProbeKind, ReasonCode};
+use vitals_contracts::{HealthState, Micros, OutcomeClass, Policy, ProbeKind, ReasonCode};
 
 /// What a passing or failing outcome says about an endpoint while it is out (or recovering)
 /// for `dim`.
@@ -16,7 +24,8 @@ enum Verdict {
     Neutral,
     /// The fault is still there.
     Fail,
-    /// It passed, but cannot see the fault: readmit only as a canary that real calls decide.
+    /// It passed, but cannot see the fault: readmit only on probation, once the isolation is
+    /// over.
     Canary,
     /// It passed and can see the fault.
     Pass,
@@ -32,8 +41,8 @@ fn verdict(t: &Tracker, dim: Dimension, o: &Outcome<'_>, class: OutcomeClass, po
     let first_token_ok = o.ttft_us.map(|t| (t as f64) <= policy.ttft_max_ms * 1000.0);
     match (dim, o.source) {
         (Dimension::RateLimit, _) => Verdict::Neutral,
-        (Dimension::Errors, Source::Probe(ProbeKind::Heartbeat)) => Verdict::Canary,
-        (Dimension::Errors, _) => Verdict::Pass,
+        (Dimension::Errors | Dimension::ErrorRate, Source::Probe(ProbeKind::Heartbeat)) => Verdict::Canary,
+        (Dimension::Errors | Dimension::ErrorRate, _) => Verdict::Pass,
         (Dimension::Ttft, _) => match first_token_ok {
             Some(true) => Verdict::Pass,
             Some(false) => Verdict::Fail,
@@ -47,6 +56,16 @@ fn verdict(t: &Tracker, dim: Dimension, o: &Outcome<'_>, class: OutcomeClass, po
         (Dimension::Dependency, _) if !o.reports_dependencies => Verdict::Neutral,
         (Dimension::Dependency, _) if t.critical_down().is_empty() => Verdict::Pass,
         (Dimension::Dependency, _) => Verdict::Fail,
+    }
+}
+
+/// The passes in a row that end a probation of `t`: slow first tokens are not a matter of
+/// chance, a few fast ones in a row show them gone; a share of failed calls is, and each
+/// probation that ended in another ejection makes the next one ask for [`PROBATION_PASSES`] more.
+fn probation_passes(t: &Tracker, policy: &Policy) -> u16 {
+    match t.out_for() {
+        Some(Dimension::Ttft) => policy.consecutive_successes.max(1) as u16,
+        _ => PROBATION_PASSES.saturating_mul(t.isolations().clamp(1, 3) as u16),
     }
 }
 
@@ -74,34 +93,75 @@ impl PoolState {
         let verdict = verdict(t, dim, o, class, &self.policy);
         match t.state() {
             HealthState::Unhealthy => self.while_out(o, class, dim, verdict),
+            HealthState::Recovering if t.probation() => self.on_probation(o, class, verdict),
             HealthState::Recovering if verdict == Verdict::Fail => {
                 let what = if counts_as_failure(class) {
                     class.as_str().to_owned()
                 } else {
                     format!("first token after {} ms", o.ttft_us.unwrap_or(0) / 1000)
                 };
-                let thresholds = vec!["failure_while_recovering".into()];
-                if self.may_eject() {
-                    return Some(Change::new(
-                        HealthState::Unhealthy,
-                        ReasonCode::FailedWhileRecovering,
-                        format!("{what} while recovering; isolated again"),
-                        thresholds,
-                        vec![o.id.to_owned()],
-                    ));
-                }
-                self.set_refused(o.endpoint, true);
-                Some(self.refusal(o.endpoint, thresholds))
+                self.eject_again(o, format!("{what} while recovering; isolated again"))
             }
-            HealthState::Recovering => {
-                if o.source == Source::Call && verdict == Verdict::Pass {
-                    let needed = self.policy.consecutive_successes;
-                    let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
-                    t.canary_call_passed(needed);
-                }
-                self.recovery_complete(o.endpoint)
-            }
+            HealthState::Recovering => self.recovery_complete(o.endpoint),
             _ => None,
+        }
+    }
+
+    /// A failure of an endpoint back in rotation takes it out again (its isolation grows: it
+    /// flaps), or, with no ejection slot free, keeps it serving, degraded.
+    fn eject_again(&mut self, o: &Outcome<'_>, reason: String) -> Option<Change> {
+        let thresholds = vec!["failure_while_recovering".into()];
+        if self.may_eject() {
+            return Some(Change::new(
+                HealthState::Unhealthy,
+                ReasonCode::FailedWhileRecovering,
+                reason,
+                thresholds,
+                vec![o.id.to_owned()],
+            ));
+        }
+        self.set_refused(o.endpoint, true);
+        Some(self.refusal(o.endpoint, thresholds))
+    }
+
+    /// An outcome of an endpoint on probation: passes end it, failures only start the count
+    /// again, unless they go on long enough to say the endpoint is down.
+    fn on_probation(&mut self, o: &Outcome<'_>, class: OutcomeClass, verdict: Verdict) -> Option<Change> {
+        let down_after = 2 * self.policy.consecutive_failures.max(1) as u32;
+        let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
+        match verdict {
+            Verdict::Neutral | Verdict::Canary => None,
+            Verdict::Fail => {
+                t.probation_outcome(false);
+                if counts_as_failure(class) && t.consecutive_failures() >= down_after {
+                    let reason = format!(
+                        "{down_after} failures in a row on probation ({}); isolated again",
+                        class.as_str()
+                    );
+                    return self.eject_again(o, reason);
+                }
+                None
+            }
+            Verdict::Pass => {
+                let passes = t.probation_outcome(true);
+                // Slow first tokens are not a matter of chance: a few fast ones in a row show
+                // them gone. A share of failed calls is: it takes a long run of passes.
+                let needed = probation_passes(t, &self.policy);
+                (passes >= needed).then(|| {
+                    let mut change = Change::new(
+                        HealthState::Recovering,
+                        ReasonCode::ProbationOver,
+                        format!(
+                            "probation over: {passes} passing outcomes in a row; slow start over {} s",
+                            self.policy.slow_start_ms / 1000
+                        ),
+                        vec![format!("probation_passes>={needed}")],
+                        vec![o.id.to_owned()],
+                    );
+                    change.probation = false;
+                    change
+                })
+            }
         }
     }
 
@@ -126,7 +186,7 @@ impl PoolState {
         match verdict {
             Verdict::Neutral => None,
             Verdict::Fail => {
-                t.failed_while_out();
+                t.failed_while_out(policy.hard_break_after.max(1) as u32);
                 trial.then(|| {
                     Change::new(
                         HealthState::Unhealthy,
@@ -140,55 +200,105 @@ impl PoolState {
             Verdict::Pass | Verdict::Canary => {
                 let passes = t.passed_while_out();
                 let canary = verdict == Verdict::Canary;
-                let ramp = format!("slow start over {} s", policy.slow_start_ms / 1000);
-                let mut change = if trial {
-                    Change::new(
-                        HealthState::Recovering,
-                        ReasonCode::TrialSucceeded,
-                        format!("trial after isolation succeeded; {ramp}"),
-                        vec!["trial_succeeded".into()],
-                        vec![o.id.to_owned()],
-                    )
-                } else if t.readmittable(now, policy) && passes >= t.passes_needed() {
+                let isolation_over = t.isolated_until().is_none_or(|u| u <= now);
+                // A flap, a failure-rate ejection, or evidence that cannot see the fault: on
+                // probation.
+                let probation = canary || dim == Dimension::ErrorRate || t.isolations() >= 2;
+                let w = probation_weight(policy);
+                let back = if probation {
+                    let needed = if dim == Dimension::Ttft {
+                        format!("{} calls in a row have fast first tokens", policy.consecutive_successes)
+                    } else {
+                        format!("{} outcomes in a row pass", probation_passes(t, policy))
+                    };
+                    format!("on probation at weight {w} until {needed}; real calls decide")
+                } else {
+                    format!("slow start over {} s", policy.slow_start_ms / 1000)
+                };
+                let (code, reason, thresholds) = if trial {
+                    let reason = format!("trial after isolation succeeded; {back}");
+                    (ReasonCode::TrialSucceeded, reason, vec!["trial_succeeded".into()])
+                } else if t.readmittable(now, policy) && passes >= t.passes_needed() && (!canary || isolation_over) {
                     let out_s = now.saturating_sub(t.last_isolated_at().unwrap_or(now)) / 1_000_000;
                     let reason = if canary {
                         format!(
-                            "{what} passed after {out_s} s out but cannot see {}: readmitted as a canary at weight {}; real calls decide",
-                            dim.as_str(),
-                            policy.slow_start_weight
+                            "{what} passed after {out_s} s out but cannot see {}: readmitted {back}",
+                            dim.as_str()
                         )
                     } else {
                         format!(
-                            "{what} passed after {out_s} s out (ejected for {}); readmitted, {ramp}",
+                            "{what} passed after {out_s} s out (ejected for {}); readmitted, {back}",
                             dim.as_str()
                         )
                     };
-                    Change::new(
-                        HealthState::Recovering,
-                        ReasonCode::Readmitted,
-                        reason,
-                        vec![
-                            format!("passing_evidence>={passes}"),
-                            format!("out>={}ms", policy.readmit_min_ms),
-                        ],
-                        vec![o.id.to_owned()],
-                    )
+                    let thresholds = vec![
+                        format!("passing_evidence>={passes}"),
+                        format!("out>={}ms", policy.readmit_min_ms),
+                    ];
+                    let code = if probation {
+                        ReasonCode::Probation
+                    } else {
+                        ReasonCode::Readmitted
+                    };
+                    (code, reason, thresholds)
                 } else {
                     return None;
                 };
-                change.canary = canary;
+                let mut change = Change::new(HealthState::Recovering, code, reason, thresholds, vec![o.id.to_owned()]);
+                change.probation = probation;
                 Some(change)
             }
         }
     }
 
-    /// Slow start is over when its ramp has run, the latest outcomes passed and no canary is
-    /// still waiting for real calls.
+    /// What the reason of an isolation until `retry_at` announces: when and on what evidence the
+    /// endpoint can come back, as the rules of this module will apply them.
+    pub(super) fn what_readmits(&self, name: &str, retry_at: Micros) -> String {
+        let t = &self.endpoints[name];
+        let policy = &self.policy;
+        let secs = |us: Micros| (us.max(0) as f64 / 1e6).round() as i64;
+        let iso = secs(retry_at.saturating_sub(self.now));
+        let min = policy.readmit_min_ms / 1000;
+        let w = probation_weight(policy);
+        if t.cooling() {
+            return format!("back at slow start in {iso} s");
+        }
+        let passes = if t.passes_needed() > 1 {
+            "two passing"
+        } else {
+            "a passing"
+        };
+        let probation = t.isolations() >= 2;
+        let on = |p: bool| {
+            if p {
+                format!(", on probation at weight {w}")
+            } else {
+                String::new()
+            }
+        };
+        let evidence = match t.out_for().unwrap_or(Dimension::Errors) {
+            Dimension::Errors => format!("{passes} probes or calls readmit it after {min} s{}", on(probation)),
+            Dimension::ErrorRate => format!("{passes} probes or calls readmit it after {min} s{}", on(true)),
+            Dimension::Ttft => format!(
+                "a call or completion probe with a fast first token readmits it after {min} s{}; a health probe only after {iso} s, on probation at weight {w}",
+                on(probation)
+            ),
+            Dimension::Heartbeat => format!("heartbeats readmit it after {min} s{}", on(probation)),
+            Dimension::Dependency => {
+                format!("a probe reporting its dependencies up readmits it after {min} s{}", on(probation))
+            }
+            Dimension::RateLimit => format!("back at slow start in {iso} s"),
+        };
+        format!("out: {evidence}; the router's trial is due in {iso} s")
+    }
+
+    /// Slow start is over when its ramp has run and the latest outcomes passed (never on
+    /// probation).
     pub(super) fn recovery_complete(&self, name: &str) -> Option<Change> {
         let t = &self.endpoints[name];
         let m = self.policy.consecutive_successes as u32;
         let ramped = t.ramp_until().is_none_or(|r| r <= self.now);
-        (t.consecutive_successes() >= m && !t.canary() && ramped).then(|| {
+        (t.consecutive_successes() >= m && !t.probation() && ramped).then(|| {
             Change::new(
                 HealthState::Healthy,
                 ReasonCode::Recovered,
