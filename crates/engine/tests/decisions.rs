@@ -736,3 +736,26 @@ fn forty_percent_429s_start_a_cooldown_within_a_few_calls() {
     );
     let _ = id;
 }
+
+/// A Retry-After longer than the longest isolation is capped, and the reason says so (it said
+/// "the upstream's Retry-After" for a cooldown of 300 s when the upstream asked for 600 s).
+#[test]
+fn a_retry_after_beyond_the_longest_isolation_is_capped_and_the_reason_says_so() {
+    let mut r = Run::new();
+    let id = traffic(&mut r, 0, 10 * SEC, 5, 0, ok);
+    for k in 0..3 {
+        let Signal::Call(mut c) = call("p", "a", id + 1 + k, OutcomeClass::RateLimited, None) else {
+            unreachable!()
+        };
+        c.retry_after_ms = Some(600_000);
+        r.at(10 * SEC + k as i64 * 100 * MS, Signal::Call(c));
+    }
+    let cool = *r.changes_of("a").last().unwrap();
+    assert_eq!(cool.reason_code, "cooldown");
+    assert_eq!(cool.retry_at, Some(cool.stream_time + 300 * SEC));
+    assert!(
+        cool.reason.contains("Retry-After of 600 s, capped at 300 s"),
+        "{}",
+        cool.reason
+    );
+}

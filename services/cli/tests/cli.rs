@@ -502,7 +502,16 @@ fn scenarios_put_a_candidate_beside_the_default() {
         hard["candidate"]["out_after_s"].as_f64().unwrap(),
     );
     assert!(c < d, "an eager policy ejects a dead endpoint sooner: {c} vs {d}");
-    assert_eq!(v.as_array().unwrap().len(), 11, "every scenario");
+    assert_eq!(
+        v.as_array().unwrap().len(),
+        vitals_scorecard::scenarios().len(),
+        "every scenario"
+    );
+    assert!(hard["default"]["transitions_in_fault"].is_u64(), "{hard}");
+    assert!(
+        hard["default"]["restore_s"].as_f64().is_some_and(|r| r < 10.0),
+        "{hard}"
+    );
     let (code, _, err) = vitals(&["scenarios", "--scenario", "nope"], "", &[]);
     assert_eq!(code, 1);
     assert!(err.contains("there are: hard-down"), "{err}");

@@ -39,10 +39,15 @@ impl PoolState {
             thresholds.push(format!("429_share>={}", policy.rate_limited_share));
         }
         let ms = self.cooldown_ms(t);
-        let base = if t.retry_after_ms().is_some() {
-            "the upstream's Retry-After"
-        } else {
-            "the policy's cooldown"
+        let cap = policy.isolation_max_ms.max(1);
+        let base = match t.retry_after_ms() {
+            Some(ra) if i64::from(ra) > cap => format!(
+                "the upstream's Retry-After of {:.0} s, capped at {:.0} s",
+                f64::from(ra) / 1000.0,
+                cap as f64 / 1000.0
+            ),
+            Some(_) => "the upstream's Retry-After".to_owned(),
+            None => "the policy's cooldown".to_owned(),
         };
         let base_ms = self.cooldown_base_ms(t);
         let source = if ms > base_ms {
