@@ -36,16 +36,27 @@ fn bad(field: &'static str, message: impl Into<String>) -> ValidationError {
     }
 }
 
-/// A name (pool, endpoint, id): not blank, at most [`MAX_NAME_LEN`] bytes, no control characters.
+/// A character no name may hold: a control character (NUL, newline, …) or a bidirectional
+/// control (U+202E and its kin), which makes a name display as another (`abc\u{202E}gpj.exe`).
+pub fn is_hidden_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A name (pool, endpoint, id): not blank, at most [`MAX_NAME_LEN`] bytes (UTF-8), no control
+/// characters, no bidirectional controls.
 pub fn validate_name(field: &'static str, v: &str) -> Result<(), ValidationError> {
     if v.trim().is_empty() {
         return Err(bad(field, "must not be empty"));
     }
     if v.len() > MAX_NAME_LEN {
-        return Err(bad(field, format!("longer than {MAX_NAME_LEN} bytes")));
+        return Err(bad(field, format!("longer than {MAX_NAME_LEN} bytes (UTF-8)")));
     }
     if v.chars().any(char::is_control) {
         return Err(bad(field, "contains control characters"));
+    }
+    if v.chars().any(is_hidden_control) {
+        return Err(bad(field, "contains bidirectional control characters"));
     }
     Ok(())
 }

@@ -30,6 +30,22 @@ pub async fn take_lease(conn: &mut PgConnection, holder: &str, lease: Duration) 
     Ok(got.is_some())
 }
 
+/// Renew the lease only if `holder` still holds it and it has not run out: whether nobody else
+/// can have published since `holder` last renewed it. (`take_lease` would take an expired lease
+/// back, and with it hide that another relay held it in between.)
+pub async fn hold_lease(conn: &mut PgConnection, holder: &str, lease: Duration) -> Result<bool, sqlx::Error> {
+    let held: Option<String> = sqlx::query_scalar(
+        "UPDATE relay_lease SET expires_at = clock_timestamp() + make_interval(secs => $2)
+         WHERE name = 'outbox' AND holder = $1 AND expires_at >= clock_timestamp()
+         RETURNING holder",
+    )
+    .bind(holder)
+    .bind(lease.as_secs_f64())
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(held.is_some())
+}
+
 /// Give the lease up at once rather than after it runs out.
 pub async fn release_lease(conn: &mut PgConnection, holder: &str) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE relay_lease SET expires_at = now() WHERE name = 'outbox' AND holder = $1")

@@ -42,10 +42,15 @@ fn bearer(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// The token's owner, if the request carries a known token with at least `need`.
+/// The token's owner, if the request carries a known token with at least `need`. Two
+/// `Authorization` headers are refused: which one counts would be a guess.
 pub fn authorize(headers: &HeaderMap, tokens: &[Token], need: Role) -> Result<Principal, ApiError> {
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
+    let mut all = headers.get_all(axum::http::header::AUTHORIZATION).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(ApiError::invalid("Authorization", "more than one Authorization header"));
+    }
+    let presented = first
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .ok_or(ApiError::Unauthenticated)?
@@ -69,6 +74,21 @@ pub fn authorize(headers: &HeaderMap, tokens: &[Token], need: Role) -> Result<Pr
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn two_authorization_headers_are_refused_even_if_one_is_right() {
+        let tokens = [super::Token {
+            name: "ops".into(),
+            role: super::Role::Admin,
+            secret: b"0123456789abcdef".to_vec(),
+        }];
+        let mut h = axum::http::HeaderMap::new();
+        h.append("authorization", "Bearer 0123456789abcdef".parse().unwrap());
+        assert!(super::authorize(&h, &tokens, super::Role::Admin).is_ok());
+        h.append("authorization", "Bearer wrong".parse().unwrap());
+        let e = super::authorize(&h, &tokens, super::Role::Reader).unwrap_err();
+        assert!(e.to_string().contains("more than one Authorization header"), "{e}");
+    }
+
     use super::*;
 
     fn headers(v: &str) -> HeaderMap {

@@ -18,9 +18,14 @@ pub struct Config {
     #[command(flatten)]
     pub topics: TopicArgs,
     /// API tokens, `name:role:secret` with role reader, writer (ingest) or admin (operator
-    /// actions and policies); repeatable or comma-separated.
+    /// actions and policies); repeatable or comma-separated. A secret on the command line is
+    /// visible to every user of the machine (`ps`): prefer --tokens-file or the environment.
     #[arg(long = "token", env = "VITALS_API_TOKENS", value_delimiter = ',')]
     pub tokens: Vec<String>,
+    /// A file of tokens, one `name:role:secret` a line (blank lines and `#` comments skipped),
+    /// read at start; with --token, both count.
+    #[arg(long, env = "VITALS_API_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
     /// Require a reader token for the read routes (history, health, stream).
     #[arg(long, env = "VITALS_READ_REQUIRES_TOKEN", default_value_t = false, action = clap::ArgAction::Set)]
     pub read_requires_token: bool,
@@ -45,9 +50,13 @@ pub struct Config {
     #[arg(long, env = "VITALS_MAX_STREAMS", default_value_t = 10_000)]
     pub max_streams: usize,
     /// Of those, streams served by a Kafka consumer of their own: clients resuming from further
-    /// back than the recent events the API keeps (--stream-ring).
+    /// back than the recent events the API keeps (--stream-ring). A quarter is kept for clients
+    /// with a token.
     #[arg(long, env = "VITALS_MAX_KAFKA_STREAMS", default_value_t = 64)]
     pub max_kafka_streams: usize,
+    /// Of those, the most one client may hold at once (per token, or per IP address).
+    #[arg(long, env = "VITALS_MAX_KAFKA_STREAMS_PER_CLIENT", default_value_t = 2)]
+    pub max_kafka_streams_per_client: usize,
     /// Recent events kept for clients that resume (`Last-Event-ID`).
     #[arg(long, env = "VITALS_STREAM_RING", default_value_t = 10_000)]
     pub stream_ring: usize,
@@ -64,8 +73,10 @@ pub struct Config {
     /// with `Last-Event-ID` and loses nothing.
     #[arg(long, env = "VITALS_STREAM_MAX_LIFETIME_SECS", default_value_t = 3600)]
     pub stream_max_lifetime_secs: u64,
-    /// Open connections at once; beyond it a connection gets 503 and is closed.
-    #[arg(long, env = "VITALS_MAX_CONNECTIONS", default_value_t = 11_000)]
+    /// Open connections at once; beyond it a connection gets 503 and is closed. 0 (the
+    /// default): as many as the process's open-file limit leaves room for, at most 11,000. A
+    /// number the limit cannot hold is refused at start.
+    #[arg(long, env = "VITALS_MAX_CONNECTIONS", default_value_t = 0)]
     pub max_connections: usize,
     /// Time a connection has to send a request's headers; also how long an idle keep-alive
     /// connection stays open.
@@ -95,11 +106,76 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// The most connections `--max-connections 0` allows.
+pub const MAX_CONNECTIONS: usize = 11_000;
+
+/// The connections to allow: `requested` (0: as many as fit, at most [`MAX_CONNECTIONS`]) with
+/// `reserve` open files kept for everything else, under an open-file limit of `limit`.
+pub fn fit_connections(requested: usize, reserve: u64, limit: u64) -> anyhow::Result<usize> {
+    let room = limit.saturating_sub(reserve);
+    if requested == 0 {
+        anyhow::ensure!(
+            room >= 16,
+            "the open-file limit ({limit}, ulimit -n) leaves room for {room} connections beside the {reserve} \
+             files the API needs for the database, Kafka and its own use: raise the limit"
+        );
+        return Ok((room as usize).min(MAX_CONNECTIONS));
+    }
+    anyhow::ensure!(
+        requested as u64 <= room,
+        "--max-connections {requested} needs about {} open files with the {reserve} the API needs for the \
+         database, Kafka and its own use, but the open-file limit is {limit} (ulimit -n): raise the limit, \
+         or lower --max-connections to at most {room} (0 fits it to the limit)",
+        requested as u64 + reserve
+    );
+    Ok(requested)
+}
+
+/// The open-file limit, raised to the hard limit first if the soft one is lower.
+pub fn open_file_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let l = getrlimit(Resource::Nofile);
+    let (soft, hard) = (l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX));
+    if soft < hard {
+        let raised = Rlimit {
+            current: l.maximum,
+            maximum: l.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return hard;
+        }
+    }
+    soft
+}
+
 impl Config {
+    /// Open files the API needs besides its connections: the database pool, the Kafka
+    /// consumers of streams resuming from far back (a few sockets each), the hub and producer,
+    /// and a margin for logs and the rest.
+    pub fn file_reserve(&self) -> u64 {
+        u64::from(self.db_max_connections) + 4 * self.max_kafka_streams as u64 + 64
+    }
+
+    /// `--max-connections` fitted to the open-file limit (see [`fit_connections`]).
+    pub fn fit_connections(&self) -> anyhow::Result<usize> {
+        fit_connections(self.max_connections, self.file_reserve(), open_file_limit())
+    }
+
     /// Parse the tokens and check the settings; the error says what to change.
     pub fn tokens(&self) -> anyhow::Result<Vec<Token>> {
+        let mut all = self.tokens.clone();
+        if let Some(path) = &self.tokens_file {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--tokens-file {}: {e}", path.display()))?;
+            all.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
         let mut out = Vec::new();
-        for (i, t) in self.tokens.iter().enumerate() {
+        for (i, t) in all.iter().enumerate() {
             let mut parts = t.splitn(3, ':');
             let (Some(name), Some(role), Some(secret)) = (parts.next(), parts.next(), parts.next()) else {
                 anyhow::bail!("token #{} is not name:role:secret", i + 1);
@@ -126,6 +202,10 @@ impl Config {
         anyhow::ensure!(self.max_batch_items >= 1, "--max-batch-items must be at least 1");
         anyhow::ensure!(self.max_streams >= 1, "--max-streams must be at least 1");
         anyhow::ensure!(
+            self.max_kafka_streams_per_client >= 1,
+            "--max-kafka-streams-per-client must be at least 1"
+        );
+        anyhow::ensure!(
             self.max_streams_per_client >= 1,
             "--max-streams-per-client must be at least 1"
         );
@@ -133,7 +213,6 @@ impl Config {
             self.stream_max_lifetime_secs >= 1,
             "--stream-max-lifetime-secs must be at least 1"
         );
-        anyhow::ensure!(self.max_connections >= 1, "--max-connections must be at least 1");
         anyhow::ensure!(
             self.header_read_timeout_ms >= 100,
             "--header-read-timeout-ms must be at least 100"
@@ -149,14 +228,29 @@ impl Config {
         Ok(())
     }
 
-    /// Stream slots anonymous clients may use: all but a quarter (at least one is kept for
-    /// token holders when there are two or more).
-    pub fn anonymous_streams(&self) -> usize {
-        let reserved = (self.max_streams / 4).max(usize::from(self.max_streams > 1));
-        self.max_streams - reserved
-    }
-
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit_connections;
+
+    #[test]
+    fn connections_fit_the_open_file_limit_or_are_refused_with_the_numbers() {
+        assert_eq!(
+            fit_connections(0, 200, 1_024).unwrap(),
+            824,
+            "the default fits the limit"
+        );
+        assert_eq!(fit_connections(0, 200, 1_048_576).unwrap(), 11_000, "at most 11,000");
+        assert_eq!(fit_connections(500, 200, 1_024).unwrap(), 500);
+        let e = fit_connections(11_000, 200, 1_024).unwrap_err().to_string();
+        assert!(
+            e.contains("open-file limit is 1024") && e.contains("at most 824"),
+            "{e}"
+        );
+        assert!(fit_connections(0, 200, 210).is_err(), "no room at all");
     }
 }

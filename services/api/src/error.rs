@@ -29,6 +29,8 @@ pub enum ApiError {
     TooMany(String),
     #[error("the request took too long")]
     Timeout,
+    #[error("this route does not take this method")]
+    MethodNotAllowed,
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
@@ -52,6 +54,7 @@ impl ApiError {
             ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
             ApiError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             ApiError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -91,7 +94,8 @@ pub struct ErrorBody {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Machine-readable: invalid_request, not_found, unauthenticated, forbidden,
-    /// payload_too_large, unavailable, busy, too_many_requests, timeout, internal.
+    /// payload_too_large, unavailable, busy, too_many_requests, timeout, method_not_allowed,
+    /// internal.
     pub code: String,
     pub message: String,
     /// The offending field or parameter, when there is one.

@@ -46,11 +46,13 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
     }
 }
 
-/// A path segment or query parameter with a control character (NUL, newline, …) is refused
-/// like an ingested name with one: no name in vitals contains them.
+/// A path segment or query parameter with a control character (NUL, newline, …) or a
+/// bidirectional control (U+202E, …) is refused like an ingested name with one: no name in
+/// vitals contains them.
 pub fn no_control(field: &str, value: &str) -> Result<(), ApiError> {
-    if value.chars().any(char::is_control) {
-        let field = if field.chars().any(char::is_control) {
+    use vitals_contracts::validate::is_hidden_control;
+    if value.chars().any(is_hidden_control) {
+        let field = if field.chars().any(is_hidden_control) {
             "query"
         } else {
             field

@@ -81,9 +81,10 @@ const MAX_NAME: usize = 256;
 
 fn name_param<'a>(q: &'a HashMap<String, String>, name: &'static str) -> Result<Option<&'a str>, ApiError> {
     match q.get(name) {
-        Some(v) if v.is_empty() || v.len() > MAX_NAME => {
-            Err(ApiError::invalid(name, format!("must be 1 to {MAX_NAME} characters")))
-        }
+        Some(v) if v.is_empty() || v.len() > MAX_NAME => Err(ApiError::invalid(
+            name,
+            format!("must be 1 to {MAX_NAME} bytes (UTF-8)"),
+        )),
         Some(v) => Ok(Some(v.as_str())),
         None => Ok(None),
     }

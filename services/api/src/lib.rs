@@ -37,15 +37,12 @@ pub struct AppState {
     pub db: PgPool,
     pub producer: FutureProducer,
     pub metrics: Arc<metrics::Metrics>,
-    pub streams: Arc<Semaphore>,
-    /// The slots of streams served from Kafka (resuming from before the hub's ring).
-    pub kafka_streams: Arc<Semaphore>,
+    /// The places of live streams: in all, for anonymous clients, per client.
+    pub streams: Arc<live::slot::Places>,
+    /// The places of streams served from Kafka (resuming from before the hub's ring).
+    pub kafka_streams: Arc<live::slot::Places>,
     /// The one reader of the changes topic that feeds every live stream.
     pub hub: Arc<live::Hub>,
-    /// The stream slots anonymous clients may take (the rest are kept for token holders).
-    pub anonymous_streams: Arc<Semaphore>,
-    /// Live streams per client (token name or IP address).
-    pub stream_clients: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     /// Concurrency of each route, by route template.
     pub route_limits: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>>,
     pub cancel: CancellationToken,
@@ -90,6 +87,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), limit::per_route))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track));
     api.fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state)
 }
@@ -119,14 +117,60 @@ impl App {
     }
 }
 
-/// The dashboard: one page, embedded in the binary, that reads this API.
-async fn dashboard() -> axum::response::Html<&'static str> {
-    axum::response::Html(include_str!("../assets/dashboard.html"))
+const DASHBOARD: &str = include_str!("../assets/dashboard.html");
+
+/// The dashboard's Content-Security-Policy: nothing but its own inline script and style (by
+/// their hashes), requests to this API, and no framing.
+static DASHBOARD_CSP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| dashboard_csp(DASHBOARD));
+
+fn dashboard_csp(page: &str) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let hashes = |tag: &str| -> String {
+        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+        page.split(open.as_str())
+            .skip(1)
+            .filter_map(|rest| rest.split_once(close.as_str()).map(|(body, _)| body))
+            .map(|body| {
+                let digest = sha2::Sha256::digest(body.as_bytes());
+                format!(" 'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(digest))
+            })
+            .collect()
+    };
+    format!(
+        "default-src 'none'; script-src{}; style-src{}; connect-src 'self'; img-src 'self' data:; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        hashes("script"),
+        hashes("style")
+    )
+}
+
+/// The dashboard: one page, embedded in the binary, that reads this API; it may not be framed,
+/// sniffed as another type, or run anything but its own script.
+async fn dashboard() -> impl axum::response::IntoResponse {
+    use axum::http::header;
+    (
+        [
+            (header::CONTENT_SECURITY_POLICY, DASHBOARD_CSP.as_str()),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        axum::response::Html(DASHBOARD),
+    )
+}
+
+/// Refused as the other routes' errors are, with a body that says why.
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
 }
 
 /// Connect to Postgres (read-only) and Kafka, and bind the listener.
-pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App> {
+pub async fn build(mut cfg: Config, cancel: CancellationToken) -> anyhow::Result<App> {
     cfg.validate()?;
+    // Connections beyond the open-file limit would fail on accept ("Too many open files") and
+    // starve every other socket: fit them to it, or refuse a number it cannot hold.
+    cfg.max_connections = cfg.fit_connections()?;
     tracing::info!(config = ?cfg, "starting vitals-api");
     let tokens = cfg.tokens()?;
     if tokens.is_empty() {
@@ -160,11 +204,17 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         cancel.clone(),
     ));
     let state = AppState {
-        streams: Arc::new(Semaphore::new(cfg.max_streams)),
-        kafka_streams: Arc::new(Semaphore::new(cfg.max_kafka_streams)),
+        streams: Arc::new(live::slot::Places::new(
+            cfg.max_streams,
+            cfg.max_streams_per_client,
+            "live streams",
+        )),
+        kafka_streams: Arc::new(live::slot::Places::new(
+            cfg.max_kafka_streams,
+            cfg.max_kafka_streams_per_client,
+            "live streams resuming from far back",
+        )),
         hub,
-        anonymous_streams: Arc::new(Semaphore::new(cfg.anonymous_streams())),
-        stream_clients: Arc::default(),
         route_limits: Arc::default(),
         cfg: Arc::new(cfg),
         tokens: Arc::new(tokens),
@@ -174,4 +224,18 @@ pub async fn build(cfg: Config, cancel: CancellationToken) -> anyhow::Result<App
         cancel,
     };
     Ok(App { listener, state })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_dashboards_policy_allows_exactly_its_own_inline_script_and_style() {
+        let csp = super::dashboard_csp("<style>a{}</style><script>go()</script><script>x()</script>");
+        assert_eq!(csp.matches("'sha256-").count(), 3, "{csp}");
+        assert!(
+            csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"),
+            "{csp}"
+        );
+        assert!(!super::DASHBOARD_CSP.contains("unsafe"), "{}", *super::DASHBOARD_CSP);
+    }
 }

@@ -43,6 +43,38 @@ fn busy() -> Vec<u8> {
     .into_bytes()
 }
 
+/// Accept errors in a row: each waits twice as long as the last (50 ms up to 1 s), and they are
+/// logged at most once every 10 s, with how many there were (a full descriptor table used to
+/// write a line every 50 ms).
+#[derive(Default)]
+struct AcceptErrors {
+    in_a_row: u32,
+    unlogged: u64,
+    logged_at: Option<std::time::Instant>,
+}
+
+impl AcceptErrors {
+    fn ok(&mut self) {
+        if self.in_a_row > 0 {
+            tracing::info!(errors = self.unlogged, "accepting connections again");
+        }
+        self.in_a_row = 0;
+        self.unlogged = 0;
+    }
+
+    /// Count an error; how long to wait before the next accept.
+    fn failed(&mut self, e: &std::io::Error) -> Duration {
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        self.unlogged += 1;
+        if self.logged_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(error = %e, errors = self.unlogged, "accept failed; backing off");
+            self.logged_at = Some(std::time::Instant::now());
+            self.unlogged = 0;
+        }
+        (Duration::from_millis(50) * 2u32.saturating_pow(self.in_a_row.min(6) - 1)).min(Duration::from_secs(1))
+    }
+}
+
 /// Looks at a new connection first: `Ok` if it served it, or the connection back for `app`.
 pub type Takeover =
     Arc<dyn Fn(TcpStream, SocketAddr) -> futures::future::BoxFuture<'static, Result<(), TcpStream>> + Send + Sync>;
@@ -59,17 +91,24 @@ pub async fn serve(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let tracker = TaskTracker::new();
+    let mut failing = AcceptErrors::default();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => break,
             a = listener.accept() => a,
         };
         let (mut stream, peer) = match accepted {
-            Ok(a) => a,
+            Ok(a) => {
+                failing.ok();
+                a
+            }
             Err(e) => {
                 // EMFILE and the like: back off instead of spinning on the error.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let pause = failing.failed(&e);
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(pause) => {}
+                }
                 continue;
             }
         };
@@ -120,4 +159,20 @@ pub async fn serve(
     }
     tracker.close();
     tracker.wait().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AcceptErrors;
+    use std::time::Duration;
+
+    #[test]
+    fn accept_errors_back_off_to_a_second_and_start_over_after_a_success() {
+        let mut a = AcceptErrors::default();
+        let e = std::io::Error::from_raw_os_error(24); // EMFILE
+        let waits: Vec<u128> = (0..7).map(|_| a.failed(&e).as_millis()).collect();
+        assert_eq!(waits, [50, 100, 200, 400, 800, 1000, 1000]);
+        a.ok();
+        assert_eq!(a.failed(&e), Duration::from_millis(50));
+    }
 }

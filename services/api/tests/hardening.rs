@@ -362,3 +362,20 @@ async fn name_keys_compare_as_bytes_whatever_the_locale() {
     }
     api.drop_schema().await;
 }
+
+/// More connections than the open-file limit holds would fail on accept ("Too many open files")
+/// and starve every other socket: a number the limit cannot hold is refused at start, with the
+/// numbers (the default, 0, fits itself to the limit).
+#[tokio::test]
+async fn more_connections_than_the_open_file_limit_holds_are_refused_at_start() {
+    use clap::Parser;
+    let cfg = vitals_api::config::Config::parse_from(["vitals-api", "--max-connections", "100000000"]);
+    let Err(e) = vitals_api::build(cfg, tokio_util::sync::CancellationToken::new()).await else {
+        panic!("started with 100,000,000 connections allowed");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("open-file limit is") && e.contains("lower --max-connections to at most"),
+        "{e}"
+    );
+}

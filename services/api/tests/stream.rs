@@ -255,3 +255,99 @@ async fn streams_on_kept_alive_connections_and_split_requests_are_served_too() {
     }
     api.drop_schema().await;
 }
+
+/// Far-back resumes (a Kafka consumer each) keep a share for token holders and are capped per
+/// client: anonymous resumes from two addresses cannot take every slot, one address cannot take
+/// more than its cap, and a reader's resume still gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn far_back_resumes_keep_slots_for_tokens_and_are_capped_per_client() {
+    let api = Api::start(
+        "farback",
+        &[
+            "--stream-ring",
+            "2",
+            "--max-kafka-streams",
+            "4",
+            "--max-kafka-streams-per-client",
+            "2",
+        ],
+    )
+    .await;
+    let p = producer();
+    let mut c = Sse::connect(&api, None).await;
+    let start = c.next().await.id;
+    for s in 1..=6 {
+        produce(&p, &api.topics.changes, "live/a", &encode(&change("a", s)).unwrap()).await;
+    }
+    for _ in 1..=6 {
+        c.next().await;
+    }
+    drop(c);
+    // `start` is behind the ring of 2 now: every resume from it is served from Kafka.
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let open = |http: reqwest::Client, token: Option<&'static str>| {
+        let (api, start) = (&api, start.clone());
+        async move { Sse::open_with(&http, api, "/v1/stream?pool=live", Some(&start), token).await }
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = open(one.clone(), None).await.expect("within the per-client cap");
+        assert_eq!(s.next().await.event, "ready");
+        held.push(s);
+    }
+    let (status, body) = open(one.clone(), None).await.err().expect("a third from one address");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("too_many_requests")),
+        "{body}"
+    );
+    held.push(open(two.clone(), None).await.expect("another address"));
+    let (status, body) = open(two.clone(), None)
+        .await
+        .err()
+        .expect("the anonymous share (3 of 4) is taken");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("a token gets a reserved slot"),
+        "{body}"
+    );
+    let mut reader = open(two, Some(READER)).await.expect("the reserved slot");
+    assert_eq!(reader.next().await.event, "ready");
+    assert_eq!(reader.next().await.event, "health_changed", "served from Kafka");
+    drop(held);
+    api.drop_schema().await;
+}
+
+/// A `Last-Event-ID` ahead of the topic (recreated since) would wait for offsets that never
+/// come, in silence. It starts at the topic's end with a `reset` event that says so, and the
+/// next change arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_from_ahead_of_the_topic_restarts_at_its_end_with_a_reset_event() {
+    let api = Api::start("ahead", &[]).await;
+    let p = producer();
+    let mut c = Sse::connect(&api, Some("0:999999,1:999999,2:999999,3:999999")).await;
+    let ready = c.next().await;
+    assert_eq!(ready.event, "ready");
+    let reset = c.next().await;
+    assert_eq!(reset.event, "reset");
+    let v: serde_json::Value = serde_json::from_str(&reset.data).unwrap();
+    assert_eq!(v["requested"], "0:999999,1:999999,2:999999,3:999999");
+    assert!(
+        !reset.id.contains("999999"),
+        "the id resumes from the end: {}",
+        reset.id
+    );
+    produce(&p, &api.topics.changes, "live/a", &encode(&change("a", 1)).unwrap()).await;
+    let ev = c.next().await;
+    assert_eq!(ev.event, "health_changed", "not silence");
+    api.drop_schema().await;
+}

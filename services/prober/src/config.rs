@@ -185,28 +185,90 @@ fn field_line(text: &str, span: &std::ops::Range<usize>, key: &str) -> usize {
     line_of(text, span.start)
 }
 
+/// Where in the file `line` is: `[defaults] `, `target "id" ` (the id as written in that
+/// target's table, if any), or nothing; and the key written on that line.
+fn place(text: &str, line: usize) -> (String, String) {
+    let lines: Vec<&str> = text.lines().collect();
+    let key = lines
+        .get(line.saturating_sub(1))
+        .and_then(|l| l.split_once('='))
+        .map(|(k, _)| k.trim().trim_matches('"').to_owned())
+        .filter(|k| !k.is_empty() && !k.starts_with('['))
+        .unwrap_or_default();
+    let header = (0..line.min(lines.len()))
+        .rev()
+        .find(|&i| lines[i].trim_start().starts_with('['));
+    let section = match header {
+        Some(h) if lines[h].trim() == "[defaults]" => "[defaults] ".to_owned(),
+        Some(h) if lines[h].trim() == "[[target]]" => {
+            let id = lines[h + 1..]
+                .iter()
+                .take_while(|l| !l.trim_start().starts_with('['))
+                .find_map(|l| {
+                    let (k, v) = l.split_once('=')?;
+                    (k.trim() == "id").then(|| v.trim().trim_matches('"').to_owned())
+                });
+            id.map_or_else(|| "target (no id) ".to_owned(), |id| format!("target {id:?} "))
+        }
+        _ => String::new(),
+    };
+    (section, key)
+}
+
+/// The span of the `[defaults]` table's lines, if the file has one.
+fn defaults_span(text: &str) -> Option<std::ops::Range<usize>> {
+    let start = text
+        .match_indices("[defaults]")
+        .find(|(i, _)| *i == 0 || text.as_bytes()[i - 1] == b'\n')?
+        .0;
+    let rest = &text[start + 1..];
+    let end = rest
+        .match_indices("\n[")
+        .next()
+        .map_or(text.len(), |(i, _)| start + 1 + i + 1);
+    Some(start..end)
+}
+
 /// Parse and check a whole file: every target valid, ids unique.
 pub fn parse(text: &str) -> Result<Vec<Target>, ConfigError> {
     let file: File = toml::from_str(text).map_err(|e| {
         let line = e.span().map_or(1, |s| line_of(text, s.start));
+        let (target, field) = place(text, line);
         ConfigError {
             line,
-            target: String::new(),
-            field: String::new(),
+            target,
+            field,
             message: e.message().to_owned(),
         }
     })?;
     let d = &file.defaults;
+    // A value the target inherits from `[defaults]` is wrong where it is written.
+    let defaults = defaults_span(text);
     let mut seen = BTreeSet::new();
     let mut out = Vec::with_capacity(file.targets.len());
     for spanned in &file.targets {
         let span = spanned.span();
         let spec = spanned.get_ref();
-        let err = |field: &str, message: String| ConfigError {
-            line: field_line(text, &span, field),
-            target: format!("target {:?} ", spec.id),
-            field: field.to_owned(),
-            message,
+        let inherited = |field: &str| match field {
+            "interval_ms" => spec.interval_ms.is_none(),
+            "fast_interval_ms" => spec.fast_interval_ms.is_none(),
+            "traffic_interval_ms" => spec.traffic_interval_ms.is_none(),
+            "timeout_ms" => spec.timeout_ms.is_none(),
+            _ => false,
+        };
+        let err = |field: &str, message: String| match &defaults {
+            Some(d) if inherited(field) => ConfigError {
+                line: field_line(text, d, field),
+                target: "[defaults] ".to_owned(),
+                field: field.to_owned(),
+                message,
+            },
+            _ => ConfigError {
+                line: field_line(text, &span, field),
+                target: format!("target {:?} ", spec.id),
+                field: field.to_owned(),
+                message,
+            },
         };
         for (field, v) in [("id", &spec.id), ("pool", &spec.pool), ("endpoint", &spec.endpoint)] {
             validate_name("name", v).map_err(|e| err(field, e.message))?;
@@ -382,16 +444,17 @@ address = "127.0.0.1:9101"
                 20,
                 "address",
             ),
-            // A default that no target can live with: the first target's line.
-            (GOOD.replace("timeout_ms = 500", "timeout_ms = 5000"), 6, "timeout_ms"),
+            // A default that no target can live with: where it is written, in [defaults].
+            (GOOD.replace("timeout_ms = 500", "timeout_ms = 5000"), 4, "timeout_ms"),
             (
                 GOOD.replace("body_json_pointer = \"/status\"", "body_json_pointer = \"status\""),
                 12,
                 "body_json_pointer",
             ),
             (GOOD.replace("id = \"a-tcp\"", "id = \"a-health\""), 16, "id"),
-            (GOOD.replace("kind = \"tcp\"", "kind = \"udp\""), 19, ""),
-            (GOOD.replace("url = ", "uri = "), 11, ""),
+            // The parser's own errors name the field too.
+            (GOOD.replace("kind = \"tcp\"", "kind = \"udp\""), 19, "kind"),
+            (GOOD.replace("url = ", "uri = "), 11, "uri"),
         ];
         for (text, line, field) in cases {
             let e = parse(&text).unwrap_err();
@@ -406,7 +469,19 @@ address = "127.0.0.1:9101"
                 .split(", expected")
                 .next()
                 .unwrap(),
-            "line 19: unknown variant `udp`"
+            "line 19: target \"a-tcp\" kind: unknown variant `udp`"
+        );
+        let e = parse(&GOOD.replace("kind = \"tcp\"", "kind = \"tcp\"\nfresh_connection = \"yes\"")).unwrap_err();
+        assert_eq!(
+            (e.line, e.target.as_str(), e.field.as_str()),
+            (20, "target \"a-tcp\" ", "fresh_connection"),
+            "the parser's error names the target and the field: {e}"
+        );
+        let e = parse(&GOOD.replace("timeout_ms = 500", "timeout_ms = 0")).unwrap_err();
+        assert_eq!(
+            (e.line, e.target.as_str(), e.field.as_str()),
+            (4, "[defaults] ", "timeout_ms"),
+            "an inherited value is wrong where it is written: {e}"
         );
         let e = parse(&GOOD.replace("address = \"127.0.0.1:9101\"", "address = \"nowhere\"")).unwrap_err();
         assert_eq!(

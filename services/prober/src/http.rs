@@ -35,13 +35,15 @@ pub fn router(s: Shared) -> Router {
 }
 
 async fn ready(State(s): State<Shared>) -> (StatusCode, &'static str) {
-    if s.ownership.borrow().assigned {
-        (StatusCode::OK, "ready")
-    } else {
-        (
+    if !s.ownership.borrow().assigned {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "waiting for the shard group to assign shards",
-        )
+        );
+    }
+    match s.metrics.deliveries.problem() {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        None => (StatusCode::OK, "ready"),
     }
 }
 

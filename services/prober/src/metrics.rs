@@ -17,6 +17,8 @@ pub struct Metrics {
     pub heartbeats: Counter,
     pub published: Counter,
     pub publish_failed: Counter,
+    /// Whether results reach the broker (what `/readyz` reads).
+    pub deliveries: crate::sink::Deliveries,
     registry: Registry,
 }
 
@@ -105,6 +107,7 @@ impl Default for Metrics {
             heartbeats,
             published,
             publish_failed,
+            deliveries: Default::default(),
             registry: r,
         }
     }

@@ -159,6 +159,22 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let producer = vitals_runtime::kafka::producer(&cfg.kafka, &[("linger.ms", "5"), ("message.timeout.ms", "30000")])
         .create()
         .context("creating the Kafka producer")?;
+    // Publishing into a topic that does not exist (auto-create off) looked like running: refuse.
+    for topic in [&cfg.signals_topic, &cfg.state_topic] {
+        let probe: rdkafka::consumer::BaseConsumer =
+            vitals_runtime::kafka::consumer(&cfg.kafka, "vitals-prober-check", &[])
+                .create()
+                .context("creating a Kafka client")?;
+        let t = topic.clone();
+        let parts =
+            tokio::task::spawn_blocking(move || vitals_runtime::kafka::partitions(&probe, &t, Duration::from_secs(10)))
+                .await?;
+        match parts {
+            Ok(p) if !p.is_empty() => {}
+            Ok(_) => anyhow::bail!("the topic {topic} does not exist: create it (the processor does, with --create-topics) or fix the topic flags"),
+            Err(e) => anyhow::bail!("cannot read the topic {topic} from the broker: {e}"),
+        }
+    }
     let sink: Arc<dyn Sink> = Arc::new(KafkaSink {
         producer,
         topic: cfg.signals_topic.clone(),

@@ -168,8 +168,9 @@ async fn two_probers_share_the_targets_and_one_takes_over_when_the_other_is_kill
         async move { all_b }
     })
     .await;
+    // What the group decided (b owns every target, once each) is the assertion; how long the
+    // machine took is only reported.
     let took = killed.elapsed();
-    assert!(took < Duration::from_secs(20), "took over in {took:?}");
     eprintln!("takeover after kill -9: {took:?}");
     drop(b);
     let _ = std::fs::remove_file(&config);
@@ -189,6 +190,20 @@ async fn configuration_errors_reloads_and_heartbeats() {
     assert!(!status.success());
     let log = std::fs::read_to_string(&bad.service.log).unwrap();
     assert!(log.contains("line 11: target \"t00\" timeout_ms"), "{log}");
+    // A signals topic that does not exist (auto-create off): it would publish into nothing and
+    // say it is ready. It refuses to start, naming the topic.
+    write_targets(&config, &sim, 1, "");
+    let missing = Topics {
+        signals: unique("missing.signals"),
+        ..topics.clone()
+    };
+    let mut nowhere = start_prober(&config, "nowhere", &missing, &shard_topic);
+    assert!(!nowhere.service.child.wait().unwrap().success());
+    let log = std::fs::read_to_string(&nowhere.service.log).unwrap();
+    assert!(
+        log.contains(&format!("the topic {} does not exist", missing.signals)),
+        "{log}"
+    );
 
     write_targets(&config, &sim, 1, "");
     let seen = follow(&topics.signals);

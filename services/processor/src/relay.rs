@@ -2,8 +2,9 @@
 //! id order, and deletes them once Kafka has acknowledged them. One relay is active per database schema, by a lease in
 //! `relay_lease` that its holder renews every second and that expires after [`LEASE`]: a frozen
 //! or partitioned holder loses it and another processor's relay takes over. Events of one
-//! endpoint leave in sequence order. A crash between publish and delete, or a holder that resumes
-//! after losing its lease, republishes; consumers drop duplicates by (endpoint, seq).
+//! endpoint leave in sequence order. Each publish round first checks that the lease is still
+//! held (a holder that resumes after losing it stops instead of publishing once more). A crash
+//! between publish and delete republishes; consumers drop duplicates by (endpoint, seq).
 
 use crate::metrics::Metrics;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -144,6 +145,13 @@ impl Relay {
         if rows.is_empty() {
             return Ok(0);
         }
+        // A relay that was frozen (or cut off) may have lost the lease since it last renewed
+        // it: another relay then publishes these rows, and publishing them here too would be a
+        // duplicate on the changes topic without any crash. Still ours, renewed: go on.
+        anyhow::ensure!(
+            outbox::hold_lease(conn, &self.holder, LEASE).await?,
+            "lost the relay lease before a publish round; another relay publishes"
+        );
         let publishing = std::time::Instant::now();
         let mut ids = Vec::with_capacity(rows.len());
         let mut deliveries = Vec::with_capacity(rows.len());

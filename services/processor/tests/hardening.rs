@@ -249,3 +249,44 @@ async fn a_frozen_processor_neither_stalls_the_group_nor_loses_partitions_after_
     assert_eq!(db.sequence_gaps().await, vec![]);
     db.drop_schema().await;
 }
+
+/// A relay frozen past its lease, then resumed, must not publish another round: another
+/// relay took the lease meanwhile (and may have published the same rows). Before each round
+/// the relay renews the lease only if it still holds it unexpired — taking an expired lease
+/// back would hide that someone else held it in between.
+#[tokio::test]
+async fn a_relay_that_lost_its_lease_cannot_renew_it_before_a_publish_round() {
+    use vitals_store::outbox::{hold_lease, release_lease, take_lease};
+    let name = unique("lease");
+    let pool = vitals_testkit::migrated_schema(&name).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let lease = Duration::from_secs(3);
+    assert!(take_lease(&mut conn, "a", lease).await.unwrap());
+    assert!(
+        hold_lease(&mut conn, "a", lease).await.unwrap(),
+        "held and unexpired: renewed"
+    );
+    // `a` freezes past its lease; `b` takes over.
+    sqlx::query("UPDATE relay_lease SET expires_at = clock_timestamp() - interval '1 second'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert!(
+        !hold_lease(&mut conn, "a", lease).await.unwrap(),
+        "expired: not renewed"
+    );
+    assert!(take_lease(&mut conn, "b", lease).await.unwrap());
+    assert!(!hold_lease(&mut conn, "a", lease).await.unwrap(), "b holds it");
+    // `b` hands over: the lease is free, yet `a` did not hold it all along.
+    release_lease(&mut conn, "b").await.unwrap();
+    assert!(
+        !hold_lease(&mut conn, "a", lease).await.unwrap(),
+        "b held it in between"
+    );
+    assert!(
+        take_lease(&mut conn, "a", lease).await.unwrap(),
+        "a takes it anew, then starts over"
+    );
+    drop(conn);
+    vitals_testkit::drop_schema(&pool, &name).await;
+}

@@ -223,7 +223,6 @@ async fn a_refusing_endpoint_is_routed_around_and_comes_back_after_it_heals() {
         "loop: {calls} calls, {failed} failed for their user; e0 ejected {ejected_after:?} after the fault, readmitted {readmitted_after:?} after the heal, served again {traffic_back_after:?} after it"
     );
     assert_eq!(failed, 0, "a refused connection is retried on another endpoint");
-    assert!(ejected_after < Duration::from_secs(10));
     vitals_testkit::drop_schema(&db, &schema).await;
     let _ = std::fs::remove_file(&prober_cfg);
     let _ = std::fs::remove_file(&routes_cfg);

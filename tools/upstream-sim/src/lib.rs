@@ -441,6 +441,11 @@ async fn completions(State(ep): State<Arc<Endpoint>>, body: Bytes) -> Response {
     let max_tokens = request["max_tokens"].as_u64().unwrap_or(u64::MAX);
     let tokens = u64::from(b.tokens).min(max_tokens).max(1);
     let ttft = b.ttft(elapsed);
+    // What the simulator decided, for tests that must not measure how long a busy machine took.
+    let decided = [
+        (DECIDED_TTFT, HeaderValue::from(ttft.as_millis() as u64)),
+        (DECIDED_AT, HeaderValue::from(elapsed.as_millis() as u64)),
+    ];
     let token = Duration::from_millis(b.token_ms);
     let n = ep.requests.load(Ordering::Relaxed);
     let id = format!("chatcmpl-{}-{n}", ep.name);
@@ -458,7 +463,9 @@ async fn completions(State(ep): State<Arc<Endpoint>>, body: Bytes) -> Response {
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text.join(" ")}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens},
         });
-        return Json(body).into_response();
+        let mut r = Json(body).into_response();
+        r.headers_mut().extend(decided);
+        return r;
     }
     // The role chunk at once (as OpenAI does), then the content tokens: the first content token
     // arrives at `ttft` after the request, the rest `token_ms` apart; a dropped stream breaks
@@ -496,8 +503,15 @@ async fn completions(State(ep): State<Arc<Endpoint>>, body: Bytes) -> Response {
     let mut r = Response::new(Body::from_stream(s));
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r.headers_mut().extend(decided);
     r
 }
+
+/// The first token the simulator chose for a completion, in ms (a response header).
+pub const DECIDED_TTFT: header::HeaderName = header::HeaderName::from_static("x-sim-ttft-ms");
+/// How far into its behaviour (ramps and periods count from there) the endpoint was when it
+/// chose, in ms (a response header).
+pub const DECIDED_AT: header::HeaderName = header::HeaderName::from_static("x-sim-at-ms");
 
 fn endpoint_router(ep: Arc<Endpoint>) -> Router {
     Router::new()

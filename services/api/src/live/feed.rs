@@ -123,6 +123,8 @@ async fn recv(mut rx: Feed) -> (Result<Arc<Item>, broadcast::error::RecvError>, 
 /// delivery is one wake-up of the connection's task, with no timer or lock of its own.
 pub struct HubFeed {
     ready: Option<String>,
+    /// An event right after `ready` (a `reset`).
+    notice: Option<Bytes>,
     replay: VecDeque<Arc<Item>>,
     /// The pending receive from the feed (its allocation reused from event to event).
     rx: ReusableBoxFuture<'static, (Result<Arc<Item>, broadcast::error::RecvError>, Feed)>,
@@ -137,8 +139,15 @@ pub struct HubFeed {
 
 impl HubFeed {
     /// `ready`, the replay, then the live feed of `sub`, as `filter` wants them, until `ends_at`.
-    pub fn new(sub: Subscription, filter: Filter, ends_at: tokio::time::Instant, slot: StreamSlot) -> HubFeed {
+    pub fn new(
+        sub: Subscription,
+        filter: Filter,
+        ends_at: tokio::time::Instant,
+        slot: StreamSlot,
+        notice: Option<Bytes>,
+    ) -> HubFeed {
         HubFeed {
+            notice,
             last_id: sub.ready_id.clone(),
             replay: sub.replay.into(),
             rx: ReusableBoxFuture::new(recv(sub.rx)),
@@ -163,6 +172,9 @@ impl Stream for HubFeed {
         let this = &mut *self;
         if let Some(id) = this.ready.take() {
             return Poll::Ready(Some(protocol::ready(&id)));
+        }
+        if let Some(n) = this.notice.take() {
+            return Poll::Ready(Some(n));
         }
         if this.ended {
             return Poll::Ready(None);

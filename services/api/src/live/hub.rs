@@ -88,6 +88,12 @@ impl Hub {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// Whether the hub has read past every offset of `resume` (then it is no resume from
+    /// ahead of the topic, without asking the broker).
+    pub fn has_read(&self, resume: &Positions) -> bool {
+        !protocol::ahead(resume, &self.lock().positions)
+    }
+
     /// Clients connected to the live feed.
     pub fn clients(&self) -> usize {
         self.lock().tx.as_ref().map_or(0, |tx| tx.receiver_count()) + self.fanout.clients()
@@ -182,10 +188,11 @@ impl Hub {
         })
     }
 
-    /// Hand a stream to the live-stream writers: the response head, `ready`, the events of the
-    /// ring at or after where it starts (`filter.from`), then the live events. The client back if
-    /// the ring does not reach back that far (serve it from Kafka).
-    pub fn attach(&self, mut client: Box<RawClient>) -> Result<(), Box<RawClient>> {
+    /// Hand a stream to the live-stream writers: the response head, `ready`, `notice` (a
+    /// `reset`), the events of the ring at or after where it starts (`filter.from`), then the
+    /// live events. The client back if the ring does not reach back that far (serve it from
+    /// Kafka).
+    pub fn attach(&self, mut client: Box<RawClient>, notice: Option<axum::body::Bytes>) -> Result<(), Box<RawClient>> {
         let inner = self.lock();
         let Some(replay) = Self::replay(&inner, &client.filter.from) else {
             return Err(client);
@@ -193,6 +200,9 @@ impl Hub {
         client.last_id = encode_positions(&client.filter.from);
         let mut first = RAW_HEAD.to_vec();
         first.extend_from_slice(&protocol::ready(&client.last_id));
+        if let Some(n) = notice {
+            first.extend_from_slice(&n);
+        }
         for item in &replay {
             client.last_id.clone_from(&item.id);
             if client.filter.wants(item) {

@@ -13,7 +13,6 @@ use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 struct Live {
@@ -29,7 +28,7 @@ struct Live {
     ended: bool,
     metrics: Arc<Metrics>,
     _slot: StreamSlot,
-    _kafka_slot: OwnedSemaphorePermit,
+    _kafka_slot: StreamSlot,
 }
 
 /// The events after `resume` (every partition it does not name from its beginning: one added
@@ -42,11 +41,7 @@ pub async fn events(
     ends_at: tokio::time::Instant,
     slot: StreamSlot,
 ) -> Result<impl Stream<Item = Bytes> + Unpin + Send + 'static, ApiError> {
-    let kafka_slot = app
-        .kafka_streams
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::Unavailable("too many live streams resuming from far back; retry later".into()))?;
+    let kafka_slot = app.kafka_streams.take(slot.client(), slot.anonymous())?;
     let consumer: StreamConsumer = vitals_runtime::kafka::consumer(
         &app.cfg.kafka,
         "vitals-api-live",

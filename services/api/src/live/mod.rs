@@ -31,7 +31,7 @@ pub mod feed;
 pub mod hub;
 pub mod kafka;
 pub mod protocol;
-mod slot;
+pub mod slot;
 pub mod stream;
 
 pub use hub::Hub;

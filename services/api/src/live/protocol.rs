@@ -117,6 +117,23 @@ pub fn reconnect(id: &str) -> Bytes {
     )
 }
 
+/// The event after `ready` of a client whose `Last-Event-ID` (`requested`) is ahead of the
+/// topic (it was recreated, or the id is from another cluster): the stream starts at the topic's
+/// end instead, and the client must reload what it holds; `id` resumes it from here.
+pub fn reset(id: &str, requested: &str) -> Bytes {
+    let data = serde_json::json!({
+        "reason": "Last-Event-ID is ahead of the changes topic (was it recreated?): the stream starts at its end; reload the state you hold",
+        "requested": requested,
+    });
+    frame("reset", id, &data.to_string())
+}
+
+/// Whether `resume` names an offset the topic whose end is `end` cannot have yet (or a
+/// partition it does not have).
+pub fn ahead(resume: &Positions, end: &Positions) -> bool {
+    resume.iter().any(|(p, o)| end.get(p).is_none_or(|e| o > e))
+}
+
 /// Turns records of the changes topic into events: the one place that knows the record kinds.
 /// A transition republished by the outbox relay after a crash is dropped by (endpoint, seq).
 #[derive(Default)]
@@ -210,6 +227,14 @@ pub fn assign(consumer: &StreamConsumer, topic: &str, start: impl Fn(i32) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_past_the_end_or_of_a_missing_partition_is_ahead() {
+        let end: Positions = [(0, 10), (1, 5)].into();
+        assert!(!ahead(&[(0, 10), (1, 0)].into(), &end));
+        assert!(ahead(&[(0, 11)].into(), &end));
+        assert!(ahead(&[(0, 1), (7, 0)].into(), &end));
+    }
 
     #[test]
     fn positions_round_trip_and_garbage_is_refused() {

@@ -6,7 +6,7 @@
 use super::fanout::RawClient;
 use super::feed::{sse_response, HubFeed};
 use super::kafka;
-use super::protocol::{parse_positions, Filter, Positions};
+use super::protocol::{self, encode_positions, parse_positions, Filter, Positions};
 use super::slot::{take_slot, StreamSlot};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
@@ -39,6 +39,9 @@ struct Opened {
     /// topic).
     filter: Filter,
     ends_at: tokio::time::Instant,
+    /// A `reset` event to send after `ready`: the client's `Last-Event-ID` was ahead of the
+    /// topic, and the stream starts at its end instead.
+    notice: Option<axum::body::Bytes>,
 }
 
 /// Authorize a stream request and take its slot; where it starts.
@@ -65,17 +68,31 @@ async fn open(
                 .and_then(parse_positions)
         })
         .transpose()?;
-    let slot = take_slot(app, client, anonymous)?;
+    let slot = take_slot(app, &client, anonymous)?;
     let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
     if !app.hub.ready(Duration::from_secs(5)).await {
         return Err(ApiError::Unavailable("the changes topic is unavailable".into()));
     }
-    let from = match &resume {
-        Some(r) => r.clone(),
-        None => app.hub.end_positions().await.map_err(|e| {
+    let end = || async {
+        app.hub.end_positions().await.map_err(|e| {
             tracing::warn!(error = %e, "live stream: cannot read the end of the changes topic");
             ApiError::Unavailable("the changes topic is unavailable".into())
-        })?,
+        })
+    };
+    // A resume from ahead of the topic (recreated since) would wait for offsets that never come:
+    // start it at the end, and say so.
+    let (from, resume, notice) = match resume {
+        Some(r) if !app.hub.has_read(&r) => {
+            let end = end().await?;
+            if protocol::ahead(&r, &end) {
+                let notice = protocol::reset(&encode_positions(&end), &encode_positions(&r));
+                (end, None, Some(notice))
+            } else {
+                (r.clone(), Some(r), None)
+            }
+        }
+        Some(r) => (r.clone(), Some(r), None),
+        None => (end().await?, None, None),
     };
     Ok(Opened {
         slot,
@@ -86,6 +103,7 @@ async fn open(
             endpoint: q.get("endpoint").cloned(),
         },
         ends_at,
+        notice,
     })
 }
 
@@ -93,11 +111,11 @@ async fn open(
     get, path = "/v1/stream", tag = "stream", params(StreamParams,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses(
-        (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`; `reconnect` when the stream reaches its lifetime", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`; `lagged` when the client fell behind and `reconnect` when the stream reaches its lifetime (both end it; their id resumes it); `reset` right after `ready` when Last-Event-ID was ahead of the topic (the stream starts at its end: reload what you hold)", content_type = "text/event-stream", body = String),
         (status = 400, description = "A Last-Event-ID that is not from this stream", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 429, description = "This client holds its maximum of live streams", body = ErrorBody),
-        (status = 503, description = "Too many live streams, or Kafka unavailable", body = ErrorBody),
+        (status = 503, description = "Too many live streams (anonymous clients get three quarters of them), too many resuming from far back, or Kafka unavailable", body = ErrorBody),
     )
 )]
 pub async fn stream(
@@ -112,9 +130,10 @@ pub async fn stream(
         resume,
         filter,
         ends_at,
+        notice,
     } = open(&app, &headers, peer, &q).await?;
     if let Some(sub) = app.hub.subscribe(&filter.from) {
-        return Ok(sse_response(HubFeed::new(sub, filter, ends_at, slot)));
+        return Ok(sse_response(HubFeed::new(sub, filter, ends_at, slot, notice)));
     }
     // Further back than the ring: a consumer of its own, from the client's positions.
     let events = kafka::events(&app, resume, filter, ends_at, slot).await?;
@@ -166,7 +185,7 @@ pub async fn takeover(
         gone: gone.clone(),
         ended: ended_tx,
     });
-    if let Err(client) = app.hub.attach(client) {
+    if let Err(client) = app.hub.attach(client, opened.notice) {
         drop((client, opened.slot));
         // Further back than the ring: served from Kafka by the server.
         return Arc::try_unwrap(sock).map_or(Ok(()), Err);

@@ -192,7 +192,18 @@ impl Sse {
         last_id: Option<&str>,
         token: Option<&str>,
     ) -> Result<Sse, (u16, serde_json::Value)> {
-        let mut req = api.http.get(api.url(path));
+        Sse::open_with(&api.http, api, path, last_id, token).await
+    }
+
+    /// [`Sse::open`] with a client of the caller's (e.g. bound to another loopback address).
+    pub async fn open_with(
+        http: &reqwest::Client,
+        api: &Api,
+        path: &str,
+        last_id: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<Sse, (u16, serde_json::Value)> {
+        let mut req = http.get(api.url(path));
         if let Some(id) = last_id {
             req = req.header("Last-Event-ID", id);
         }
