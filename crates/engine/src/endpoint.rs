@@ -18,11 +18,16 @@ pub const LATENCY_MIN_SAMPLES: u32 = 5;
 /// `consecutive_successes` fast ones end a probation for first tokens.)
 pub const PROBATION_PASSES: u16 = 20;
 
-/// The weight of an endpoint on probation: a tenth of the slow-start weight, a trickle of real
-/// calls that keeps the evidence coming while the failures of an endpoint whose fault comes and
-/// goes cost its users little.
-pub fn probation_weight(policy: &Policy) -> f64 {
-    policy.slow_start_weight / 10.0
+/// The weight of an endpoint on probation for `dim`: a trickle of real calls that keeps the
+/// evidence coming. A tenth of the slow-start weight when its calls may fail (a failed call
+/// costs its user an error, and probes see errors too); half of it for slow first tokens (a
+/// slow call costs only latency, and only real calls can show the first tokens fast again, so
+/// they must come often enough even at a gateway's modest rate).
+pub fn probation_weight(policy: &Policy, dim: Option<Dimension>) -> f64 {
+    match dim {
+        Some(Dimension::Ttft) => policy.slow_start_weight / 2.0,
+        _ => policy.slow_start_weight / 10.0,
+    }
 }
 
 /// Outcomes over which a share of 429s starts a cooldown (at most 16).
@@ -341,10 +346,6 @@ impl Tracker {
 
     pub(crate) fn ramp_until(&self) -> Option<Micros> {
         self.ramp_until
-    }
-
-    pub(crate) fn readmitted_at(&self) -> Option<Micros> {
-        self.readmitted_at
     }
 
     pub(crate) fn last_isolated_at(&self) -> Option<Micros> {

@@ -207,7 +207,8 @@ fn a_health_probe_readmits_a_slow_first_token_ejection_only_on_probation_after_t
     let mut id = eject_for_slow_first_tokens(&mut r);
     let out = *r.changes_of("a").last().unwrap();
     assert!(
-        out.reason.contains("a health probe only after 30 s, on probation"),
+        out.reason
+            .contains("a health probe only after 30 s, on probation at weight 0.05"),
         "the reason says what comes next: {}",
         out.reason
     );
@@ -223,10 +224,14 @@ fn a_health_probe_readmits_a_slow_first_token_ejection_only_on_probation_after_t
     r.at(retry_at + SEC, http("a", id, OutcomeClass::Success));
     let back = *r.changes_of("a").last().unwrap();
     assert_eq!(
-        (back.to_state, back.reason_code.as_str(), back.weight, back.ramp_ms),
-        (HealthState::Recovering, "probation", 0.01, 0)
+        (back.to_state, back.reason_code.as_str(), back.ramp_ms),
+        (HealthState::Recovering, "probation", 0)
     );
     assert!(back.reason.contains("cannot see ttft"), "{}", back.reason);
+    assert_eq!(
+        back.weight, 0.05,
+        "slow calls cost latency, not errors: half the slow-start weight"
+    );
     let changes = r.changes_of("a").len();
     let mut t = retry_at + 2 * SEC;
     for _ in 0..10 {

@@ -80,7 +80,9 @@ impl PoolState {
         // Fresh evidence only: a call that began before the endpoint was ejected or readmitted
         // says nothing about it now (a slow call begun during the fault ends after it).
         let since = match t.state() {
-            HealthState::Recovering => t.readmitted_at(),
+            // Since slow start (or probation) began: a call in flight when a probation ended was
+            // begun during the fault it was on probation for.
+            HealthState::Recovering => Some(t.since()),
             _ => t.last_isolated_at(),
         };
         if since.is_some_and(|s| o.started(self.now) < s) {
@@ -204,7 +206,7 @@ impl PoolState {
                 // A flap, a failure-rate ejection, or evidence that cannot see the fault: on
                 // probation.
                 let probation = canary || dim == Dimension::ErrorRate || t.isolations() >= 2;
-                let w = probation_weight(policy);
+                let w = probation_weight(policy, Some(dim));
                 let back = if probation {
                     let needed = if dim == Dimension::Ttft {
                         format!("{} calls in a row have fast first tokens", policy.consecutive_successes)
@@ -259,7 +261,7 @@ impl PoolState {
         let secs = |us: Micros| (us.max(0) as f64 / 1e6).round() as i64;
         let iso = secs(retry_at.saturating_sub(self.now));
         let min = policy.readmit_min_ms / 1000;
-        let w = probation_weight(policy);
+        let w = probation_weight(policy, t.out_for());
         if t.cooling() {
             return format!("back at slow start in {iso} s");
         }
