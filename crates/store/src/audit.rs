@@ -152,19 +152,6 @@ impl AuditLog {
     /// The batch, in one transaction: offsets (fenced by epoch), first-seen endpoints,
     /// transitions, the endpoint-state projection, pool events, outbox rows and snapshots.
     /// Returns where the time went.
-    /// The next offset to process of every partition the group has claimed (for the group's
-    /// lag, whoever holds each partition).
-    pub async fn group_offsets(&self) -> Result<std::collections::BTreeMap<i32, i64>, StoreError> {
-        let rows: Vec<(i32, i64)> = sqlx::query_as(
-            "SELECT partition, next_offset FROM consumer_offsets WHERE consumer_group = $1 AND topic = $2",
-        )
-        .bind(&self.group)
-        .bind(&self.topic)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().collect())
-    }
-
     pub async fn write_batch(&self, b: &BatchWrite) -> Result<StatementTimes, StoreError> {
         let mut t = StatementTimes::default();
         let mut lap = Lap(Instant::now());

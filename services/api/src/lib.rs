@@ -84,10 +84,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
+        .route_layer(axum::middleware::map_response(method_not_allowed))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), limit::per_route))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track));
     api.fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state)
 }
@@ -160,9 +160,18 @@ async fn dashboard() -> impl axum::response::IntoResponse {
     )
 }
 
-/// Refused as the other routes' errors are, with a body that says why.
-async fn method_not_allowed() -> ApiError {
-    ApiError::MethodNotAllowed
+/// A route's 405 (empty from the router) gets the API's error body, keeping its `Allow`
+/// header; inside the routes' layers, so that it is counted like any answer.
+async fn method_not_allowed(r: axum::response::Response) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if r.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        return r;
+    }
+    let mut answer = ApiError::MethodNotAllowed.into_response();
+    if let Some(allow) = r.headers().get(axum::http::header::ALLOW) {
+        answer.headers_mut().insert(axum::http::header::ALLOW, allow.clone());
+    }
+    answer
 }
 
 /// Connect to Postgres (read-only) and Kafka, and bind the listener.

@@ -130,11 +130,6 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             progress.clone(),
             client,
             cfg.topics.signals_topic.clone(),
-            vitals_store::audit::AuditLog {
-                pool: pool.clone(),
-                group: cfg.group.clone(),
-                topic: cfg.topics.signals_topic.clone(),
-            },
             cancel.clone(),
         );
         tasks.spawn(async move {

@@ -20,7 +20,6 @@ pub struct Metrics {
     /// Seconds spent, by phase of the work (the breakdown of where the processor's time goes).
     time: Family<Labels, Counter<f64, AtomicU64>>,
     consumer_lag: Gauge,
-    group_lag: Gauge,
     assigned: Gauge,
     partition_lag: Family<Labels, Gauge>,
     commit_age: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -74,11 +73,6 @@ impl Default for Metrics {
             "vitals_processor_consumer_lag",
             "Records behind the end of the assigned partitions: high watermark minus the offset committed to Postgres.",
         );
-        let group_lag = gauge(
-            &mut r,
-            "vitals_processor_group_lag",
-            "Records of the whole signals topic not yet in Postgres, whoever holds each partition (the one to alert on: it does not read 0 while this processor holds no partition).",
-        );
         let outbox_backlog = gauge(
             &mut r,
             "vitals_processor_outbox_backlog",
@@ -130,7 +124,6 @@ impl Default for Metrics {
             published,
             time,
             consumer_lag,
-            group_lag,
             assigned,
             partition_lag,
             commit_age,
@@ -149,11 +142,8 @@ impl Metrics {
 
     /// The `/metrics` response; `parts` are the per-partition figures of the write path
     /// (revoked partitions leave the per-partition series).
-    pub fn response(&self, parts: &PartitionFigures, group_lag: Option<i64>) -> impl axum::response::IntoResponse {
+    pub fn response(&self, parts: &PartitionFigures) -> impl axum::response::IntoResponse {
         self.consumer_lag.set(parts.values().filter_map(|(lag, _)| *lag).sum());
-        if let Some(lag) = group_lag {
-            self.group_lag.set(lag);
-        }
         self.assigned.set(parts.len() as i64);
         self.partition_lag.clear();
         self.commit_age.clear();

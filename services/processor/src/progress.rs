@@ -5,12 +5,6 @@
 //! The writer records the offset of every commit; a monitor asks the broker for the high
 //! watermarks once a second. Lag is `high watermark − committed offset`; a partition that has
 //! lag but no commit for `stall_after` is *stalled*, which turns `/readyz` false.
-//!
-//! The *group's* lag is what to alert on: every partition of the topic, whoever holds it (the
-//! offsets are in Postgres, shared by the group), so it does not read 0 while this processor
-//! holds no partition (during a rebalance, or while Postgres is down and the claims wait). The
-//! offsets are read before the watermarks, so a watermark is never older than the offset it is
-//! compared with (which clamped small real lags to 0).
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::collections::BTreeMap;
@@ -40,17 +34,6 @@ pub type PartitionFigures = BTreeMap<i32, (Option<i64>, f64)>;
 pub struct Progress {
     parts: Mutex<BTreeMap<i32, Part>>,
     stall_after: Duration,
-    /// Records of the whole topic not yet in Postgres; -1 until first measured.
-    group_lag: std::sync::atomic::AtomicI64,
-}
-
-/// Records of the topic not yet processed by the group: per partition, its high watermark less
-/// the group's next offset (its low watermark where the group has none yet).
-pub fn group_lag(offsets: &BTreeMap<i32, i64>, watermarks: &BTreeMap<i32, (i64, i64)>) -> i64 {
-    watermarks
-        .iter()
-        .map(|(p, (low, high))| (high - offsets.get(p).copied().unwrap_or(*low).max(*low)).max(0))
-        .sum()
 }
 
 impl Progress {
@@ -58,7 +41,6 @@ impl Progress {
         Progress {
             parts: Mutex::new(BTreeMap::new()),
             stall_after,
-            group_lag: std::sync::atomic::AtomicI64::new(-1),
         }
     }
 
@@ -127,77 +109,39 @@ impl Progress {
     fn partitions(&self) -> Vec<i32> {
         self.lock().keys().copied().collect()
     }
-
-    /// The group's lag, once measured.
-    pub fn group_lag(&self) -> Option<i64> {
-        let v = self.group_lag.load(std::sync::atomic::Ordering::Relaxed);
-        (v >= 0).then_some(v)
-    }
 }
 
-/// Ask the broker for the watermarks of every partition of the topic once a second, until
-/// cancelled: the assigned ones' lag, and with the group's offsets from Postgres (the last read
-/// while it is away: they cannot move then), the group's lag. The broker calls block, so they
-/// run on the blocking pool, one round at a time.
+/// Ask the broker for the watermarks of the assigned partitions once a second, until cancelled.
+/// The calls block, so they run on the blocking pool, one round at a time.
 pub async fn monitor(
     progress: std::sync::Arc<Progress>,
     client: BaseConsumer,
     topic: String,
-    db: vitals_store::audit::AuditLog,
     cancel: CancellationToken,
 ) {
     let client = std::sync::Arc::new(client);
-    let mut offsets = BTreeMap::new();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-        let read = tokio::time::timeout(Duration::from_secs(2), db.group_offsets()).await;
-        let fresh = matches!(read, Ok(Ok(_)));
-        if let Ok(Ok(o)) = read {
-            offsets = o;
-        }
+        let parts = progress.partitions();
         let (c, t, pr) = (client.clone(), topic.clone(), progress.clone());
         let round = tokio::task::spawn_blocking(move || {
-            let mut marks = BTreeMap::new();
-            let parts = vitals_runtime::kafka::partitions(&*c, &t, Duration::from_secs(2)).unwrap_or_else(|e| {
-                tracing::debug!(error = %e, "cannot read the topic's partitions");
-                pr.partitions()
-            });
             for p in parts {
                 match c.fetch_watermarks(&t, p, Duration::from_secs(2)) {
-                    Ok((low, high)) => {
-                        pr.watermarks(p, low, high);
-                        marks.insert(p, (low, high));
-                    }
+                    Ok((low, high)) => pr.watermarks(p, low, high),
                     Err(e) => tracing::debug!(partition = p, error = %e, "cannot fetch watermarks"),
                 }
             }
-            marks
         });
-        if let Ok(marks) = round.await {
-            if !marks.is_empty() && (fresh || !offsets.is_empty()) {
-                let lag = group_lag(&offsets, &marks);
-                progress.group_lag.store(lag, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
+        let _ = round.await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_groups_lag_counts_every_partition_whoever_holds_it() {
-        let offsets: BTreeMap<i32, i64> = [(0, 100), (1, 50)].into();
-        let marks: BTreeMap<i32, (i64, i64)> = [(0, (0, 150)), (1, (0, 50)), (2, (10, 30))].into();
-        // 50 behind on 0, none on 1, and 20 on 2, which no processor has claimed yet.
-        assert_eq!(group_lag(&offsets, &marks), 70);
-        // Offsets read before the watermarks: never ahead of them, so nothing is clamped away.
-        assert_eq!(group_lag(&[(0, 140)].into(), &[(0, (0, 150))].into()), 10);
-    }
 
     #[test]
     fn lag_comes_from_the_committed_offset_and_a_partition_without_commits_stalls() {

@@ -10,12 +10,17 @@
 //! socket once the shard says the stream ended; the shard shares the socket and writes to it
 //! without waiting (`try_write`).
 //!
-//! A client whose socket is full gets its frames queued; one more than `client_buffer` events
-//! behind gets a `lagged` event whose id resumes it, and its stream ends (so a slow client
-//! never slows the others). Every second a shard sends keep-alive comments to clients that had
+//! A client whose socket is full gets its frames queued — the shared frames themselves (the
+//! ring's and the live feed's `Bytes`), not copies, so a queued event costs a handle, not its
+//! bytes; one more than `client_buffer` events behind gets a `lagged` event whose id resumes it,
+//! and its stream ends (so a slow client never slows the others). A replay longer than
+//! `client_buffer` events is cut there the same way (the hub's `attach`): what one client can
+//! hold is bounded, replay included. Every second a shard sends keep-alive comments to clients that had
 //! nothing for 15 s, and ends streams past their lifetime with a `reconnect` event.
 
 use super::protocol::{self, Filter, Item, KEEP_ALIVE, KEEP_ALIVE_COMMENT};
+use axum::body::Bytes;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -38,8 +43,9 @@ pub struct RawClient {
 }
 
 enum Cmd {
-    /// A client and its first bytes (response head, `ready`, the replay).
-    Attach(Box<RawClient>, Vec<u8>),
+    /// A client, its first frames (response head with `ready`, the replay) and whether they
+    /// end its stream (a replay cut with `lagged`).
+    Attach(Box<RawClient>, Vec<Bytes>, bool),
     Event(Arc<Item>),
     Close,
 }
@@ -82,11 +88,12 @@ impl Fanout {
         self.clients.load(Ordering::Relaxed)
     }
 
-    /// Hand a client to a shard; `first` goes out before any later event.
-    pub fn attach(&self, client: Box<RawClient>, first: Vec<u8>) {
+    /// Hand a client to a shard; `first` goes out before any later event, and ends the stream
+    /// if `last` says so.
+    pub fn attach(&self, client: Box<RawClient>, first: Vec<Bytes>, last: bool) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len();
         self.clients.fetch_add(1, Ordering::Relaxed);
-        if self.shards[i].send(Cmd::Attach(client, first)).is_err() {
+        if self.shards[i].send(Cmd::Attach(client, first, last)).is_err() {
             self.clients.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -113,8 +120,9 @@ impl Drop for Fanout {
 
 struct Client {
     c: RawClient,
-    /// Bytes the socket did not take yet, in order.
-    queued: Vec<u8>,
+    /// What the socket did not take yet, in order: shared frames, and the unwritten rest of
+    /// the first one.
+    queued: VecDeque<Bytes>,
     /// Events in `queued` (reset when it empties).
     queued_events: usize,
     /// A last event (`lagged`, `reconnect`) is written or queued: end once `queued` empties.
@@ -124,20 +132,23 @@ struct Client {
     dead: bool,
 }
 
+/// Frames written to a socket in one call, at most.
+const WRITE_BATCH: usize = 64;
+
 impl Client {
     /// Write `bytes` after anything queued; what the socket does not take is queued.
-    fn put(&mut self, bytes: &[u8]) {
+    fn put(&mut self, bytes: Bytes) {
         if !self.queued.is_empty() {
-            self.queued.extend_from_slice(bytes);
+            self.queued.push_back(bytes);
             return;
         }
-        match self.c.sock.try_write(bytes) {
+        match self.c.sock.try_write(&bytes) {
             Ok(n) if n == bytes.len() => self.sent = true,
             Ok(n) => {
                 self.sent = true;
-                self.queued.extend_from_slice(&bytes[n..]);
+                self.queued.push_back(bytes.slice(n..));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.queued.extend_from_slice(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.queued.push_back(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => self.put(bytes),
             Err(_) => self.dead = true,
         }
@@ -145,11 +156,26 @@ impl Client {
 
     fn flush(&mut self) {
         while !self.queued.is_empty() && !self.dead {
-            match self.c.sock.try_write(&self.queued) {
+            let slices: Vec<std::io::IoSlice<'_>> = self
+                .queued
+                .iter()
+                .take(WRITE_BATCH)
+                .map(|b| std::io::IoSlice::new(b))
+                .collect();
+            match self.c.sock.try_write_vectored(&slices) {
                 Ok(0) => self.dead = true,
-                Ok(n) => {
+                Ok(mut n) => {
                     self.sent = true;
-                    self.queued.drain(..n);
+                    while n > 0 {
+                        let Some(front) = self.queued.front_mut() else { break };
+                        if n >= front.len() {
+                            n -= front.len();
+                            self.queued.pop_front();
+                        } else {
+                            *front = front.slice(n..);
+                            n = 0;
+                        }
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -169,9 +195,8 @@ impl Client {
         let wanted = self.c.filter.wants(item);
         if wanted && !self.queued.is_empty() && self.queued_events >= buffer {
             let missed = self.queued_events;
-            let lagged = protocol::lagged(&self.c.last_id, missed as u64);
             // Its id is the position before this event, which is not sent.
-            self.queued.extend_from_slice(&lagged);
+            self.queued.push_back(protocol::lagged(&self.c.last_id, missed as u64));
             self.closing = true;
             return true;
         }
@@ -180,7 +205,7 @@ impl Client {
             return !self.queued.is_empty();
         }
         let was_queued = !self.queued.is_empty();
-        self.put(&item.frame);
+        self.put(item.frame.clone());
         if was_queued || !self.queued.is_empty() {
             self.queued_events += 1;
         }
@@ -258,11 +283,11 @@ impl Shard {
                     c.flush();
                     if house && !c.closing && now >= c.c.ends_at {
                         let last = protocol::reconnect(&c.c.last_id);
-                        c.put(&last);
+                        c.put(last);
                         c.closing = true;
                     }
                     if beat && !std::mem::take(&mut c.sent) && !c.closing {
-                        c.put(KEEP_ALIVE_COMMENT);
+                        c.put(Bytes::from_static(KEEP_ALIVE_COMMENT));
                     }
                     self.queued |= !c.queued.is_empty();
                 }
@@ -274,16 +299,22 @@ impl Shard {
     /// Take a command; false on `Close`.
     fn take(&mut self, cmd: Cmd) -> bool {
         match cmd {
-            Cmd::Attach(c, first) => {
+            Cmd::Attach(c, first, last) => {
                 let mut c = Client {
                     c: *c,
-                    queued: Vec::new(),
-                    queued_events: 0,
-                    closing: false,
+                    queued: VecDeque::new(),
+                    // The replay counts against the buffer like live events.
+                    queued_events: first.len().saturating_sub(1),
+                    closing: last,
                     sent: false,
                     dead: false,
                 };
-                c.put(&first);
+                for f in first {
+                    c.put(f);
+                }
+                if c.queued.is_empty() {
+                    c.queued_events = 0;
+                }
                 self.queued |= !c.queued.is_empty();
                 self.clients.push(c);
             }
@@ -332,7 +363,7 @@ mod tests {
             kind: "health_changed",
             pool: "p".into(),
             endpoint: Some("e".into()),
-            frame: axum::body::Bytes::from(format!(
+            frame: Bytes::from(format!(
                 "event: health_changed\nid: {id}\ndata: {{\"n\":{offset},\"pad\":\"{}\"}}\n\n",
                 "x".repeat(1000)
             )),
@@ -376,7 +407,8 @@ mod tests {
                 gone: Arc::default(),
                 ended,
             }),
-            b"head\n\n".to_vec(),
+            vec![Bytes::from_static(b"head\n\n")],
+            false,
         );
         (reader, ended_rx, sock)
     }

@@ -123,6 +123,8 @@ async fn recv(mut rx: Feed) -> (Result<Arc<Item>, broadcast::error::RecvError>, 
 /// delivery is one wake-up of the connection's task, with no timer or lock of its own.
 pub struct HubFeed {
     ready: Option<String>,
+    /// Wanted events beyond the replay the client may hold: `lagged` after the replay.
+    cut: Option<u64>,
     /// An event right after `ready` (a `reset`).
     notice: Option<Bytes>,
     replay: VecDeque<Arc<Item>>,
@@ -148,6 +150,7 @@ impl HubFeed {
     ) -> HubFeed {
         HubFeed {
             notice,
+            cut: sub.cut,
             last_id: sub.ready_id.clone(),
             replay: sub.replay.into(),
             rx: ReusableBoxFuture::new(recv(sub.rx)),
@@ -183,6 +186,10 @@ impl Stream for HubFeed {
             if let Some(e) = this.event(&item) {
                 return Poll::Ready(Some(e));
             }
+        }
+        if let Some(missed) = this.cut.take() {
+            this.ended = true;
+            return Poll::Ready(Some(protocol::lagged(&this.last_id, missed)));
         }
         if this.lifetime.poll_due(cx) {
             this.ended = true;

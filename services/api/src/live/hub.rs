@@ -7,7 +7,7 @@
 //! never slows the others.
 
 use super::fanout::{Fanout, RawClient};
-use super::protocol::{self, encode_positions, Decoder, Item, Positions, RAW_HEAD};
+use super::protocol::{self, encode_positions, Decoder, Filter, Item, Positions, RAW_HEAD};
 use crate::metrics::Metrics;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
@@ -38,6 +38,8 @@ pub struct Hub {
     /// A query of the topic's end is under way.
     asking_end: std::sync::atomic::AtomicBool,
     ring_capacity: usize,
+    /// Events one client may have waiting, its replay included.
+    client_buffer: usize,
     started: watch::Sender<bool>,
     /// The streams written by the live-stream threads (`fanout.rs`).
     fanout: Fanout,
@@ -46,8 +48,29 @@ pub struct Hub {
 /// What a client starts from: the `ready` id, the events to replay, and the live feed.
 pub struct Subscription {
     pub ready_id: String,
+    /// The ring's events from where the client starts, as far as `cut` allows.
     pub replay: Vec<Arc<Item>>,
+    /// Events the client wants beyond the replay it may hold (`--stream-client-buffer`): it
+    /// ends with `lagged` after the replay, and resumes from there.
+    pub cut: Option<u64>,
     pub rx: broadcast::Receiver<Arc<Item>>,
+}
+
+/// How much of `replay` a client that wants `filter` may hold: the number of events to replay
+/// (wanted or not) so that at most `buffer` wanted ones are in it, and how many wanted ones are
+/// left out (None: none).
+pub fn cut(replay: &[Arc<Item>], filter: &Filter, buffer: usize) -> (usize, Option<u64>) {
+    let mut wanted = 0usize;
+    for (i, item) in replay.iter().enumerate() {
+        if filter.wants(item) {
+            if wanted == buffer {
+                let missed = replay[i..].iter().filter(|it| filter.wants(it)).count();
+                return (i, Some(missed as u64));
+            }
+            wanted += 1;
+        }
+    }
+    (replay.len(), None)
 }
 
 impl Hub {
@@ -61,6 +84,7 @@ impl Hub {
                 decoder: Decoder::default(),
                 tx: Some(broadcast::channel(client_buffer.max(1)).0),
             }),
+            client_buffer: client_buffer.max(1),
             reader: Mutex::new(None),
             end: watch::channel(None).0,
             asking_end: std::sync::atomic::AtomicBool::new(false),
@@ -157,12 +181,15 @@ impl Hub {
     /// A client from `from` (its `Last-Event-ID`, or the end of the topic): the events of the ring
     /// at or after it, then the live feed. None if the ring does not reach back that far (serve
     /// it from Kafka).
-    pub fn subscribe(&self, from: &Positions) -> Option<Subscription> {
+    pub fn subscribe(&self, filter: &Filter) -> Option<Subscription> {
         let inner = self.lock();
-        let replay = Self::replay(&inner, from)?;
+        let mut replay = Self::replay(&inner, &filter.from)?;
+        let (upto, cut) = cut(&replay, filter, self.client_buffer);
+        replay.truncate(upto);
         Some(Subscription {
-            ready_id: encode_positions(from),
+            ready_id: encode_positions(&filter.from),
             replay,
+            cut,
             // After `close`, a feed that ends at once.
             rx: inner
                 .tx
@@ -198,19 +225,25 @@ impl Hub {
             return Err(client);
         };
         client.last_id = encode_positions(&client.filter.from);
-        let mut first = RAW_HEAD.to_vec();
-        first.extend_from_slice(&protocol::ready(&client.last_id));
+        let mut head = RAW_HEAD.to_vec();
+        head.extend_from_slice(&protocol::ready(&client.last_id));
         if let Some(n) = notice {
-            first.extend_from_slice(&n);
+            head.extend_from_slice(&n);
         }
-        for item in &replay {
+        // The ring's own frames, not copies; at most a client buffer of them.
+        let (upto, missed) = cut(&replay, &client.filter, self.client_buffer);
+        let mut first = vec![axum::body::Bytes::from(head)];
+        for item in &replay[..upto] {
             client.last_id.clone_from(&item.id);
             if client.filter.wants(item) {
-                first.extend_from_slice(&item.frame);
+                first.push(item.frame.clone());
             }
         }
+        if let Some(missed) = missed {
+            first.push(protocol::lagged(&client.last_id, missed));
+        }
         // Under the lock, like `take`'s sends: the writer gets every later event after these.
-        self.fanout.attach(client, first);
+        self.fanout.attach(client, first, missed.is_some());
         Ok(())
     }
 
@@ -349,7 +382,12 @@ mod tests {
         let hub = Hub::new(3, 2, 1);
         let metrics = Metrics::default();
         hub.lock().base.insert(0, 0);
-        let mut slow = hub.subscribe(&[(0, 0)].into()).unwrap();
+        let from = |p: Positions| Filter {
+            from: p,
+            pool: None,
+            endpoint: None,
+        };
+        let mut slow = hub.subscribe(&from([(0, 0)].into())).unwrap();
         for seq in 1..=5 {
             hub.take(0, seq - 1, &change(seq), &metrics);
         }
@@ -358,15 +396,41 @@ mod tests {
         assert_eq!(hub.lock().ring.len(), 3, "bounded");
         // Inside the ring: from offset 3 on.
         let at: Positions = [(0, 3)].into();
-        let sub = hub.subscribe(&at).unwrap();
+        let sub = hub.subscribe(&from(at)).unwrap();
         assert_eq!(sub.replay.iter().map(|i| i.offset).collect::<Vec<_>>(), [3, 4]);
         // Behind the ring (offset 1 was evicted): not from here.
-        assert!(hub.subscribe(&[(0, 1)].into()).is_none());
+        assert!(hub.subscribe(&from([(0, 1)].into())).is_none());
         // The slow receiver held 2 of 5: it lagged.
         assert!(matches!(
             slow.rx.try_recv(),
             Err(broadcast::error::TryRecvError::Lagged(3))
         ));
         assert_eq!(hub.lock().positions.get(&0), Some(&6));
+    }
+
+    #[test]
+    fn a_replay_longer_than_the_client_buffer_is_cut_and_says_how_many_it_left_out() {
+        // A ring of 10 and a client buffer of 4: a resume from the ring's start holds 4 events.
+        let hub = Hub::new(10, 4, 1);
+        let metrics = Metrics::default();
+        hub.lock().base.insert(0, 0);
+        for seq in 1..=10 {
+            hub.take(0, seq - 1, &change(seq), &metrics);
+        }
+        let all = Filter {
+            from: [(0, 0)].into(),
+            pool: None,
+            endpoint: None,
+        };
+        let sub = hub.subscribe(&all).unwrap();
+        assert_eq!(sub.replay.iter().map(|i| i.offset).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(sub.cut, Some(6));
+        // One that wants another pool: nothing to hold, nothing cut.
+        let other = Filter {
+            pool: Some("other".into()),
+            ..all
+        };
+        let (upto, missed) = cut(&hub.subscribe(&other).unwrap().replay, &other, 4);
+        assert_eq!((upto, missed), (10, None));
     }
 }

@@ -132,7 +132,7 @@ pub async fn stream(
         ends_at,
         notice,
     } = open(&app, &headers, peer, &q).await?;
-    if let Some(sub) = app.hub.subscribe(&filter.from) {
+    if let Some(sub) = app.hub.subscribe(&filter) {
         return Ok(sse_response(HubFeed::new(sub, filter, ends_at, slot, notice)));
     }
     // Further back than the ring: a consumer of its own, from the client's positions.

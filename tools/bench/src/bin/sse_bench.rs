@@ -29,6 +29,12 @@ struct Args {
     /// the HTTP server (the hub's broadcast), not by the live-stream writers.
     #[arg(long)]
     kept_alive: bool,
+    /// Instead of timing deliveries: fill the ring with this many changes, then open
+    /// `--clients` streams from 50 loopback addresses that resume from the topic's start
+    /// (`Last-Event-ID: 0:0,…`) and never read, and print the API's memory (the resume flood of
+    /// issue 28).
+    #[arg(long, default_value_t = 0)]
+    resume_flood: usize,
 }
 
 /// What a client sends on a kept-alive connection (`--kept-alive`): a request before the stream.
@@ -257,6 +263,9 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let idle = rss_kb(pid);
+    if args.resume_flood > 0 {
+        return resume_flood(&args, &topics, port, pid, idle).await;
+    }
     eprintln!("API up, RSS {idle} kB; connecting {} clients", args.clients);
     let shared = Arc::new(Shared::default());
     let t = Instant::now();
@@ -407,5 +416,93 @@ async fn main() -> anyhow::Result<()> {
         clients_cpu * 1e6 / lat.len().max(1) as f64
     );
     drop(api);
+    Ok(())
+}
+
+/// The resume flood: the ring filled, then `args.clients` streams from 50 addresses resuming
+/// from the topic's start, none reading. Prints the API's memory before and after.
+async fn resume_flood(args: &Args, topics: &stack::Topics, port: u16, pid: u32, idle: u64) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    // A reader of the live feed, to know when the API holds every change.
+    let mut live = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    live.write_all(REQUEST)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut seen = Vec::new();
+    while memchr::memmem::find(&seen, b"event: ready").is_none() {
+        let n = live.read(&mut buf)?;
+        anyhow::ensure!(n > 0, "the live stream ended");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let p: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", stack::brokers())
+        .create()?;
+    let mut sends = Vec::with_capacity(args.resume_flood);
+    for i in 0..args.resume_flood {
+        let h = HealthChanged {
+            reason: format!("flood {i}: a reason of a realistic length, with the thresholds it crossed"),
+            stream_time: now_us(),
+            ..vitals_testkit::health_changed(
+                "bench",
+                &format!("e{}", i % 500),
+                1 + (i / 500) as i64,
+                HealthState::Degraded,
+            )
+        };
+        let (key, bytes) = (format!("bench/e{}", i % 500), encode(&h)?);
+        sends.push(
+            p.send_result(FutureRecord::to(&topics.changes).key(&key).payload(&bytes))
+                .map_err(|(e, _)| e)?,
+        );
+    }
+    for s in sends {
+        let _ = s.await;
+    }
+    let mut events = 0;
+    let mut tail = Vec::new();
+    while events < args.resume_flood {
+        let n = live.read(&mut buf)?;
+        anyhow::ensure!(n > 0, "the live stream ended after {events} events");
+        tail.extend_from_slice(&buf[..n]);
+        events += memchr::memmem::find_iter(&tail, b"event: health_changed").count();
+        let keep = tail.len().saturating_sub(32);
+        tail.drain(..keep);
+    }
+    let filled = rss_kb(pid);
+    eprintln!(
+        "ring filled with {events} changes: API RSS {filled} kB; {} resuming streams from 50 addresses…",
+        args.clients
+    );
+    let resume = format!(
+        "GET /v1/stream HTTP/1.1\r\nHost: bench\r\nLast-Event-ID: {}\r\n\r\n",
+        (0..topics.partitions)
+            .map(|p| format!("{p}:0"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut held = Vec::with_capacity(args.clients);
+    for i in 0..args.clients {
+        let ip = std::net::Ipv4Addr::new(127, 0, 0, 1 + (i % 50) as u8);
+        let sock = tokio::net::TcpSocket::new_v4()?;
+        sock.set_recv_buffer_size(4096)?;
+        sock.bind((ip, 0).into())?;
+        let mut s = sock.connect(([127, 0, 0, 1], port).into()).await?;
+        tokio::io::AsyncWriteExt::write_all(&mut s, resume.as_bytes()).await?;
+        held.push(s);
+    }
+    // Memory grows while the writers fill what the sockets take; the peak over ten seconds.
+    let mut peak = rss_kb(pid);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        peak = peak.max(rss_kb(pid));
+    }
+    println!(
+        "resume flood: {} streams resuming from the start of a ring of {events} changes, none reading",
+        held.len()
+    );
+    println!(
+        "  API memory: {idle} kB idle, {filled} kB with the ring, peak {peak} kB with the streams: {:.1} kB per stream",
+        peak.saturating_sub(filled) as f64 / held.len().max(1) as f64
+    );
+    drop(held);
     Ok(())
 }
