@@ -461,19 +461,15 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
     }
     if let Some(end) = last_fault_end {
         let out_at_end = faulty.iter().any(|&e| routes[e].weight == 0.0);
-        score.restore = match (ever_out, out_at_end, back_at) {
-            (false, _, _) => None,
-            (true, true, _) => Some(Err(s.duration - end)),
-            (true, false, Some(b)) => Some(Ok((b - end).max(0))),
-            (true, false, None) => Some(Ok(0)),
-        };
         let lowered_at_end = faulty.iter().any(|&e| routes[e].weight < 1.0);
-        score.full_weight = match (ever_lowered, lowered_at_end, full_at) {
+        let after = |ever: bool, at_end: bool, back: Option<Micros>| match (ever, at_end, back) {
             (false, _, _) => None,
             (true, true, _) => Some(Err(s.duration - end)),
             (true, false, Some(b)) => Some(Ok((b - end).max(0))),
             (true, false, None) => Some(Ok(0)),
         };
+        score.restore = after(ever_out, out_at_end, back_at);
+        score.full_weight = after(ever_lowered, lowered_at_end, full_at);
     }
     score
 }
