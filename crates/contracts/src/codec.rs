@@ -93,6 +93,11 @@ const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
     ),
     (
         SchemaKind::PolicyChange,
+        include_str!("../../../schemas/policy_change.v2.avsc"),
+        false,
+    ),
+    (
+        SchemaKind::PolicyChange,
         include_str!("../../../schemas/policy_change.v1.avsc"),
         false,
     ),

@@ -217,6 +217,9 @@ pub struct Policy {
     pub peer_failure_z: f64,
     /// How far an endpoint's failure rate must lie above its peers' to make it an outlier.
     pub peer_failure_margin: f64,
+    /// The most endpoints the pool may hold (version 3). A signal naming one more is refused
+    /// and dead-lettered with the reason `pool_full`; the endpoints it holds stay.
+    pub max_endpoints: i32,
 }
 
 impl Default for Policy {
@@ -257,6 +260,7 @@ impl Default for Policy {
             rate_limited_share: 0.25,
             peer_failure_z: 2.0,
             peer_failure_margin: 0.05,
+            max_endpoints: 1_000,
         }
     }
 }

@@ -213,6 +213,10 @@ fn span(field: &'static str, v: i64, lo: i64, hi: i64) -> Result<(), ValidationE
     Ok(())
 }
 
+/// The most endpoints a policy may let one pool hold. An engine keeps about 1 kB per endpoint
+/// and a pool's decisions look at all of its endpoints, so a pool this large is already a fleet.
+pub const MAX_POOL_ENDPOINTS: i32 = 100_000;
+
 fn count(field: &'static str, v: i32, hi: i32) -> Result<(), ValidationError> {
     if v < 1 || v > hi {
         return Err(bad(field, format!("{v} is not within 1..={hi}")));
@@ -311,6 +315,7 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
     fraction("policy.rate_limited_share", p.rate_limited_share, 0.0, 1.0)?;
     fraction("policy.peer_failure_z", p.peer_failure_z, 0.0, 10.0)?;
     fraction("policy.peer_failure_margin", p.peer_failure_margin, 0.0, 1.0)?;
+    count("policy.max_endpoints", p.max_endpoints, MAX_POOL_ENDPOINTS)?;
     Ok(())
 }
 
@@ -438,6 +443,11 @@ mod tests {
             ),
             ("policy.peer_failure_z", Box::new(|p| p.peer_failure_z = -1.0)),
             ("policy.peer_failure_margin", Box::new(|p| p.peer_failure_margin = 2.0)),
+            ("policy.max_endpoints", Box::new(|p| p.max_endpoints = 0)),
+            (
+                "policy.max_endpoints",
+                Box::new(|p| p.max_endpoints = MAX_POOL_ENDPOINTS + 1),
+            ),
         ];
         for (field, mutate) in cases {
             let mut p = Policy::default();

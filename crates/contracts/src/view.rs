@@ -362,14 +362,23 @@ mod tests {
 // The HTTP API's answers, typed on both sides: the API serializes them and the command-line
 // tool reads them, so a renamed field fails to compile instead of printing `?`.
 
-/// A pool with its endpoints.
+/// A pool with a page of its endpoints (in name order) and counts over all of them.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolHealth {
     pub pool: String,
+    /// A page of the pool's endpoints: see `next_after`.
     pub endpoints: Vec<EndpointHealth>,
+    /// Endpoints healthy, of all the pool holds (not only this page).
     pub healthy: usize,
+    /// Endpoints the pool holds.
     pub total: usize,
+    /// How many of the pool's endpoints are in each state (states with none are left out).
+    #[serde(default)]
+    pub by_state: std::collections::BTreeMap<String, usize>,
+    /// More endpoints follow: pass as `after` to `GET /v1/pools/{pool}` for the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
     /// Panic mode (routing over every endpoint), from the pool's latest decision.
     pub panic: bool,
     /// A correlated outage suspected, from the pool's latest decision.

@@ -420,11 +420,11 @@ proptest! {
 #[test]
 fn the_fuzz_target_covers_every_schema_version() {
     let known = codec::known_schemas();
-    assert_eq!(known.len(), 11, "{known:?}");
+    assert_eq!(known.len(), 12, "{known:?}");
     assert_eq!(
         known.iter().filter(|k| !k.2).count(),
-        3,
-        "three older versions (CallOutcome v1 and v2, PolicyChange v1)"
+        4,
+        "four older versions (CallOutcome v1 and v2, PolicyChange v1 and v2)"
     );
 }
 
@@ -484,4 +484,39 @@ fn records_of_the_previous_versions_decode_with_the_new_fields_defaulted() {
     bytes.extend_from_slice(&fingerprint(&v1).to_le_bytes());
     bytes.extend(to_avro_datum(&v1, value).unwrap());
     assert_eq!(decode_signal(&bytes).unwrap(), Signal::Policy(change));
+}
+
+/// A version-2 policy change (no endpoint cap) decodes with the default cap of 1,000.
+#[test]
+fn a_version_2_policy_change_decodes_with_the_default_endpoint_cap() {
+    let v2 = Schema::parse_str(include_str!("../../../schemas/policy_change.v2.avsc")).unwrap();
+    let policy = Policy {
+        version: 7,
+        ..Policy::default()
+    };
+    let change = PolicyChange {
+        change_id: "pc-2".into(),
+        pool: "p".into(),
+        actor: "ops".into(),
+        issued_at: 1_600_000_000_000_000,
+        policy: policy.clone(),
+    };
+    let mut fields = match apache_avro::to_value(&change).unwrap() {
+        Value::Record(f) => f,
+        v => panic!("not a record: {v:?}"),
+    };
+    for (name, v) in fields.iter_mut() {
+        if let (true, Value::Record(p)) = (name == "policy", v) {
+            p.retain(|(n, _)| n != "max_endpoints");
+        }
+    }
+    let value = Value::Record(fields).resolve(&v2).unwrap();
+    let mut bytes = vec![0xC3, 0x01];
+    bytes.extend_from_slice(&fingerprint(&v2).to_le_bytes());
+    bytes.extend(to_avro_datum(&v2, value).unwrap());
+    let Signal::Policy(decoded) = decode_signal(&bytes).unwrap() else {
+        panic!("not a policy change")
+    };
+    assert_eq!(decoded.policy.max_endpoints, 1_000);
+    assert_eq!(decoded, change);
 }

@@ -85,11 +85,17 @@ impl Engine {
     /// names an endpoint the engine had not seen, its first state is returned (healthy, at full
     /// weight, before any transition): the state projection and the compacted state topic
     /// learn every member of a pool from it.
+    ///
+    /// A signal the engine refuses (see [`Engine::refusal`]) changes nothing, not even the
+    /// stream time: the processor dead-letters it.
     pub fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) -> Option<EndpointState> {
         let first_seen = match (signal.pool(), signal.endpoint()) {
             (Some(pool), Some(ep)) => self.pools.get(pool).is_none_or(|p| p.endpoint(ep).is_none()),
             _ => false,
         };
+        if first_seen && self.refusal(signal).is_some() {
+            return None;
+        }
         self.apply_signal(at, signal, out);
         if !first_seen {
             return None;
@@ -97,6 +103,25 @@ impl Engine {
         let (pool, ep) = (signal.pool()?, signal.endpoint()?);
         let p = self.pools.get(pool).filter(|p| p.endpoint(ep).is_some())?;
         Some(EndpointState::first_seen(pool, ep, self.now, p.policy().version))
+    }
+
+    /// Why the engine refuses a signal, if it does: the signal names an endpoint its pool does
+    /// not hold while the pool already holds its policy's `max_endpoints`. The endpoints the pool
+    /// holds go on (a policy lowering the cap removes none of them).
+    pub fn refusal(&self, signal: &Signal) -> Option<String> {
+        let (name, ep) = (signal.pool()?, signal.endpoint()?);
+        let pool = self.pools.get(name)?;
+        if pool.endpoint(ep).is_some() {
+            return None;
+        }
+        let cap = pool.policy().max_endpoints.max(1);
+        (i64::from(pool.total()) >= i64::from(cap)).then(|| {
+            format!(
+                "pool {name:?} holds {} endpoints, the most its policy allows (max_endpoints {cap}): \
+                 endpoint {ep:?} is not added",
+                pool.total()
+            )
+        })
     }
 
     fn apply_signal(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {

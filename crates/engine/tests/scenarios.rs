@@ -445,6 +445,70 @@ fn policy_change_from_the_log_changes_thresholds() {
     assert_eq!((last.to_state, last.policy_version), (HealthState::Unhealthy, 7));
 }
 
+/// A pool holds at most its policy's `max_endpoints`: a signal naming one more is refused and
+/// changes nothing (not even stream time), while the endpoints it holds go on being judged, and
+/// an operator override for an unknown endpoint is refused the same way.
+#[test]
+fn a_pool_at_its_endpoint_cap_refuses_new_endpoints_and_keeps_judging_the_rest() {
+    let mut r = Run::new();
+    let policy = Policy {
+        version: 2,
+        max_endpoints: 2,
+        ..Policy::default()
+    };
+    r.at(
+        0,
+        Signal::Policy(PolicyChange {
+            change_id: "pc-cap".into(),
+            pool: "p".into(),
+            actor: "carol".into(),
+            issued_at: T0,
+            policy,
+        }),
+    );
+    assert!(r
+        .engine
+        .refusal(&call("p", "a", 0, OutcomeClass::Success, None))
+        .is_none());
+    r.at(SEC, call("p", "a", 0, OutcomeClass::Success, None));
+    r.at(SEC, call("p", "b", 0, OutcomeClass::Success, None));
+    let third = call("p", "c", 0, OutcomeClass::ConnectError, None);
+    let why = r.engine.refusal(&third).expect("a third endpoint is refused");
+    assert!(why.contains("max_endpoints 2") && why.contains("\"c\""), "{why}");
+    let mut out = Vec::new();
+    assert_eq!(r.engine.apply(T0 + 5 * SEC, &third, &mut out), None);
+    assert!(out.is_empty());
+    assert_eq!(r.engine.now(), T0 + SEC, "a refused signal does not move stream time");
+    assert!(r.engine.pool("p").unwrap().endpoint("c").is_none());
+    assert_eq!(r.engine.pool("p").unwrap().total(), 2);
+    // Known endpoints are not refused, and another pool has its own cap.
+    assert!(r
+        .engine
+        .refusal(&call("p", "a", 1, OutcomeClass::ServerError, None))
+        .is_none());
+    assert!(r
+        .engine
+        .refusal(&call("q", "c", 0, OutcomeClass::Success, None))
+        .is_none());
+    let force = Signal::Override(OperatorOverride {
+        override_id: "o-1".into(),
+        pool: "p".into(),
+        endpoint: "z".into(),
+        action: OverrideAction::ForceUnhealthy,
+        actor: "carol".into(),
+        reason: "test".into(),
+        issued_at: T0,
+    });
+    assert!(r.engine.refusal(&force).is_some());
+    for i in 1..=5 {
+        r.at(
+            SEC + i * 100 * MS,
+            call("p", "a", i as u64, OutcomeClass::ConnectError, None),
+        );
+    }
+    assert_eq!(r.state_of("p", "a"), HealthState::Unhealthy);
+}
+
 /// Seed 004: latency far above the pool's peers is a health signal.
 #[test]
 fn latency_far_above_peers_degrades() {

@@ -108,6 +108,12 @@ impl Partition {
             }
             return true;
         }
+        if let Some(why) = self.engine.refusal(&signal) {
+            if !replay {
+                out.dead_letter(topics, partition, offset, key, payload, "pool_full", &why);
+            }
+            return true;
+        }
         let first = self.engine.apply(at, &signal, &mut self.decisions);
         if replay {
             self.decisions.clear();
@@ -186,6 +192,42 @@ mod tests {
             retry_after_ms: None,
         }))
         .unwrap()
+    }
+
+    /// Beyond the pool's `max_endpoints`, a signal naming a new endpoint goes to the dead-letter
+    /// topic with the reason, and the pool's endpoints are unchanged; a replay does it again.
+    #[test]
+    fn a_new_endpoint_beyond_the_pools_cap_is_dead_lettered_with_the_reason() {
+        let engine = Engine::new(Policy {
+            max_endpoints: 2,
+            ..Policy::default()
+        });
+        let mut p = Partition::new(0, 1, engine, None, None);
+        let mut out = BatchWrite::default();
+        let t = topics();
+        let ts = Some(1_700_000_000_000);
+        for (i, ep) in ["a", "b", "c", "a"].iter().enumerate() {
+            p.step(
+                i as i64,
+                ts,
+                Some(b"p"),
+                Some(&call(ep, i as u64, OutcomeClass::Success)),
+                &t,
+                &mut out,
+            );
+        }
+        assert_eq!(out.dead_lettered, 1);
+        assert_eq!(out.discovered.len(), 2);
+        let dlq: Vec<&OutboxRow> = out.outbox.iter().filter(|r| r.topic == "d").collect();
+        assert_eq!(dlq.len(), 1);
+        assert_eq!(dlq[0].headers["vitals-error-code"], "pool_full");
+        assert_eq!(dlq[0].headers["vitals-origin-offset"], "2");
+        assert!(
+            dlq[0].headers["vitals-error"].contains("max_endpoints 2"),
+            "{:?}",
+            dlq[0].headers
+        );
+        assert_eq!(p.engine().pool("p").unwrap().total(), 2);
     }
 
     #[test]

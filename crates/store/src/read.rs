@@ -112,19 +112,57 @@ pub async fn last_transition(db: &PgPool, pool: &str, endpoint: &str) -> Result<
     row.as_ref().map(transition).transpose()
 }
 
-/// The current state of every endpoint of up to `limit` pools whose names sort after `after`,
-/// in (pool, endpoint) order.
-pub async fn pools_after(db: &PgPool, after: &str, limit: i64) -> Result<Vec<EndpointState>, StoreError> {
-    let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool IN
-           (SELECT DISTINCT pool FROM endpoint_state WHERE pool > $1 ORDER BY pool LIMIT $2)
-         ORDER BY pool, endpoint"
-    ))
+/// Up to `limit` pool names that sort after `after`, in name order. One index probe per pool
+/// (a loose index scan), however many endpoints each holds.
+pub async fn pool_names_after(db: &PgPool, after: &str, limit: i64) -> Result<Vec<String>, StoreError> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "WITH RECURSIVE p(pool, n) AS (
+           (SELECT pool, 1 FROM endpoint_state WHERE pool > $1 ORDER BY pool LIMIT 1)
+           UNION ALL
+           SELECT (SELECT e.pool FROM endpoint_state e WHERE e.pool > p.pool ORDER BY e.pool LIMIT 1), p.n + 1
+           FROM p WHERE p.pool IS NOT NULL AND p.n < $2
+         )
+         SELECT pool FROM p WHERE pool IS NOT NULL ORDER BY pool",
+    )
     .bind(after)
     .bind(limit)
     .fetch_all(db)
     .await?;
+    Ok(names)
+}
+
+/// The first `per_pool` endpoints (in name order) of each pool named, in (pool, endpoint) order.
+pub async fn first_endpoints(db: &PgPool, pools: &[String], per_pool: i64) -> Result<Vec<EndpointState>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM unnest($1::text[]) AS p(name)
+         CROSS JOIN LATERAL (SELECT * FROM endpoint_state e WHERE e.pool = p.name COLLATE \"C\"
+                             ORDER BY e.endpoint LIMIT $2) s
+         ORDER BY pool, endpoint"
+    ))
+    .bind(pools)
+    .bind(per_pool)
+    .fetch_all(db)
+    .await?;
     rows.iter().map(state).collect()
+}
+
+/// How many endpoints of each pool named are in each state: pool → state → count.
+pub async fn state_counts(
+    db: &PgPool,
+    pools: &[String],
+) -> Result<std::collections::HashMap<String, std::collections::BTreeMap<String, usize>>, StoreError> {
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT pool, state, count(*) FROM endpoint_state WHERE pool = ANY($1) GROUP BY pool, state")
+            .bind(pools)
+            .fetch_all(db)
+            .await?;
+    let mut out: std::collections::HashMap<String, std::collections::BTreeMap<String, usize>> = Default::default();
+    for (pool, state, n) in rows {
+        out.entry(pool)
+            .or_default()
+            .insert(state, usize::try_from(n).unwrap_or(0));
+    }
+    Ok(out)
 }
 
 /// A pool's policy in force and its version: the last policy change applied to it, else the
@@ -163,12 +201,19 @@ pub async fn pool_flags(
         .collect())
 }
 
-/// The current state of every endpoint of a pool, in endpoint order.
-pub async fn pool(db: &PgPool, pool: &str) -> Result<Vec<EndpointState>, StoreError> {
+/// Up to `limit` endpoints of a pool whose names sort after `after`, in endpoint order.
+pub async fn pool_endpoints(
+    db: &PgPool,
+    pool: &str,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<EndpointState>, StoreError> {
     let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 ORDER BY endpoint"
+        "SELECT {STATE_COLUMNS} FROM endpoint_state WHERE pool = $1 AND endpoint > $2 ORDER BY endpoint LIMIT $3"
     ))
     .bind(pool)
+    .bind(after)
+    .bind(limit)
     .fetch_all(db)
     .await?;
     rows.iter().map(state).collect()

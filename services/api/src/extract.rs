@@ -64,12 +64,23 @@ pub fn no_control(field: &str, value: &str) -> Result<(), ApiError> {
 
 /// An integer `limit` query parameter within 1..=max, or `default` when absent.
 pub fn limit_param(q: &std::collections::HashMap<String, String>, default: i64, max: i64) -> Result<i64, ApiError> {
-    match q.get("limit") {
+    int_param(q, "limit", default, 1, max)
+}
+
+/// An integer query parameter within `min..=max`, or its default; 400 naming it otherwise.
+pub fn int_param(
+    q: &std::collections::HashMap<String, String>,
+    name: &'static str,
+    default: i64,
+    min: i64,
+    max: i64,
+) -> Result<i64, ApiError> {
+    match q.get(name) {
         Some(v) => v
             .parse::<i64>()
             .ok()
-            .filter(|l| (1..=max).contains(l))
-            .ok_or_else(|| ApiError::invalid("limit", format!("must be an integer from 1 to {max}"))),
+            .filter(|l| (min..=max).contains(l))
+            .ok_or_else(|| ApiError::invalid(name, format!("must be an integer from {min} to {max}"))),
         None => Ok(default),
     }
 }

@@ -10,62 +10,66 @@ use vitals_contracts::view::{self, EndpointDetail, PoolHealth, PoolPage};
 use vitals_contracts::{EndpointState, HealthState};
 use vitals_store::read;
 
-/// Fill in the pools' flags from their latest decisions.
-async fn flag(app: &AppState, pools: &mut [PoolHealth]) -> Result<(), ApiError> {
-    let names: Vec<String> = pools.iter().map(|p| p.pool.clone()).collect();
-    let flags = read::pool_flags(&app.db, &names).await?;
-    for p in pools {
-        if let Some((panic, outage)) = flags.get(&p.pool) {
-            p.panic = *panic;
-            p.correlated_outage = *outage;
+/// Pools with their counts and flags, each with the endpoints given (in (pool, endpoint)
+/// order), `per_pool` of them at most; `next_after` is set on a pool that has more.
+async fn assemble(
+    app: &AppState,
+    names: &[String],
+    endpoints: Vec<EndpointState>,
+    per_pool: usize,
+) -> Result<Vec<PoolHealth>, ApiError> {
+    let mut counts = read::state_counts(&app.db, names).await?;
+    let flags = read::pool_flags(&app.db, names).await?;
+    let mut rows = endpoints.into_iter().peekable();
+    let mut pools = Vec::with_capacity(names.len());
+    for name in names {
+        let mut page = Vec::new();
+        while let Some(r) = rows.next_if(|r| &r.pool == name) {
+            page.push(view::EndpointHealth::from(r));
         }
+        let by_state = counts.remove(name).unwrap_or_default();
+        let total: usize = by_state.values().sum();
+        let next_after = (page.len() >= per_pool && total > page.len())
+            .then(|| page.last().map(|e| e.endpoint.clone()))
+            .flatten();
+        let (panic, correlated_outage) = flags.get(name).copied().unwrap_or_default();
+        pools.push(PoolHealth {
+            pool: name.clone(),
+            healthy: by_state.get(HealthState::Healthy.as_str()).copied().unwrap_or(0),
+            total,
+            by_state,
+            endpoints: page,
+            next_after,
+            panic,
+            correlated_outage,
+        });
     }
-    Ok(())
-}
-
-/// Endpoint states in (pool, endpoint) order, grouped by pool.
-fn group(rows: Vec<EndpointState>) -> Vec<PoolHealth> {
-    let mut pools: Vec<PoolHealth> = Vec::new();
-    for r in rows {
-        let healthy = usize::from(r.state == HealthState::Healthy);
-        let pool = r.pool.clone();
-        let e = view::EndpointHealth::from(r);
-        match pools.last_mut() {
-            Some(p) if p.pool == pool => {
-                p.endpoints.push(e);
-                p.healthy += healthy;
-            }
-            _ => pools.push(PoolHealth {
-                pool,
-                endpoints: vec![e],
-                healthy,
-                total: 0,
-                panic: false,
-                correlated_outage: false,
-            }),
-        }
-    }
-    for p in &mut pools {
-        p.total = p.endpoints.len();
-    }
-    pools
+    Ok(pools)
 }
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[allow(dead_code)] // documents the parameters
 pub struct PoolParams {
-    /// Pools per page, 1 to 1000 (default 100).
+    /// Pools per page, 1 to 1000 (default 100). A page also ends before its endpoints would
+    /// pass 5,000 in all, so it may hold fewer pools; follow `next_after`.
     limit: Option<i64>,
     /// Only pools whose name sorts after this one: the `next_after` of the previous page.
     after: Option<String>,
+    /// Endpoints listed per pool, 0 to 1000 (default 50); the counts cover all of them, and a
+    /// pool with more has its own `next_after` for `GET /v1/pools/{pool}`.
+    endpoints: Option<i64>,
 }
 
 const DEFAULT_POOLS: i64 = 100;
 const MAX_POOLS: i64 = 1000;
+const DEFAULT_POOL_ENDPOINTS: i64 = 50;
+const MAX_POOL_ENDPOINTS: i64 = 1000;
+/// The most endpoints one response lists (about 200 bytes each).
+pub const MAX_PAGE_ENDPOINTS: usize = 5_000;
 
 #[utoipa::path(get, path = "/v1/pools", tag = "health", params(PoolParams),
-    responses((status = 200, description = "A page of pools with their endpoints", body = PoolPage),
+    responses((status = 200, description = "A page of pools, each with counts by state and its first endpoints", body = PoolPage),
               (status = 400, description = "An invalid parameter", body = ErrorBody),
               (status = 401, description = "A token is required", body = ErrorBody),
               (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
@@ -76,22 +80,43 @@ pub async fn pools(
 ) -> Result<Json<PoolPage>, ApiError> {
     app.authorize_read(&headers)?;
     let limit = crate::extract::limit_param(&q, DEFAULT_POOLS, MAX_POOLS)?;
+    let per_pool = crate::extract::int_param(&q, "endpoints", DEFAULT_POOL_ENDPOINTS, 0, MAX_POOL_ENDPOINTS)?;
     let after = q.get("after").cloned().unwrap_or_default();
-    let mut pools = group(read::pools_after(&app.db, &after, limit + 1).await?);
-    let next_after = if pools.len() as i64 > limit {
-        pools.truncate(limit as usize);
-        pools.last().map(|p| p.pool.clone())
+    let mut names = read::pool_names_after(&app.db, &after, limit + 1).await?;
+    let mut more = names.len() as i64 > limit;
+    names.truncate(limit as usize);
+    // The page ends before its endpoints pass the budget (one pool at least).
+    let fit = (MAX_PAGE_ENDPOINTS / (per_pool as usize).max(1)).max(1);
+    if names.len() > fit {
+        names.truncate(fit);
+        more = true;
+    }
+    let endpoints = if per_pool > 0 {
+        read::first_endpoints(&app.db, &names, per_pool).await?
     } else {
-        None
+        Vec::new()
     };
-    flag(&app, &mut pools).await?;
+    let pools = assemble(&app, &names, endpoints, per_pool as usize).await?;
+    let next_after = more.then(|| names.last().cloned()).flatten();
     Ok(Json(PoolPage { pools, next_after }))
 }
 
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // documents the parameters
+pub struct PoolEndpointParams {
+    /// Endpoints per page, 1 to 1000 (default 500).
+    limit: Option<i64>,
+    /// Only endpoints whose name sorts after this one: the pool's `next_after` of the previous page.
+    after: Option<String>,
+}
+
+const DEFAULT_ENDPOINTS: i64 = 500;
+
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "health",
-    params(("pool" = String, Path, description = "Pool name")),
-    responses((status = 200, description = "One pool", body = PoolHealth),
-              (status = 400, description = "An invalid path parameter", body = ErrorBody),
+    params(("pool" = String, Path, description = "Pool name"), PoolEndpointParams),
+    responses((status = 200, description = "One pool: counts by state over all its endpoints, and a page of them", body = PoolHealth),
+              (status = 400, description = "An invalid parameter", body = ErrorBody),
               (status = 404, description = "No such pool", body = ErrorBody),
               (status = 401, description = "A token is required", body = ErrorBody),
               (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
@@ -99,14 +124,22 @@ pub async fn pool(
     State(app): State<AppState>,
     headers: HeaderMap,
     ApiPath(pool): ApiPath<String>,
+    ApiQuery(q): ApiQuery<std::collections::HashMap<String, String>>,
 ) -> Result<Json<PoolHealth>, ApiError> {
     app.authorize_read(&headers)?;
-    let mut found = group(read::pool(&app.db, &pool).await?);
-    flag(&app, &mut found).await?;
-    found
+    let limit = crate::extract::limit_param(&q, DEFAULT_ENDPOINTS, MAX_POOL_ENDPOINTS)?;
+    let after = q.get("after").cloned().unwrap_or_default();
+    let mut endpoints = read::pool_endpoints(&app.db, &pool, &after, limit + 1).await?;
+    let more = endpoints.len() as i64 > limit;
+    endpoints.truncate(limit as usize);
+    let names = [pool.clone()];
+    let mut p = assemble(&app, &names, endpoints, usize::MAX)
+        .await?
         .pop()
-        .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("pool {pool:?}")))
+        .filter(|p| p.total > 0)
+        .ok_or_else(|| ApiError::NotFound(format!("pool {pool:?}")))?;
+    p.next_after = more.then(|| p.endpoints.last().map(|e| e.endpoint.clone())).flatten();
+    Ok(Json(p))
 }
 
 #[utoipa::path(get, path = "/v1/pools/{pool}/endpoints/{endpoint}", tag = "health",

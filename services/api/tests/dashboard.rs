@@ -21,6 +21,16 @@ async fn the_dashboard_shows_the_fleet_and_acts_from_a_real_browser() {
     .execute(&api.db)
     .await
     .unwrap();
+    // Pool "wide": 120 endpoints, more than a fleet page lists per pool (50).
+    sqlx::query(
+        "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version)
+         SELECT 'wide', 'w-' || lpad(i::text, 3, '0'), 0, CASE WHEN i > 100 THEN 'unhealthy' ELSE 'healthy' END,
+                1.0, 0, 100, 0, now(), 'first seen', 0
+         FROM generate_series(1, 120) i",
+    )
+    .execute(&api.db)
+    .await
+    .unwrap();
     // Pool "dash": three endpoints through ingest, e1's connections refused until it is ejected.
     let mut items = Vec::new();
     for i in 0..12 {

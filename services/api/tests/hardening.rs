@@ -192,6 +192,113 @@ async fn the_pool_listing_is_paginated() {
     api.drop_schema().await;
 }
 
+/// A writer ingesting 30,000 endpoints into one pool once made `GET /v1/pools?limit=1` and
+/// `GET /v1/pools/{pool}` answer 5.5 MB each. Now a pool's endpoints come a page at a time, with
+/// counts over all of them, and every response is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_30000_endpoints_is_listed_a_bounded_page_at_a_time() {
+    let api = Api::start("bigpool", &[]).await;
+    sqlx::query(
+        "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version)
+         SELECT 'big', 'ep-' || lpad(e::text, 5, '0'), 0, CASE WHEN e % 10 = 0 THEN 'unhealthy' ELSE 'healthy' END,
+                1, 0, 100, 0, now(), 'first seen', 0
+         FROM generate_series(1, 30000) e
+         UNION ALL
+         SELECT 'small-' || p, 'ep-' || e, 0, 'healthy', 1, 0, 100, 0, now(), 'first seen', 0
+         FROM generate_series(1, 20) p, generate_series(1, 3) e",
+    )
+    .execute(&api.db)
+    .await
+    .unwrap();
+    let bytes = |path: &str| {
+        let (http, url) = (api.http.clone(), api.url(path));
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let b = r.bytes().await.unwrap();
+            (b.len(), serde_json::from_slice::<serde_json::Value>(&b).unwrap())
+        }
+    };
+    let (n, page) = bytes("/v1/pools?limit=1").await;
+    assert!(n < 30_000, "{n} bytes for one pool");
+    let big = &page["pools"][0];
+    assert_eq!(
+        (big["pool"].as_str(), big["total"].as_i64(), big["healthy"].as_i64()),
+        (Some("big"), Some(30_000), Some(27_000))
+    );
+    assert_eq!(big["by_state"]["unhealthy"], 3_000);
+    assert_eq!(big["endpoints"].as_array().unwrap().len(), 50);
+    assert_eq!(big["next_after"], "ep-00050");
+    assert_eq!(page["next_after"], "big");
+
+    // The pool's own route: 500 by default, up to 1,000 a page, every endpoint once in order.
+    let (n, first) = bytes("/v1/pools/big").await;
+    assert_eq!(first["endpoints"].as_array().unwrap().len(), 500);
+    assert!(n < 150_000, "{n} bytes for 500 endpoints");
+    let mut seen = 0;
+    let mut after = String::new();
+    loop {
+        let (n, p) = bytes(&format!("/v1/pools/big?limit=1000&after={after}")).await;
+        assert!(n < 300_000, "{n} bytes for a page");
+        assert_eq!(p["total"], 30_000);
+        for e in p["endpoints"].as_array().unwrap() {
+            seen += 1;
+            assert_eq!(e["endpoint"].as_str().unwrap(), format!("ep-{seen:05}"));
+        }
+        match p["next_after"].as_str() {
+            Some(a) => after = a.to_owned(),
+            None => break,
+        }
+    }
+    assert_eq!(seen, 30_000);
+
+    // A fleet page stops before 5,000 listed endpoints, and paging still reaches every pool.
+    let mut pools = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (n, p) = bytes(&format!("/v1/pools?limit=1000&endpoints=1000&after={after}")).await;
+        assert!(n < 1_500_000, "{n} bytes for a fleet page");
+        let listed: usize = p["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["endpoints"].as_array().unwrap().len())
+            .sum();
+        assert!(listed <= 5_000, "{listed} endpoints in one page");
+        pools.extend(
+            p["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["pool"].as_str().unwrap().to_owned()),
+        );
+        match p["next_after"].as_str() {
+            Some(a) => after = a.to_owned(),
+            None => break,
+        }
+    }
+    assert_eq!(pools.len(), 21);
+    assert_eq!(pools[0], "big");
+    let (_, counts_only) = bytes("/v1/pools?endpoints=0&limit=1000").await;
+    assert_eq!(counts_only["pools"].as_array().unwrap().len(), 21);
+    assert!(counts_only["pools"][0]["endpoints"].as_array().unwrap().is_empty());
+    for bad in [
+        "/v1/pools?endpoints=1001",
+        "/v1/pools?endpoints=-1",
+        "/v1/pools?endpoints=x",
+    ] {
+        let (s, b) = api.get(bad).await;
+        assert_eq!(
+            (s, b["error"]["field"].as_str()),
+            (400, Some("endpoints")),
+            "{bad}: {b}"
+        );
+    }
+    let (s, b) = api.get("/v1/pools/big?limit=1001").await;
+    assert_eq!((s, b["error"]["field"].as_str()), (400, Some("limit")));
+    api.drop_schema().await;
+}
+
 /// 100 concurrent fleet listings once exhausted the database pool: half of them were told "the
 /// database is unavailable" and other routes took seconds. Now each route has its own share,
 /// and a request that cannot get one in time is told the server is busy.

@@ -228,26 +228,50 @@ async fn health(pool: Option<String>, endpoint: Option<String>, conn: &Connectio
     let f2 = |v: f64| format!("{v:.2}");
     match (pool, endpoint) {
         (None, _) => {
-            let page: view::PoolPage = api.get_as("/v1/pools", &[]).await?;
-            if conn.json {
-                return print_typed(&page);
+            // Every pool, a page at a time, with its counts (no endpoint rows).
+            let mut pools = Vec::new();
+            let mut after = String::new();
+            loop {
+                let page: view::PoolPage = api
+                    .get_as(
+                        "/v1/pools",
+                        &[("endpoints", "0".into()), ("limit", "1000".into()), ("after", after)],
+                    )
+                    .await?;
+                pools.extend(page.pools);
+                match page.next_after {
+                    Some(a) => after = a,
+                    None => break,
+                }
             }
-            let rows = page
-                .pools
+            if conn.json {
+                return print_typed(&view::PoolPage {
+                    pools,
+                    next_after: None,
+                });
+            }
+            let rows = pools
                 .iter()
                 .map(|p| {
                     let out = p
-                        .endpoints
-                        .iter()
-                        .filter(|e| e.state == view::StateName::Unhealthy)
-                        .count();
+                        .by_state
+                        .get(view::StateName::Unhealthy.as_str())
+                        .copied()
+                        .unwrap_or(0);
                     vec![p.pool.clone(), format!("{}/{}", p.healthy, p.total), out.to_string()]
                 })
                 .collect::<Vec<_>>();
             table(&["pool", "healthy", "unhealthy"], &rows);
         }
         (Some(pool), None) => {
-            let p: view::PoolHealth = api.get_as(&format!("/v1/pools/{pool}"), &[]).await?;
+            // Every endpoint of the pool, a page at a time.
+            let path = format!("/v1/pools/{pool}");
+            let mut p: view::PoolHealth = api.get_as(&path, &[("limit", "1000".into())]).await?;
+            while let Some(after) = p.next_after.take() {
+                let next: view::PoolHealth = api.get_as(&path, &[("limit", "1000".into()), ("after", after)]).await?;
+                p.endpoints.extend(next.endpoints);
+                p.next_after = next.next_after;
+            }
             if conn.json {
                 return print_typed(&p);
             }

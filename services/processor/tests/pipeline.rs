@@ -357,6 +357,68 @@ async fn poison_records_go_to_the_dead_letter_topic_and_change_nothing_else() {
     db.drop_schema().await;
 }
 
+/// A pool holds at most its policy's `max_endpoints`: the processor dead-letters a signal naming
+/// one more (code `pool_full`, the reason in a header) and the pool keeps the endpoints it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_beyond_a_pools_endpoint_cap_are_dead_lettered_with_the_reason() {
+    let name = unique("cap");
+    let topics = create_topics(&name, 1).await;
+    let policy = Signal::Policy(PolicyChange {
+        change_id: "cap-2".into(),
+        pool: "capped".into(),
+        actor: "admin".into(),
+        issued_at: T0_MS * 1000,
+        policy: Policy {
+            version: 3,
+            max_endpoints: 2,
+            ..Policy::default()
+        },
+    });
+    let mut signals = vec![policy];
+    for (i, ep) in ["a", "b", "c", "a", "d", "b"].iter().enumerate() {
+        signals.push(call(
+            "capped",
+            ep,
+            i as u64,
+            OutcomeClass::Success,
+            None,
+            T0_MS + i as i64,
+        ));
+    }
+    let inputs: Vec<Input> = signals
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Input {
+            partition: Some(0),
+            ts_ms: T0_MS + i as i64,
+            key: Some("capped".into()),
+            bytes: encode_signal(s).unwrap(),
+        })
+        .collect();
+    produce(&topics.signals, &inputs).await;
+    let db = Db::connect(&name).await;
+    let _p = start_processor(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    let dead = read_n(&topics.dlq, 2, LONG).await;
+    let offsets: Vec<String> = dead
+        .iter()
+        .map(|m| header(m, "vitals-origin-offset").unwrap())
+        .collect();
+    assert_eq!(offsets, ["3", "5"], "c and d, the third and fourth endpoints");
+    for m in &dead {
+        assert_eq!(header(m, "vitals-error-code").as_deref(), Some("pool_full"));
+        let why = header(m, "vitals-error").unwrap();
+        assert!(why.contains("max_endpoints 2"), "{why}");
+    }
+    let held: Vec<String> =
+        sqlx::query_scalar("SELECT endpoint FROM endpoint_state WHERE pool = 'capped' ORDER BY endpoint")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(held, ["a", "b"]);
+    db.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_processor_joining_and_leaving_changes_nothing() {
     let name = unique("rebal");
