@@ -43,5 +43,5 @@ async fn ready(State(h): State<Health>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(h): State<Health>) -> impl axum::response::IntoResponse {
-    h.metrics.response(&h.progress.figures())
+    h.metrics.response(&h.progress.figures(), h.progress.group_lag())
 }

@@ -126,10 +126,15 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         let client = kafka::base_config(&cfg)
             .create()
             .context("creating the watermark client")?;
+        let offsets = progress::GroupOffsets {
+            pool: pool.clone(),
+            group: cfg.group.clone(),
+        };
         let fut = progress::monitor(
             progress.clone(),
             client,
             cfg.topics.signals_topic.clone(),
+            offsets,
             cancel.clone(),
         );
         tasks.spawn(async move {

@@ -20,6 +20,7 @@ pub struct Metrics {
     /// Seconds spent, by phase of the work (the breakdown of where the processor's time goes).
     time: Family<Labels, Counter<f64, AtomicU64>>,
     consumer_lag: Gauge,
+    group_lag: Gauge,
     assigned: Gauge,
     partition_lag: Family<Labels, Gauge>,
     commit_age: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -73,6 +74,15 @@ impl Default for Metrics {
             "vitals_processor_consumer_lag",
             "Records behind the end of the assigned partitions: high watermark minus the offset committed to Postgres.",
         );
+        let group_lag = gauge(
+            &mut r,
+            "vitals_processor_group_lag",
+            "Records of the whole signals topic the group has not committed to Postgres, as far as this \
+             processor can tell: every partition's high watermark less the latest offset known committed \
+             (its own commits and the group's rows in Postgres). It counts partitions no one holds, so it \
+             does not read 0 while a rebalance or an outage keeps them unassigned; it errs high, never low. \
+             Alert on its max over the group's processors.",
+        );
         let outbox_backlog = gauge(
             &mut r,
             "vitals_processor_outbox_backlog",
@@ -124,6 +134,7 @@ impl Default for Metrics {
             published,
             time,
             consumer_lag,
+            group_lag,
             assigned,
             partition_lag,
             commit_age,
@@ -142,8 +153,11 @@ impl Metrics {
 
     /// The `/metrics` response; `parts` are the per-partition figures of the write path
     /// (revoked partitions leave the per-partition series).
-    pub fn response(&self, parts: &PartitionFigures) -> impl axum::response::IntoResponse {
+    pub fn response(&self, parts: &PartitionFigures, group_lag: Option<i64>) -> impl axum::response::IntoResponse {
         self.consumer_lag.set(parts.values().filter_map(|(lag, _)| *lag).sum());
+        if let Some(lag) = group_lag {
+            self.group_lag.set(lag);
+        }
         self.assigned.set(parts.len() as i64);
         self.partition_lag.clear();
         self.commit_age.clear();

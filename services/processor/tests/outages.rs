@@ -52,7 +52,10 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     wait_until(
         "the lag metric to show the records the outage holds back",
         LONG,
-        || async { metric(port, "vitals_processor_consumer_lag").await.unwrap_or(0.0) >= behind },
+        || async {
+            metric(port, "vitals_processor_consumer_lag").await.unwrap_or(0.0) >= behind
+                && metric(port, "vitals_processor_group_lag").await.unwrap_or(0.0) >= behind
+        },
     )
     .await;
     drop(restore); // pg-up
@@ -63,6 +66,71 @@ async fn postgres_restart_mid_run_pauses_and_loses_nothing() {
     let want = reference_digest(&topics, inputs.len() as i64, true).await;
     assert_eq!(got, want);
     assert_eq!(db.sequence_gaps().await, vec![]);
+    db.drop_schema().await;
+}
+
+/// A processor holding no partition once read `consumer_lag` 0 while records waited behind a
+/// Postgres outage, so an alert on lag stayed silent. Two processors share a one-partition topic:
+/// the idle one's group lag counts the records the holder cannot commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processor_holding_no_partition_reports_the_groups_lag_through_an_outage() {
+    let _serial = SERIAL.lock().await;
+    let name = unique("grouplag");
+    let topics = create_topics(&name, 1).await;
+    let inputs = workload(4, 8_000, 1, 41);
+    let half = inputs.len() / 2;
+    produce(&topics.signals, &inputs[..half]).await;
+    let db = Db::connect(&name).await;
+    let (mut a, port_a) = start_serving(&topics, &name, &name, &["--batch-max-records", "100"]);
+    let (mut b, port_b) = start_serving(&topics, &name, &name, &["--batch-max-records", "100"]);
+    db.wait_consumed(&name, half as i64, LONG).await;
+    wait_until(
+        "one processor to hold the partition and the other none",
+        LONG,
+        || async {
+            let a = metric(port_a, "vitals_processor_assigned_partitions")
+                .await
+                .unwrap_or(0.0);
+            let b = metric(port_b, "vitals_processor_assigned_partitions")
+                .await
+                .unwrap_or(0.0);
+            a + b == 1.0
+        },
+    )
+    .await;
+    let idle = if metric(port_a, "vitals_processor_assigned_partitions").await == Some(0.0) {
+        port_a
+    } else {
+        port_b
+    };
+
+    stack("pg-down");
+    let restore = Restore("pg-up");
+    produce(&topics.signals, &inputs[half..]).await;
+    let behind = (inputs.len() - half) as f64;
+    wait_until("the idle processor's group lag to count what waits", LONG, || async {
+        metric(idle, "vitals_processor_group_lag").await.unwrap_or(0.0) >= behind
+    })
+    .await;
+    assert_eq!(metric(idle, "vitals_processor_assigned_partitions").await, Some(0.0));
+    assert_eq!(
+        metric(idle, "vitals_processor_consumer_lag").await,
+        Some(0.0),
+        "nothing assigned: its own lag is 0, which is why the group's is reported"
+    );
+    drop(restore); // pg-up
+
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    wait_until("the group lag to return to 0 on both", LONG, || async {
+        metric(port_a, "vitals_processor_group_lag").await == Some(0.0)
+            && metric(port_b, "vitals_processor_group_lag").await == Some(0.0)
+    })
+    .await;
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, inputs.len() as i64, true).await;
+    assert_eq!(got, want);
     db.drop_schema().await;
 }
 
