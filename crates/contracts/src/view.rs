@@ -433,3 +433,126 @@ pub struct PoolPolicy {
     pub version: i64,
     pub policy: c::Policy,
 }
+
+// Uptime and incidents: the figures `vitals-uptime` computes from the audit log (its crate docs
+// hold the definitions), shown by the API, the dashboard and `vitals report`.
+
+/// Time over one bucket (an hour or a day, UTC-aligned; the first and last clipped to the range).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UptimeBucket {
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// Seconds the endpoint (or the pool) was known in this bucket.
+    pub observed_s: f64,
+    /// Seconds in rotation; for the pool, with at least one endpoint in rotation.
+    pub available_s: f64,
+    /// Seconds in maintenance (left out of availability); for the pool, with every known
+    /// endpoint in maintenance.
+    pub maintenance_s: f64,
+    /// `available_s / (observed_s − maintenance_s)`; absent when that is 0.
+    pub availability: Option<f64>,
+}
+
+/// One endpoint over a range.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointUptime {
+    pub endpoint: String,
+    pub observed_s: f64,
+    pub available_s: f64,
+    pub maintenance_s: f64,
+    /// `available_s / (observed_s − maintenance_s)`; absent when that is 0.
+    pub availability: Option<f64>,
+    /// Seconds in each state (states with none left out).
+    pub state_s: BTreeMap<String, f64>,
+    /// Incidents that overlap the range.
+    pub incidents: usize,
+    /// Calls counted in the evidence of its transitions in the range: the weight of the
+    /// traffic-weighted estimate.
+    pub calls: i64,
+    pub buckets: Vec<UptimeBucket>,
+}
+
+/// The pool as a whole over a range.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolFigures {
+    /// Seconds with at least one endpoint known.
+    pub observed_s: f64,
+    /// Seconds with at least one endpoint in rotation.
+    pub any_available_s: f64,
+    /// Seconds with every known endpoint not in maintenance in rotation (and at least one).
+    pub all_available_s: f64,
+    /// Seconds with every known endpoint in maintenance.
+    pub maintenance_s: f64,
+    /// Seconds in panic mode (routing over every endpoint), from the pool's decisions.
+    pub panic_s: f64,
+    /// Seconds with a correlated outage suspected.
+    pub correlated_outage_s: f64,
+    /// `any_available_s / (observed_s − maintenance_s)`.
+    pub availability: Option<f64>,
+    /// `all_available_s / (observed_s − maintenance_s)`.
+    pub all_availability: Option<f64>,
+    /// An estimate: the endpoints' availabilities weighted by the calls in their evidence.
+    pub traffic_weighted_availability: Option<f64>,
+    pub incidents: usize,
+    pub buckets: Vec<UptimeBucket>,
+}
+
+/// `GET /v1/pools/{pool}/uptime`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolUptime {
+    pub pool: String,
+    pub from: DateTime<Utc>,
+    /// The range's end, or now if that is earlier.
+    pub to: DateTime<Utc>,
+    /// `hour`, `day`, or absent (no buckets).
+    pub bucket: Option<String>,
+    #[serde(rename = "pool_figures")]
+    pub figures: PoolFigures,
+    /// Worst availability first.
+    pub endpoints: Vec<EndpointUptime>,
+}
+
+/// An incident: an endpoint out of rotation, from the transition that took it out to the one
+/// that ended it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Incident {
+    pub pool: String,
+    pub endpoint: String,
+    /// The seq of the transition that took it out.
+    pub seq: i64,
+    /// When it left rotation.
+    pub started_at: DateTime<Utc>,
+    /// When it came back (or went into maintenance); absent while it lasts.
+    pub ended_at: Option<DateTime<Utc>>,
+    pub ongoing: bool,
+    /// Until `ended_at`, or until the range's end (or now) while it lasts.
+    pub duration_s: f64,
+    /// Its first sign: the last departure from healthy since the previous incident (suspect,
+    /// degraded), or the start itself.
+    pub first_sign_at: DateTime<Utc>,
+    /// From the first sign to out of rotation.
+    pub time_to_out_s: f64,
+    /// From out of rotation to back; absent while it lasts.
+    pub time_to_back_s: Option<f64>,
+    /// The reason codes of its transitions, first to last, each once.
+    pub reason_codes: Vec<String>,
+    /// The state it ended in (`recovering`, `healthy`, `maintenance`, …).
+    pub ended_in: Option<StateName>,
+    /// The reason and evidence of the transition that took it out.
+    pub reason: String,
+    pub evidence: Option<c::Evidence>,
+}
+
+/// A page of incidents, newest first.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncidentPage {
+    pub items: Vec<Incident>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    pub next_cursor: Option<String>,
+}

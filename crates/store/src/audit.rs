@@ -373,9 +373,10 @@ async fn write_states(
 ) -> Result<(), sqlx::Error> {
     let sql = format!(
         "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since,
-         reason, policy_version)
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::float8[], $6::int8[],
-         $7::float8[], $8::float8[], $9::timestamptz[], $10::text[], $11::int4[]) {}",
+         reason, policy_version, first_seen)
+         SELECT u.*, u.since FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::float8[], $6::int8[],
+         $7::float8[], $8::float8[], $9::timestamptz[], $10::text[], $11::int4[])
+         AS u(pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version) {}",
         match conflict {
             Conflict::Keep => "ON CONFLICT (pool, endpoint) DO NOTHING",
             Conflict::Newer => {

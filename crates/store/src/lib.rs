@@ -6,6 +6,7 @@
 pub mod audit;
 pub mod outbox;
 pub mod read;
+pub mod uptime;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -3,6 +3,8 @@
 //! tests run in parallel, bounded waits instead of sleeps, topics, producing and reading, a
 //! schema migrated by the owner role, and a handle on a started service binary.
 
+pub mod uptime;
+
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};

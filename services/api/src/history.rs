@@ -67,7 +67,7 @@ impl Cursor {
     }
 }
 
-fn time_param(q: &HashMap<String, String>, name: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
+pub(crate) fn time_param(q: &HashMap<String, String>, name: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
     q.get(name)
         .map(|v| {
             DateTime::parse_from_rfc3339(v)
@@ -79,7 +79,7 @@ fn time_param(q: &HashMap<String, String>, name: &'static str) -> Result<Option<
 
 const MAX_NAME: usize = 256;
 
-fn name_param<'a>(q: &'a HashMap<String, String>, name: &'static str) -> Result<Option<&'a str>, ApiError> {
+pub(crate) fn name_param<'a>(q: &'a HashMap<String, String>, name: &'static str) -> Result<Option<&'a str>, ApiError> {
     match q.get(name) {
         Some(v) if v.is_empty() || v.len() > MAX_NAME => Err(ApiError::invalid(
             name,

@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod ops;
 pub mod probes;
 pub mod serve;
+pub mod uptime;
 
 use anyhow::Context;
 use auth::{Principal, Role, Token};
@@ -78,6 +79,8 @@ pub fn router(state: AppState) -> Router {
             post(ops::override_endpoint),
         )
         .route("/v1/pools/{pool}/policy", put(ops::put_policy).get(ops::get_policy))
+        .route("/v1/pools/{pool}/uptime", get(uptime::uptime))
+        .route("/v1/incidents", get(uptime::incidents))
         .route("/v1/stream", get(live::stream))
         .route("/v1/signals", post(ingest::ingest))
         .route("/v1/openapi.json", get(|| async { Json(openapi::ApiDoc::openapi()) }))

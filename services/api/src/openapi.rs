@@ -8,6 +8,8 @@ use utoipa::{Modify, OpenApi};
     info(title = "vitals API", version = "1", description = "Health history, current health, live changes, ingest and operator actions."),
     paths(
         crate::history::history,
+        crate::uptime::uptime,
+        crate::uptime::incidents,
         crate::health::pools,
         crate::health::pool,
         crate::health::endpoint,

@@ -438,7 +438,7 @@ pub fn html(diffs: &[EndpointDiff], range: &Range) -> String {
     )
 }
 
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

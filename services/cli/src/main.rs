@@ -6,6 +6,7 @@
 //!   vitals policy get|set POOL [FILE]    vitals tail [--pool P] [--endpoint E]
 //!   vitals backtest --from T1 --to T2 --policy candidate.json [--pool P] [--html report.html]
 //!   vitals scenarios [--policy candidate.json]
+//!   vitals report [--from T] [--to T] [--pool P] [--json|--html]
 //!
 //! Exit codes: 0 done; 1 the API (or a file) could not be reached or read; 2 bad usage; 3 the API
 //! refused the request (the message says why); 4 `simulate` met bad input lines (each has its
@@ -13,6 +14,7 @@
 
 mod api;
 mod backtest;
+mod report;
 mod scenarios;
 mod simulate;
 
@@ -146,6 +148,25 @@ enum Command {
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Availability and incidents over a range, worst pools and endpoints first: time out of
+    /// rotation, and per incident its time to out of rotation and back (definitions: the
+    /// README's Uptime section).
+    Report {
+        /// Start of the range (RFC 3339) [default: seven days before --to].
+        #[arg(long)]
+        from: Option<String>,
+        /// End of the range (RFC 3339) [default: now].
+        #[arg(long)]
+        to: Option<String>,
+        /// Only this pool [default: every pool].
+        #[arg(long)]
+        pool: Option<String>,
+        /// One self-contained HTML page on stdout (redirect it to a file to send it).
+        #[arg(long, conflicts_with = "json")]
+        html: bool,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// A pool's policy.
     Policy {
@@ -394,6 +415,37 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             return Ok(if totals.errors > 0 { 4 } else { 0 });
         }
         Command::Health { pool, endpoint, conn } => health(pool, endpoint, &conn).await?,
+        Command::Report {
+            from,
+            to,
+            pool,
+            html,
+            conn,
+        } => {
+            for (flag, v) in [("--from", &from), ("--to", &to)] {
+                if let Some(v) = v
+                    .as_deref()
+                    .filter(|v| chrono::DateTime::parse_from_rfc3339(v).is_err())
+                {
+                    eprintln!("vitals: {flag} {v:?} is not an RFC 3339 time (e.g. 2026-11-24T00:00:00Z)");
+                    return Ok(2);
+                }
+            }
+            let now = chrono::Utc::now();
+            let to = to.unwrap_or_else(|| now.to_rfc3339());
+            let from = match from {
+                Some(f) => f,
+                None => (chrono::DateTime::parse_from_rfc3339(&to)? - chrono::Duration::days(7)).to_rfc3339(),
+            };
+            let r = report::read(&conn.api()?, &from, &to, pool).await?;
+            if conn.json {
+                print_typed(&r)?;
+            } else if html {
+                print!("{}", report::html(&r));
+            } else {
+                report::print(&r);
+            }
+        }
         Command::Scenarios {
             policy,
             scenario,

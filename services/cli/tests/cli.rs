@@ -564,3 +564,78 @@ fn simulate_runs_in_lock_step_with_its_driver() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
 }
+
+/// `vitals report` shows the API's figures for the same range: the JSON is the API's uptime and
+/// incidents, the table and the HTML page name the same numbers; a bad time is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_shows_the_apis_uptime_and_incidents() {
+    let name = unique("cli_report");
+    let topics = Topics::create(&name, 1, Stamp::LogAppendTime).await;
+    let db = vitals_testkit::migrated_schema(&name).await;
+    let t0 = vitals_testkit::uptime::uptime_t0();
+    vitals_testkit::uptime::seed_uptime(&db, t0).await;
+    let port = free_port();
+    let _api = start_api(&topics, &name, port, &[&format!("ops:admin:{ADMIN}")]).await;
+    let url = format!("http://127.0.0.1:{port}");
+    let iso = |us: i64| {
+        chrono::DateTime::from_timestamp_micros(us)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    let (from, to) = (iso(t0), iso(t0 + 86_400_000_000));
+    let run = |args: Vec<String>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            vitals(&args, "", &[("VITALS_API", url.as_str())])
+        })
+    };
+    let args = |extra: &[&str]| -> Vec<String> {
+        ["report", "--pool", "up", "--from", &from, "--to", &to]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let (code, out, err) = run(args(&["--json"])).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let http = reqwest::Client::new();
+    let api: serde_json::Value = http
+        .get(format!("{url}/v1/pools/up/uptime?from={from}&to={to}&bucket=hour"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["pools"][0]["uptime"], api, "the report's figures are the API's");
+    let incidents = report["pools"][0]["incidents"].as_array().unwrap();
+    assert_eq!(incidents.len(), 2);
+    assert_eq!(
+        (incidents[0]["endpoint"].as_str(), incidents[0]["duration_s"].as_f64()),
+        (Some("b"), Some(10.0))
+    );
+    assert_eq!(incidents[1]["time_to_out_s"], 600.0);
+
+    let (code, out, err) = run(args(&[])).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("pool up: availability 100.000 % (every endpoint in rotation 99.294 %), incidents 2"),
+        "{out}"
+    );
+    let a_row = out.lines().find(|l| l.starts_with("a ")).unwrap();
+    assert!(a_row.contains("99.306 %") && a_row.contains("10.0 min"), "{a_row}");
+    let (code, page, err) = run(args(&["--html"])).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(page.starts_with("<!doctype html>") && page.contains("<h3>Incidents</h3>"));
+    assert!(
+        page.contains("99.306 %") && page.contains("ejected, readmitted"),
+        "{page}"
+    );
+    let (code, _, err) = run(vec!["report".into(), "--from".into(), "last week".into()])
+        .await
+        .unwrap();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--from \"last week\" is not an RFC 3339 time"), "{err}");
+}

@@ -127,6 +127,9 @@ pub async fn produce(p: &FutureProducer, topic: &str, key: &str, bytes: &[u8]) {
         .unwrap();
 }
 
+#[allow(unused_imports)]
+pub use vitals_testkit::uptime::{seed_uptime, uptime_t0};
+
 /// Insert a transition row directly, as the processor would.
 pub async fn insert_transition(
     db: &PgPool,

@@ -1,0 +1,149 @@
+//! What uptime reads from the audit log: each endpoint's history around a range (one index
+//! probe for its state at the start, one range scan of its transitions) and the pool's flags.
+//! The figures themselves are `vitals-uptime`'s.
+
+use crate::{timestamp, StoreError};
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Row};
+use vitals_contracts::{Evidence, HealthState, Micros};
+use vitals_uptime::{Change, History, PoolFlags};
+
+fn state(s: &str) -> Result<HealthState, StoreError> {
+    HealthState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
+}
+
+/// The histories of a pool's endpoints (or of one) that were first seen before `to`: their
+/// transitions before `to`, from the last one before `from` — and, when that left the endpoint
+/// anything but healthy, from its last departure from healthy, so that an incident under way at
+/// `from` is read whole.
+pub async fn histories(
+    db: &PgPool,
+    pool: &str,
+    endpoint: Option<&str>,
+    from: Micros,
+    to: Micros,
+) -> Result<Vec<History>, StoreError> {
+    let rows = sqlx::query(
+        "WITH eps AS (
+           SELECT e.endpoint,
+                  COALESCE(e.first_seen,
+                           (SELECT min(t.stream_time) FROM transitions t WHERE t.pool = e.pool AND t.endpoint = e.endpoint),
+                           e.since) AS seen,
+                  CASE WHEN b.to_state IS NULL THEN $2
+                       WHEN b.to_state = 'healthy' THEN b.stream_time
+                       ELSE COALESCE((SELECT max(t.stream_time) FROM transitions t
+                                      WHERE t.pool = e.pool AND t.endpoint = e.endpoint
+                                        AND t.stream_time < $2 AND t.from_state = 'healthy'), b.stream_time)
+                  END AS origin
+           FROM endpoint_state e
+           LEFT JOIN LATERAL (
+             SELECT t.stream_time, t.to_state FROM transitions t
+             WHERE t.pool = e.pool AND t.endpoint = e.endpoint AND t.stream_time < $2
+             ORDER BY t.stream_time DESC, t.seq DESC LIMIT 1) b ON true
+           WHERE e.pool = $1 AND ($4::text IS NULL OR e.endpoint = $4)
+         )
+         SELECT eps.endpoint, eps.seen, x.stream_time, x.seq, x.from_state, x.to_state, x.weight, x.reason_code,
+                x.window_calls
+         FROM eps
+         LEFT JOIN LATERAL (
+           SELECT t.stream_time, t.seq, t.from_state, t.to_state, t.weight, t.reason_code, t.window_calls
+           FROM transitions t
+           WHERE t.pool = $1 AND t.endpoint = eps.endpoint AND t.stream_time >= eps.origin AND t.stream_time < $3
+           ORDER BY t.stream_time, t.seq) x ON true
+         WHERE eps.seen < $3
+         ORDER BY eps.endpoint, x.stream_time, x.seq",
+    )
+    .bind(pool)
+    .bind(timestamp(from))
+    .bind(timestamp(to))
+    .bind(endpoint)
+    .fetch_all(db)
+    .await?;
+    let mut out: Vec<History> = Vec::new();
+    for r in rows {
+        let name: String = r.try_get("endpoint")?;
+        if out.last().is_none_or(|h| h.endpoint != name) {
+            let seen: DateTime<Utc> = r.try_get("seen")?;
+            out.push(History {
+                endpoint: name,
+                seen: seen.timestamp_micros(),
+                changes: Vec::new(),
+            });
+        }
+        let Some(at) = r.try_get::<Option<DateTime<Utc>>, _>("stream_time")? else {
+            continue;
+        };
+        let h = out.last_mut().expect("pushed above");
+        h.changes.push(Change {
+            at: at.timestamp_micros(),
+            seq: r.try_get("seq")?,
+            from: state(r.try_get("from_state")?)?,
+            to: state(r.try_get("to_state")?)?,
+            weight: r.try_get("weight")?,
+            code: r.try_get("reason_code")?,
+            calls: r.try_get("window_calls")?,
+        });
+    }
+    Ok(out)
+}
+
+/// The pool's panic and correlated-outage flags at `from` and each decision before `to`.
+pub async fn pool_flags(db: &PgPool, pool: &str, from: Micros, to: Micros) -> Result<PoolFlags, StoreError> {
+    let initial: Option<(bool, bool)> = sqlx::query_as(
+        "SELECT panic, correlated_outage FROM pool_events WHERE pool = $1 AND stream_time < $2
+         ORDER BY stream_time DESC, seq DESC LIMIT 1",
+    )
+    .bind(pool)
+    .bind(timestamp(from))
+    .fetch_optional(db)
+    .await?;
+    let rows: Vec<(DateTime<Utc>, bool, bool)> = sqlx::query_as(
+        "SELECT stream_time, panic, correlated_outage FROM pool_events
+         WHERE pool = $1 AND stream_time >= $2 AND stream_time < $3 ORDER BY stream_time, seq",
+    )
+    .bind(pool)
+    .bind(timestamp(from))
+    .bind(timestamp(to))
+    .fetch_all(db)
+    .await?;
+    Ok(PoolFlags {
+        initial: initial.unwrap_or_default(),
+        changes: rows
+            .into_iter()
+            .map(|(at, p, o)| (at.timestamp_micros(), p, o))
+            .collect(),
+    })
+}
+
+/// The reason and evidence of the transitions (endpoint, seq) of a pool.
+pub async fn evidence(
+    db: &PgPool,
+    pool: &str,
+    keys: &[(String, i64)],
+) -> Result<std::collections::HashMap<(String, i64), (String, Evidence)>, StoreError> {
+    let (endpoints, seqs): (Vec<String>, Vec<i64>) = keys.iter().cloned().unzip();
+    let rows: Vec<(String, i64, String, sqlx::types::Json<Evidence>)> = sqlx::query_as(
+        "SELECT t.endpoint, t.seq, t.reason, t.evidence FROM transitions t
+         JOIN unnest($2::text[], $3::int8[]) AS k(endpoint, seq) ON t.endpoint = k.endpoint COLLATE \"C\" AND t.seq = k.seq
+         WHERE t.pool = $1",
+    )
+    .bind(pool)
+    .bind(endpoints)
+    .bind(seqs)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(e, s, reason, ev)| ((e, s), (reason, ev.0)))
+        .collect())
+}
+
+/// Whether the pool is known (has an endpoint).
+pub async fn pool_known(db: &PgPool, pool: &str) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM endpoint_state WHERE pool = $1)")
+            .bind(pool)
+            .fetch_one(db)
+            .await?,
+    )
+}

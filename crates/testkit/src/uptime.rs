@@ -1,0 +1,133 @@
+//! The uptime fixture: a known audit log that the API, dashboard and CLI tests read, so that all
+//! three are checked against the same figures.
+
+use sqlx::PgPool;
+
+/// Insert a transition row with its from-state and weight, as the processor would.
+pub async fn insert_change(
+    db: &PgPool,
+    pool: &str,
+    endpoint: &str,
+    seq: i64,
+    (from, to, weight): (&str, &str, f64),
+    reason_code: &str,
+    t_us: i64,
+) {
+    sqlx::query(
+        "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+         reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
+         consecutive_successes, thresholds, trigger_ids, policy_version, evidence, stream_time, source_partition, source_offset)
+         VALUES ($1, $2, $3, $1 || '/' || $2 || '/' || $3, $4, $5, $6, 0, $7, $7 || ' of ' || $2, 0.5, 50, 20, 10, 3, 0,
+         ARRAY['t'], ARRAY['sig-' || $3], 0, $8, to_timestamp($9::double precision / 1e6), 0, $3)",
+    )
+    .bind(pool)
+    .bind(endpoint)
+    .bind(seq)
+    .bind(from)
+    .bind(to)
+    .bind(weight)
+    .bind(reason_code)
+    .bind(evidence_json())
+    .bind(t_us)
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+fn evidence_json() -> serde_json::Value {
+    serde_json::json!({
+        "window_ms": 30000, "success": 3, "timeout": 5, "connect_error": 0, "connection_dropped": 0,
+        "rate_limited": 0, "server_error": 0, "client_error": 0, "invalid_response": 0, "cancelled": 0,
+        "failure_rate": 0.625, "score": 40.0, "ttft_p50_ms": 250.0, "ttft_p99_ms": null,
+        "latency_ewma_ms": null, "pool_latency_median_ms": null, "consecutive_failures": 5,
+        "consecutive_successes": 0, "consecutive_hard_failures": 5, "isolations": 1,
+        "thresholds": ["consecutive_failures>=5"]
+    })
+}
+
+/// The uptime fixture, relative to `t0` (µs, a UTC midnight at least a day ago), shared by the
+/// API, dashboard and CLI tests so that all three show the same figures: pool `up` over
+/// `[t0, t0 + 24 h)` — `a` out since before the range (an incident that started 20 min before
+/// it), `b` ejected for 10 s at 05:00, `c` in maintenance 02:00–03:00, `d` first seen at 12:00;
+/// the pool in panic for those 10 s.
+pub async fn seed_uptime(db: &PgPool, t0: i64) {
+    const MIN: i64 = 60_000_000;
+    const H: i64 = 60 * MIN;
+    for (ep, state, seen) in [
+        ("a", "healthy", t0 - H),
+        ("b", "healthy", t0 - H),
+        ("c", "healthy", t0 - H),
+        ("d", "healthy", t0 + 12 * H),
+    ] {
+        sqlx::query(
+            "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version, first_seen)
+             VALUES ('up', $1, 9, $2, 1, 0, 100, 0, now(), 'r', 0, to_timestamp($3::double precision / 1e6))",
+        )
+        .bind(ep)
+        .bind(state)
+        .bind(seen)
+        .execute(db)
+        .await
+        .unwrap();
+    }
+    type Row<'a> = (&'a str, i64, (&'a str, &'a str, f64), &'a str, i64);
+    let changes: &[Row] = &[
+        ("a", 1, ("healthy", "suspect", 1.0), "suspect", t0 - 30 * MIN),
+        ("a", 2, ("suspect", "unhealthy", 0.0), "ejected", t0 - 20 * MIN),
+        ("a", 3, ("unhealthy", "recovering", 0.1), "readmitted", t0 + 10 * MIN),
+        ("a", 4, ("recovering", "healthy", 1.0), "recovered", t0 + 40 * MIN),
+        ("b", 1, ("healthy", "unhealthy", 0.0), "ejected", t0 + 5 * H),
+        (
+            "b",
+            2,
+            ("unhealthy", "recovering", 0.1),
+            "readmitted",
+            t0 + 5 * H + 10_000_000,
+        ),
+        (
+            "b",
+            3,
+            ("recovering", "healthy", 1.0),
+            "recovered",
+            t0 + 5 * H + 40_000_000,
+        ),
+        ("c", 1, ("healthy", "maintenance", 0.0), "maintenance_on", t0 + 2 * H),
+        (
+            "c",
+            2,
+            ("maintenance", "recovering", 0.1),
+            "override_cleared",
+            t0 + 3 * H,
+        ),
+        (
+            "c",
+            3,
+            ("recovering", "healthy", 1.0),
+            "recovered",
+            t0 + 3 * H + 30 * MIN,
+        ),
+    ];
+    for (ep, seq, states, code, at) in changes {
+        insert_change(db, "up", ep, *seq, *states, code, *at).await;
+    }
+    for (seq, panic, at) in [(1, true, t0 + 5 * H), (2, false, t0 + 5 * H + 10_000_000)] {
+        sqlx::query(
+            "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
+             policy_version, stream_time, source_partition, source_offset)
+             VALUES ('up', $1, 4, 3, 1, 0.75, $2, false, 'test', 0, to_timestamp($3::double precision / 1e6), 0, $1)",
+        )
+        .bind(seq)
+        .bind(panic)
+        .bind(at)
+        .execute(db)
+        .await
+        .unwrap();
+    }
+}
+
+/// A UTC midnight at least a day before now, in µs.
+pub fn uptime_t0() -> i64 {
+    const DAY: i64 = 86_400_000_000;
+    let now = chrono::Utc::now().timestamp_micros();
+    now.div_euclid(DAY) * DAY - 2 * DAY
+}

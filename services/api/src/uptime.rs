@@ -1,0 +1,238 @@
+//! Uptime and incidents over a range, with the definitions of `vitals-uptime`.
+
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{ApiPath, ApiQuery};
+use crate::history::{name_param, time_param};
+use crate::AppState;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use utoipa::IntoParams;
+use vitals_contracts::view::{Incident, IncidentPage, PoolUptime};
+use vitals_contracts::Micros;
+use vitals_store::uptime as store;
+use vitals_uptime::Range;
+
+const HOUR_US: Micros = 3_600_000_000;
+const DAY_US: Micros = 24 * HOUR_US;
+/// The longest range one request may ask for.
+pub const MAX_RANGE_DAYS: i64 = 92;
+/// The longest range hourly buckets may cover.
+pub const MAX_HOURLY_DAYS: i64 = 31;
+const DEFAULT_RANGE_DAYS: i64 = 7;
+
+/// `from` and `to` from the query: `to` defaults to now and is clipped to it, `from` to seven
+/// days before `to`; 400 naming the parameter for a range that is empty, reversed or too long.
+fn range(q: &HashMap<String, String>, now: DateTime<Utc>) -> Result<(Micros, Micros), ApiError> {
+    let to = time_param(q, "to")?.unwrap_or(now).min(now).timestamp_micros();
+    let from = match time_param(q, "from")? {
+        Some(f) => f.timestamp_micros(),
+        None => to - DEFAULT_RANGE_DAYS * DAY_US,
+    };
+    if from >= now.timestamp_micros() {
+        return Err(ApiError::invalid("from", "is not in the past"));
+    }
+    if from >= to {
+        return Err(ApiError::invalid("to", "must be after from"));
+    }
+    if to - from > MAX_RANGE_DAYS * DAY_US {
+        return Err(ApiError::invalid(
+            "from",
+            format!("the range may cover at most {MAX_RANGE_DAYS} days"),
+        ));
+    }
+    Ok((from, to))
+}
+
+/// Query parameters of `GET /v1/pools/{pool}/uptime`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
+pub struct UptimeParams {
+    /// Start of the range (RFC 3339); default seven days before `to`. At most 92 days.
+    from: Option<DateTime<Utc>>,
+    /// End of the range (RFC 3339); default now, and never later than now.
+    to: Option<DateTime<Utc>>,
+    /// `hour` (ranges of up to 31 days) or `day`: figures per UTC-aligned bucket as well.
+    bucket: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/pools/{pool}/uptime", tag = "history",
+    params(("pool" = String, Path, description = "Pool name"), UptimeParams),
+    responses((status = 200, description = "Availability of the pool and each endpoint, worst first (definitions: the README's Uptime section)", body = PoolUptime),
+              (status = 400, description = "An invalid parameter", body = ErrorBody),
+              (status = 404, description = "No such pool", body = ErrorBody),
+              (status = 401, description = "A token is required", body = ErrorBody),
+              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+pub async fn uptime(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    ApiPath(pool): ApiPath<String>,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+) -> Result<Json<PoolUptime>, ApiError> {
+    app.authorize_read(&headers)?;
+    let (from, to) = range(&q, Utc::now())?;
+    let bucket = match q.get("bucket").map(String::as_str) {
+        None => None,
+        Some("day") => Some(DAY_US),
+        Some("hour") if to - from <= MAX_HOURLY_DAYS * DAY_US => Some(HOUR_US),
+        Some("hour") => {
+            return Err(ApiError::invalid(
+                "bucket",
+                format!("hourly buckets cover at most {MAX_HOURLY_DAYS} days; use day"),
+            ))
+        }
+        Some(b) => return Err(ApiError::invalid("bucket", format!("{b:?} is not hour or day"))),
+    };
+    if !store::pool_known(&app.db, &pool).await? {
+        return Err(ApiError::NotFound(format!("pool {pool:?}")));
+    }
+    let r = Range { from, to, bucket };
+    let histories = store::histories(&app.db, &pool, None, from, to).await?;
+    let flags = store::pool_flags(&app.db, &pool, from, to).await?;
+    let figures = vitals_uptime::pool(&histories, &flags, &r);
+    let mut endpoints: Vec<_> = histories.iter().map(|h| vitals_uptime::endpoint(h, &r)).collect();
+    vitals_uptime::worst_first(&mut endpoints);
+    Ok(Json(PoolUptime {
+        pool,
+        from: vitals_contracts::view::time(from),
+        to: vitals_contracts::view::time(to),
+        bucket: q.get("bucket").cloned(),
+        figures,
+        endpoints,
+    }))
+}
+
+/// Query parameters of `GET /v1/incidents`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
+pub struct IncidentParams {
+    /// The pool (required).
+    pool: Option<String>,
+    /// Only this endpoint.
+    endpoint: Option<String>,
+    /// Incidents that overlap the range from this time (RFC 3339); default seven days before `to`.
+    from: Option<DateTime<Utc>>,
+    /// End of the range (RFC 3339); default now.
+    to: Option<DateTime<Utc>>,
+    /// Page size, 1 to 500 (default 50).
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Position of the last incident of a page: (start µs, endpoint, seq).
+#[derive(Serialize, Deserialize, PartialEq, Debug, Clone)]
+struct Cursor {
+    t: i64,
+    e: String,
+    s: i64,
+}
+
+impl Cursor {
+    fn of(i: &Incident) -> Cursor {
+        Cursor {
+            t: i.started_at.timestamp_micros(),
+            e: i.endpoint.clone(),
+            s: i.seq,
+        }
+    }
+
+    fn encode(&self) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    fn decode(s: &str) -> Result<Cursor, ApiError> {
+        let bad = || ApiError::invalid("cursor", "not a cursor from a previous page");
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .map_err(|_| bad())?;
+        let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+        crate::extract::no_control("cursor", &c.e)?;
+        Ok(c)
+    }
+
+    /// Newest first: (start, endpoint, seq) descending.
+    fn key(&self) -> (i64, &str, i64) {
+        (self.t, &self.e, self.s)
+    }
+}
+
+#[utoipa::path(get, path = "/v1/incidents", tag = "history", params(IncidentParams),
+    responses((status = 200, description = "A page of a pool's incidents that overlap the range, newest first", body = IncidentPage),
+              (status = 400, description = "An invalid parameter", body = ErrorBody),
+              (status = 404, description = "No such pool", body = ErrorBody),
+              (status = 401, description = "A token is required", body = ErrorBody),
+              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+pub async fn incidents(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+) -> Result<Json<IncidentPage>, ApiError> {
+    app.authorize_read(&headers)?;
+    let pool = name_param(&q, "pool")?.ok_or_else(|| ApiError::invalid("pool", "is required"))?;
+    let endpoint = name_param(&q, "endpoint")?;
+    let (from, to) = range(&q, Utc::now())?;
+    let limit = crate::extract::limit_param(&q, crate::history::DEFAULT_LIMIT, crate::history::MAX_LIMIT)?;
+    let cursor = q.get("cursor").map(|c| Cursor::decode(c)).transpose()?;
+    if !store::pool_known(&app.db, pool).await? {
+        return Err(ApiError::NotFound(format!("pool {pool:?}")));
+    }
+    let r = Range { from, to, bucket: None };
+    let histories = store::histories(&app.db, pool, endpoint, from, to).await?;
+    let mut all: Vec<Incident> = histories
+        .iter()
+        .flat_map(|h| h.incidents(&r).into_iter().map(|s| s.view(pool, &h.endpoint, to)))
+        .collect();
+    all.sort_by(|a, b| Cursor::of(b).key().cmp(&Cursor::of(a).key()));
+    let start = cursor.map_or(0, |c| all.partition_point(|i| Cursor::of(i).key() >= c.key()));
+    let mut items: Vec<Incident> = all.iter().skip(start).take(limit as usize).cloned().collect();
+    let more = all.len() > start + items.len();
+    let keys: Vec<(String, i64)> = items.iter().map(|i| (i.endpoint.clone(), i.seq)).collect();
+    let mut evidence = store::evidence(&app.db, pool, &keys).await?;
+    for i in &mut items {
+        if let Some((reason, ev)) = evidence.remove(&(i.endpoint.clone(), i.seq)) {
+            i.reason = reason;
+            i.evidence = Some(ev);
+        }
+    }
+    let next_cursor = more.then(|| items.last().map(|i| Cursor::of(i).encode())).flatten();
+    Ok(Json(IncidentPage { items, next_cursor }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_default_clip_and_refuse_with_the_parameter_named() {
+        let now = DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let q = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (from, to) = range(&q(&[]), now).unwrap();
+        assert_eq!((to, to - from), (now.timestamp_micros(), 7 * DAY_US));
+        let (_, to) = range(&q(&[("to", "2027-01-01T00:00:00Z")]), now).unwrap();
+        assert_eq!(to, now.timestamp_micros(), "clipped to now");
+        for (pairs, field) in [
+            (
+                vec![("from", "2026-11-02T00:00:00Z"), ("to", "2026-11-01T00:00:00Z")],
+                "to",
+            ),
+            (vec![("from", "2026-01-01T00:00:00Z")], "from"),
+            (vec![("from", "2027-01-01T00:00:00Z")], "from"),
+            (vec![("from", "yesterday")], "from"),
+            (vec![("to", "2026-13-01T00:00:00Z")], "to"),
+        ] {
+            match range(&q(&pairs), now) {
+                Err(ApiError::Invalid { field: Some(f), .. }) => assert_eq!(f, field, "{pairs:?}"),
+                other => panic!("{pairs:?}: {other:?}"),
+            }
+        }
+    }
+}

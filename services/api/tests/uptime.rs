@@ -1,0 +1,115 @@
+//! Uptime and incidents over HTTP, from a known audit log: exact figures for a range that starts
+//! mid-incident, an endpoint first seen inside it, maintenance and pool panic; incidents a page at
+//! a time; bad ranges refused with the parameter named.
+
+mod common;
+use common::*;
+
+fn iso(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+const H: i64 = 3_600_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uptime_and_incidents_of_a_known_log_are_exact() {
+    let api = Api::start("uptime", &[]).await;
+    let t0 = uptime_t0();
+    seed_uptime(&api.db, t0).await;
+    let range = format!("from={}&to={}", iso(t0), iso(t0 + 24 * H));
+
+    let (s, u) = api.get(&format!("/v1/pools/up/uptime?{range}&bucket=hour")).await;
+    assert_eq!(s, 200, "{u}");
+    let by: std::collections::HashMap<&str, &serde_json::Value> = u["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["endpoint"].as_str().unwrap(), e))
+        .collect();
+    let f = |e: &str, k: &str| by[e][k].as_f64().unwrap();
+    assert_eq!((f("a", "observed_s"), f("a", "available_s")), (86_400.0, 85_800.0));
+    assert_eq!(
+        by["a"]["state_s"]["unhealthy"], 600.0,
+        "mid-incident: out from the range's start"
+    );
+    assert_eq!(by["a"]["incidents"], 1);
+    assert_eq!(
+        (f("b", "available_s"), by["b"]["incidents"].as_i64()),
+        (86_390.0, Some(1))
+    );
+    assert_eq!(
+        by["b"]["buckets"][5]["available_s"], 3_590.0,
+        "the 10-second ejection in its hour"
+    );
+    assert_eq!((f("c", "maintenance_s"), f("c", "availability")), (3_600.0, 1.0));
+    assert_eq!(
+        (f("d", "observed_s"), f("d", "availability")),
+        (43_200.0, 1.0),
+        "first seen at noon"
+    );
+    assert_eq!(u["endpoints"][0]["endpoint"], "a", "worst first");
+    let p = &u["pool_figures"];
+    assert_eq!(
+        (p["observed_s"].as_f64(), p["any_available_s"].as_f64()),
+        (Some(86_400.0), Some(86_400.0))
+    );
+    assert_eq!(p["all_available_s"], 86_400.0 - 610.0);
+    assert_eq!((p["panic_s"].as_f64(), p["incidents"].as_i64()), (Some(10.0), Some(2)));
+    assert_eq!(p["buckets"].as_array().unwrap().len(), 24);
+    let (_, daily) = api.get(&format!("/v1/pools/up/uptime?{range}&bucket=day")).await;
+    assert_eq!(daily["pool_figures"]["buckets"].as_array().unwrap().len(), 1);
+
+    // Incidents, newest first, a page at a time; the same figures.
+    let (s, page) = api.get(&format!("/v1/incidents?pool=up&{range}&limit=1")).await;
+    assert_eq!(s, 200, "{page}");
+    let b = &page["items"][0];
+    assert_eq!(
+        (b["endpoint"].as_str(), b["duration_s"].as_f64()),
+        (Some("b"), Some(10.0))
+    );
+    assert_eq!(b["reason_codes"], serde_json::json!(["ejected", "readmitted"]));
+    assert_eq!(b["reason"], "ejected of b");
+    assert_eq!(b["evidence"]["consecutive_failures"], 5);
+    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+    let (_, page) = api
+        .get(&format!("/v1/incidents?pool=up&{range}&limit=1&cursor={cursor}"))
+        .await;
+    let a = &page["items"][0];
+    assert_eq!(a["endpoint"], "a");
+    assert_eq!(
+        a["started_at"].as_str().unwrap(),
+        iso(t0 - H / 3).replace("+00:00", "Z")
+    );
+    assert_eq!(
+        (a["time_to_out_s"].as_f64(), a["time_to_back_s"].as_f64()),
+        (Some(600.0), Some(1800.0))
+    );
+    assert!(page["next_cursor"].is_null(), "{page}");
+    let (_, only_a) = api.get(&format!("/v1/incidents?pool=up&endpoint=a&{range}")).await;
+    assert_eq!(only_a["items"].as_array().unwrap().len(), 1);
+
+    // Bad input: 400 naming the parameter; an unknown pool 404.
+    let bad = [
+        (format!("/v1/pools/up/uptime?from={}&to={}", iso(t0 + H), iso(t0)), "to"),
+        (format!("/v1/pools/up/uptime?from={}", iso(t0 - 100 * 24 * H)), "from"),
+        ("/v1/pools/up/uptime?from=last-week".to_string(), "from"),
+        ("/v1/pools/up/uptime?to=garbage".to_string(), "to"),
+        (format!("/v1/pools/up/uptime?{range}&bucket=week"), "bucket"),
+        (
+            format!("/v1/pools/up/uptime?from={}&bucket=hour", iso(t0 - 40 * 24 * H)),
+            "bucket",
+        ),
+        (format!("/v1/incidents?{range}"), "pool"),
+        (format!("/v1/incidents?pool=up&{range}&limit=0"), "limit"),
+        (format!("/v1/incidents?pool=up&{range}&cursor=abc"), "cursor"),
+    ];
+    for (path, field) in bad {
+        let (s, b) = api.get(&path).await;
+        assert_eq!((s, b["error"]["field"].as_str()), (400, Some(field)), "{path}: {b}");
+    }
+    assert_eq!(api.get("/v1/pools/nope/uptime").await.0, 404);
+    assert_eq!(api.get("/v1/incidents?pool=nope").await.0, 404);
+    api.drop_schema().await;
+}
