@@ -1,7 +1,10 @@
 //! What is alerting: a fold over the changes topic. An endpoint alert fires while the endpoint is
 //! out of rotation (unhealthy) and resolves when it is back; a pool alert fires while the pool is
-//! in panic mode or a correlated outage. Every change yields the alerts to send now; `firing`
-//! is what must be re-sent so that Alertmanager keeps it open.
+//! in panic mode or a correlated outage. With an availability rule, an endpoint alert also fires
+//! while the endpoint's availability over a trailing window (the definitions of `vitals-uptime`,
+//! in stream time: changes and the processor's ticks) is below a threshold, and resolves when it
+//! is back above. Every change yields the alerts to send now; `firing` is what must be re-sent so
+//! that Alertmanager keeps it open.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -12,6 +15,20 @@ use vitals_contracts::{HealthChanged, HealthState, Micros, PoolHealthChanged};
 pub const ENDPOINT_ALERT: &str = "VitalsEndpointOutOfRotation";
 pub const PANIC_ALERT: &str = "VitalsPoolPanic";
 pub const OUTAGE_ALERT: &str = "VitalsCorrelatedOutage";
+pub const AVAILABILITY_ALERT: &str = "VitalsEndpointAvailabilityLow";
+
+/// Fire while an endpoint's availability over the trailing `window_us` is below `below`.
+#[derive(Debug, Clone, Copy)]
+pub struct AvailabilityRule {
+    pub below: f64,
+    pub window_us: Micros,
+}
+
+/// An endpoint's recent history for the availability rule, and its alert if firing.
+struct Recent {
+    history: vitals_uptime::History,
+    alert: Option<Alert>,
+}
 
 /// An alert as Alertmanager's API v2 takes it (`POST /api/v2/alerts`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -62,6 +79,10 @@ pub struct Book {
     links: Links,
     endpoints: HashMap<(String, String), (i64, Option<Alert>)>,
     pools: HashMap<String, PoolAlerts>,
+    availability: Option<AvailabilityRule>,
+    recent: HashMap<(String, String), Recent>,
+    /// Stream time: the latest change or tick.
+    now: Micros,
 }
 
 impl Book {
@@ -70,6 +91,109 @@ impl Book {
             links,
             ..Book::default()
         }
+    }
+
+    pub fn with_availability(mut self, rule: AvailabilityRule) -> Book {
+        self.availability = Some(rule);
+        self
+    }
+
+    /// Stream time moved on (a tick): availability alerts fired or resolved now.
+    pub fn tick(&mut self, at: Micros) -> Vec<Alert> {
+        self.now = self.now.max(at);
+        let keys: Vec<(String, String)> = self.recent.keys().cloned().collect();
+        let mut send: Vec<Alert> = keys.iter().filter_map(|k| self.judge(k)).collect();
+        send.sort_by(|a, b| a.labels.cmp(&b.labels));
+        send
+    }
+
+    /// The availability rule on one endpoint: an alert to send if it fires or resolves now.
+    /// Changes older than the window (but the last before it) are dropped, and so is an endpoint
+    /// with no alert and nothing left inside the window.
+    fn judge(&mut self, key: &(String, String)) -> Option<Alert> {
+        let rule = self.availability?;
+        let now = self.now;
+        let range = vitals_uptime::Range {
+            from: now - rule.window_us,
+            to: now,
+            bucket: None,
+        };
+        let r = self.recent.get_mut(key)?;
+        let before = r.history.changes.iter().filter(|c| c.at < range.from).count();
+        r.history.changes.drain(..before.saturating_sub(1));
+        let availability = vitals_uptime::endpoint(&r.history, &range).availability.unwrap_or(1.0);
+        let low = availability < rule.below;
+        let quiet = r.history.changes.iter().all(|c| c.at < range.from);
+        let send = match (r.alert.take(), low) {
+            (None, true) => {
+                let (pool, endpoint) = key;
+                let summary = format!(
+                    "{pool}/{endpoint} was in rotation {:.3} % of the last {} s (alert below {:.3} %)",
+                    availability * 100.0,
+                    rule.window_us / 1_000_000,
+                    rule.below * 100.0
+                );
+                let alert = Alert {
+                    labels: BTreeMap::from([
+                        ("alertname".to_owned(), AVAILABILITY_ALERT.to_owned()),
+                        ("pool".to_owned(), pool.clone()),
+                        ("endpoint".to_owned(), endpoint.clone()),
+                    ]),
+                    annotations: self.annotations(summary, pool, Some(endpoint)),
+                    starts_at: time(now),
+                    ends_at: None,
+                    generator_url: self.history(pool, Some(endpoint)),
+                };
+                self.recent.get_mut(key)?.alert = Some(alert.clone());
+                Some(alert)
+            }
+            (Some(mut a), false) => {
+                a.ends_at = Some(time(now).max(a.starts_at));
+                a.annotations.insert(
+                    "resolution".into(),
+                    format!("in rotation {:.3} % of the window", availability * 100.0),
+                );
+                if quiet {
+                    self.recent.remove(key);
+                }
+                Some(a)
+            }
+            (current, _) => {
+                let r = self.recent.get_mut(key)?;
+                r.alert = current;
+                if r.alert.is_none() && quiet {
+                    self.recent.remove(key);
+                }
+                None
+            }
+        };
+        send
+    }
+
+    /// Record a change for the availability rule and judge its endpoint.
+    fn remember(&mut self, h: &HealthChanged) -> Option<Alert> {
+        self.availability?;
+        self.now = self.now.max(h.stream_time);
+        let key = (h.pool.clone(), h.endpoint.clone());
+        let r = self.recent.entry(key.clone()).or_insert_with(|| Recent {
+            history: vitals_uptime::History {
+                endpoint: h.endpoint.clone(),
+                // Known to the alerter: counted over the whole window.
+                seen: Micros::MIN / 4,
+                changes: Vec::new(),
+            },
+            alert: None,
+        });
+        r.history.changes.push(vitals_uptime::Change {
+            at: h.stream_time,
+            seq: h.seq,
+            from: h.from_state,
+            to: h.to_state,
+            weight: h.weight,
+            code: h.reason_code.clone(),
+            calls: 0,
+        });
+        self.judge(&key)
     }
 
     fn history(&self, pool: &str, endpoint: Option<&str>) -> String {
@@ -143,6 +267,8 @@ impl Book {
             (current, _) => (current, Vec::new()),
         };
         self.endpoints.insert(key, (h.seq, next));
+        let mut send = send;
+        send.extend(self.remember(h));
         send
     }
 
@@ -213,6 +339,7 @@ impl Book {
                     .flat_map(|p| [p.panic.clone(), p.outage.clone()])
                     .flatten(),
             )
+            .chain(self.recent.values().filter_map(|r| r.alert.clone()))
             .collect();
         v.sort_by(|a, b| a.labels.cmp(&b.labels));
         v
@@ -296,6 +423,56 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("[RESOLVED] VitalsEndpointOutOfRotation"));
+    }
+
+    /// Availability over the trailing window, in stream time: out 10 s of a 60 s window is
+    /// 83 %, below 99 %: fires; once the window holds no outage it resolves and is forgotten.
+    #[test]
+    fn an_availability_alert_fires_below_the_threshold_and_resolves_when_the_window_recovers() {
+        let s = 1_000_000;
+        let mut b = Book::default().with_availability(AvailabilityRule {
+            below: 0.99,
+            window_us: 60 * s,
+        });
+        let out = b.change(&change("a", 1, HealthState::Unhealthy, 100 * s));
+        assert_eq!(
+            out.len(),
+            1,
+            "out of rotation, but in rotation all of the window so far: {out:?}"
+        );
+        let low = b.tick(101 * s);
+        assert_eq!(
+            (low.len(), low[0].name()),
+            (1, AVAILABILITY_ALERT),
+            "1 s out of 60: 98.3 %"
+        );
+        assert!(
+            low[0].annotations["summary"].contains("in rotation 98.333 % of the last 60 s"),
+            "{low:?}"
+        );
+        assert!(b.tick(102 * s).is_empty(), "already firing");
+        let mut back = change("a", 2, HealthState::Recovering, 110 * s);
+        back.weight = 0.1;
+        let sent = b.change(&back);
+        assert_eq!(
+            sent.len(),
+            1,
+            "the out-of-rotation alert resolves; availability is still low"
+        );
+        assert_eq!(b.firing().iter().filter(|a| a.name() == AVAILABILITY_ALERT).count(), 1);
+        assert!(b.tick(150 * s).is_empty(), "10 s out of the last 60: 83 %");
+        let sent = b.tick(171 * s);
+        assert_eq!(
+            (sent.len(), sent[0].name(), sent[0].resolved()),
+            (1, AVAILABILITY_ALERT, true)
+        );
+        assert!(sent[0].annotations["summary"].contains("of the last 60 s (alert below 99.000 %)"));
+        assert!(b.firing().is_empty());
+        assert!(b.recent.is_empty(), "nothing left in the window: forgotten");
+        // Without the rule, nothing of this happens.
+        let mut plain = Book::default();
+        assert_eq!(plain.change(&change("a", 1, HealthState::Unhealthy, 100 * s)).len(), 1);
+        assert!(plain.tick(500 * s).is_empty());
     }
 
     #[test]

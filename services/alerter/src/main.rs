@@ -2,7 +2,9 @@
 //! alerts to Prometheus Alertmanager's API v2 (and, optionally, a Slack-compatible webhook).
 //!
 //! An endpoint alert fires while the endpoint is out of rotation and resolves when it is back;
-//! pool alerts fire during panic mode and correlated outages. Firing alerts are re-sent every
+//! pool alerts fire during panic mode and correlated outages. With `--availability-below`, an
+//! endpoint alert also fires while its availability over `--availability-window-secs` (stream
+//! time: changes and the processor's ticks on the changes topic) is below the threshold. Firing alerts are re-sent every
 //! `--resend-secs` so that Alertmanager's resolve timeout never closes them early (and an
 //! Alertmanager that restarted learns them again). Delivery is retried with backoff, and the
 //! group's offsets advance only after delivery: at least once (Alertmanager de-duplicates).
@@ -12,7 +14,7 @@
 mod book;
 
 use anyhow::Context as _;
-use book::{slack, Alert, Book, Links};
+use book::{slack, Alert, AvailabilityRule, Book, Links};
 use clap::Parser;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -20,7 +22,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::codec::peek_kind;
-use vitals_contracts::{decode, HealthChanged, PoolHealthChanged, SchemaKind};
+use vitals_contracts::{decode, HealthChanged, PoolHealthChanged, SchemaKind, Tick};
 use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::{kafka, shell};
 
@@ -52,6 +54,23 @@ struct Config {
     /// The dashboard's base URL, for links in annotations.
     #[arg(long, env = "VITALS_DASHBOARD_URL")]
     dashboard_url: Option<String>,
+    /// Fire `VitalsEndpointAvailabilityLow` while an endpoint was in rotation less than this
+    /// share (e.g. 0.99) of the last --availability-window-secs (definitions: the README's
+    /// Uptime section). Needs the processor's ticks on the changes topic
+    /// (`--view-tick-interval-ms`, on by default) for time to pass between changes.
+    #[arg(long, env = "VITALS_ALERT_AVAILABILITY_BELOW", value_parser = share)]
+    availability_below: Option<f64>,
+    /// The availability rule's trailing window.
+    #[arg(long, env = "VITALS_ALERT_AVAILABILITY_WINDOW_SECS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(1..=31 * 86_400))]
+    availability_window_secs: u64,
+}
+
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a share above 0 and at most 1 (e.g. 0.99)")),
+    }
 }
 
 /// Where alerts go, with retries until they are taken.
@@ -120,6 +139,9 @@ fn apply(book: &mut Book, payload: &[u8]) -> Vec<Alert> {
             .unwrap_or_default(),
         Ok(SchemaKind::PoolHealthChanged) => decode::<PoolHealthChanged>(payload)
             .map(|p| book.pool(&p))
+            .unwrap_or_default(),
+        Ok(SchemaKind::Tick) => decode::<Tick>(payload)
+            .map(|t| book.tick(t.emitted_at))
             .unwrap_or_default(),
         _ => Vec::new(),
     }
@@ -196,6 +218,12 @@ async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         api: cfg.api_url.clone(),
         dashboard: cfg.dashboard_url.clone(),
     });
+    if let Some(below) = cfg.availability_below {
+        book = book.with_availability(AvailabilityRule {
+            below,
+            window_us: cfg.availability_window_secs as i64 * 1_000_000,
+        });
+    }
     tracing::info!(topic, ?delivered_to, "rebuilding what is firing from the changes topic");
     let mut caught_up = ends.is_empty();
     if caught_up {

@@ -252,3 +252,134 @@ async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
     notified(Box::new(move |v| has(v, "e2", "resolved"))).await;
     drop(am);
 }
+
+/// Alertmanager's active alerts named `name` for `endpoint`: their summaries.
+async fn am_active(port: u16, name: &str, endpoint: &str) -> Option<Vec<String>> {
+    let v: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/api/v2/alerts?active=true"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    Some(
+        v.as_array()?
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == name && a["labels"]["endpoint"] == endpoint)
+            .filter(|a| a["status"]["state"] == "active")
+            .map(|a| a["annotations"]["summary"].as_str().unwrap_or("").to_owned())
+            .collect(),
+    )
+}
+
+/// With `--availability-below 0.99 --availability-window-secs 60`, an endpoint out of rotation
+/// 10 s of the last minute (stream time, advanced by ticks on the changes topic) has a firing
+/// `VitalsEndpointAvailabilityLow` in a real Alertmanager, resolved once the window holds no
+/// outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_availability_alert_fires_below_its_threshold_and_resolves() {
+    let topics = Topics::create(&unique("avail"), 1, Stamp::LogAppendTime).await;
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/alertmanager/alertmanager.yml"
+    ))
+    .unwrap();
+    let config = shipped
+        .replace("group_wait: 30s", "group_wait: 200ms")
+        .replace("group_interval: 5m", "group_interval: 500ms");
+    let config_path = std::env::temp_dir().join(format!("{}.yml", unique("am")));
+    std::fs::write(&config_path, config).unwrap();
+    let am_port = free_port();
+    let _am = vitals_testkit::alertmanager(&config_path, am_port);
+    wait_until("Alertmanager ready", Duration::from_secs(30), || async move {
+        reqwest::get(format!("http://127.0.0.1:{am_port}/-/ready"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let args: Vec<String> = [
+        "--brokers",
+        &brokers(),
+        "--changes-topic",
+        &topics.changes,
+        "--group",
+        &unique("avail"),
+        "--alertmanager-url",
+        &format!("http://127.0.0.1:{am_port}"),
+        "--resend-secs",
+        "1",
+        "--availability-below",
+        "0.99",
+        "--availability-window-secs",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let _alerter = Service::start("vitals-alerter", "alerter", &args);
+    let p = producer();
+    let send = |bytes: Vec<u8>| {
+        let (p, topic) = (p.clone(), topics.changes.clone());
+        async move {
+            p.send(
+                FutureRecord::to(&topic).key("p9/e9").payload(&bytes),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    // Stream times in the past, so that Alertmanager takes a resolution as done at once.
+    let t = now_us() - 300_000_000;
+    let s = 1_000_000;
+    let tick = |at: i64| {
+        encode(&vitals_contracts::Tick {
+            ticker: "processor-test".into(),
+            emitted_at: at,
+        })
+        .unwrap()
+    };
+    send(
+        encode(&HealthChanged {
+            stream_time: t,
+            ..change("p9", "e9", 1, HealthState::Unhealthy)
+        })
+        .unwrap(),
+    )
+    .await;
+    send(
+        encode(&HealthChanged {
+            stream_time: t + 10 * s,
+            ..change("p9", "e9", 2, HealthState::Recovering)
+        })
+        .unwrap(),
+    )
+    .await;
+    send(tick(t + 50 * s)).await;
+    wait_until(
+        "the availability alert in Alertmanager",
+        Duration::from_secs(60),
+        || async move {
+            am_active(am_port, "VitalsEndpointAvailabilityLow", "e9")
+                .await
+                .is_some_and(|v| v.len() == 1)
+        },
+    )
+    .await;
+    let summary = am_active(am_port, "VitalsEndpointAvailabilityLow", "e9").await.unwrap();
+    assert!(
+        summary[0].contains("p9/e9 was in rotation 83.333 % of the last 60 s (alert below 99.000 %)"),
+        "{summary:?}"
+    );
+    // A minute later the window holds no outage: resolved.
+    send(tick(t + 120 * s)).await;
+    wait_until(
+        "the availability alert resolved",
+        Duration::from_secs(60),
+        || async move {
+            am_active(am_port, "VitalsEndpointAvailabilityLow", "e9")
+                .await
+                .is_some_and(|v| v.is_empty())
+        },
+    )
+    .await;
+}

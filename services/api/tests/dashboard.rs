@@ -31,6 +31,15 @@ async fn the_dashboard_shows_the_fleet_and_acts_from_a_real_browser() {
     .execute(&api.db)
     .await
     .unwrap();
+    // Pool "up": the uptime fixture the API and CLI tests read too.
+    let t0 = vitals_testkit::uptime::uptime_t0();
+    vitals_testkit::uptime::seed_uptime(&api.db, t0).await;
+    let iso = |us: i64| {
+        chrono::DateTime::from_timestamp_micros(us)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    let (up_from, up_to) = (iso(t0), iso(t0 + 86_400_000_000));
     // Pool "dash": three endpoints through ingest, e1's connections refused until it is ejected.
     let mut items = Vec::new();
     for i in 0..12 {
@@ -68,7 +77,7 @@ async fn the_dashboard_shows_the_fleet_and_acts_from_a_real_browser() {
     let (base, shots_s) = (api.base.clone(), shots.display().to_string());
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("python3")
-            .args([script, &base, ADMIN, &shots_s])
+            .args([script, &base, ADMIN, &shots_s, &up_from, &up_to])
             .output()
             .expect("python3 runs")
     })
@@ -82,7 +91,13 @@ async fn the_dashboard_shows_the_fleet_and_acts_from_a_real_browser() {
     );
     let figures: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     eprintln!("dashboard: {figures}; screenshots in {}", shots.display());
-    for shot in ["fleet.png", "pool.png", "endpoint.png", "pool-after-action.png"] {
+    for shot in [
+        "fleet.png",
+        "pool.png",
+        "uptime.png",
+        "endpoint.png",
+        "pool-after-action.png",
+    ] {
         assert!(
             std::fs::metadata(shots.join(shot)).is_ok_and(|m| m.len() > 10_000),
             "{shot}"

@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """The dashboard in a real browser (Debian's chromium, driven by playwright).
 
-  dashboard_test.py BASE_URL ADMIN_TOKEN SCREENSHOT_DIR
+  dashboard_test.py BASE_URL ADMIN_TOKEN SCREENSHOT_DIR UPTIME_FROM UPTIME_TO
 
 Checks the fleet view against the seeded state, search from the keyboard, the pool and endpoint
-views (timeline and transitions), an operator action signed in from the page, and that the
+views (timeline and transitions), availability and incidents over the uptime fixture's day
+(the figures the API and CLI tests check too; a 10-second ejection visible in 24 h; a bar zoomed
+into from the keyboard), an operator action signed in from the page, and that the
 change it makes appears on another open page without a reload. Writes screenshots; prints the
 figures as JSON; exits non-zero with the reason when a check fails.
 """
 import json
 import os
+import re
 import sys
 import time
 
 from playwright.sync_api import sync_playwright, expect
 
-base, admin, shots = sys.argv[1], sys.argv[2], sys.argv[3]
+base, admin, shots, up_from, up_to = sys.argv[1:6]
 os.makedirs(shots, exist_ok=True)
 figures = {}
 with sync_playwright() as p:
@@ -35,7 +38,7 @@ with sync_playwright() as p:
     figures["first_render_ms"] = int(page.evaluate("document.body.dataset.firstRenderMs"))
     figures["fleet_rows"] = page.locator("#fleet tbody tr").count()
     assert figures["fleet_rows"] >= 1001, figures
-    expect(page.locator("#main")).to_contain_text("10123 endpoints")
+    expect(page.locator("#main")).to_contain_text("10127 endpoints")
     # A pool larger than a page: counted in full, listed a page at a time.
     wide = page.locator('#fleet tr[data-pool="wide"]')
     expect(wide.locator("td").nth(1)).to_have_text("120")
@@ -57,6 +60,31 @@ with sync_playwright() as p:
     page.keyboard.press("Enter")
     expect(page.locator("#pool tbody tr")).to_have_count(120)
     expect(page.locator("#more")).to_have_count(0)
+    # Availability over the fixture's day: the same figures as the API and `vitals report`.
+    page.goto(f"{base}/#/pools/up?from={up_from}&to={up_to}")
+    expect(page.locator("#pool-availability")).to_have_text("100.000 %")
+    expect(page.locator("#pool-all")).to_have_text("99.294 %")
+    expect(page.locator('#uptime-endpoints tr[data-endpoint="a"] .availability')).to_have_text("99.306 %")
+    expect(page.locator("#uptime-endpoints tbody tr").first).to_have_attribute("data-endpoint", "a")
+    expect(page.locator("#incidents tbody tr")).to_have_count(2)
+    expect(page.locator('#incidents tr[data-endpoint="b"]')).to_contain_text("10.0 s")
+    expect(page.locator('#incidents tr[data-endpoint="a"]')).to_contain_text("ejected, readmitted")
+    # The 10-second ejection of b is visible in the 24 h lane, labelled, with b's state now.
+    blip = page.locator('#lanes tr[data-endpoint="b"] rect[data-state="unhealthy"]')
+    expect(blip).to_have_count(1)
+    figures["ten_second_ejection_px"] = blip.bounding_box()["width"]
+    assert figures["ten_second_ejection_px"] >= 3, figures
+    expect(page.locator('#lanes tr[data-endpoint="b"] td').nth(2)).to_contain_text("healthy")
+    page.screenshot(path=f"{shots}/uptime.png", full_page=True)
+    # Zoom from the keyboard: b's 05:00 bar, Enter: that hour, where b was in rotation 3590 s.
+    bar = page.locator('#uptime-endpoints tr[data-endpoint="b"] .bar').nth(5)
+    expect(bar).to_have_attribute("aria-label", re.compile(r"05:00 UTC: 99\.722 %"))
+    bar.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#uptime h3").first).to_contain_text("05:00 UTC → ")
+    expect(page.locator('#uptime-endpoints tr[data-endpoint="b"] .availability')).to_have_text("99.722 %")
+    expect(page.locator("#incidents tbody tr")).to_have_count(1)
+
     page.goto(base + "/#/")
     expect(page.locator('#fleet tr[data-pool="dash"]')).to_be_visible()
 
