@@ -1,5 +1,5 @@
-//! History query latency over a 10-million-row audit log, and ingest throughput, through the
-//! HTTP API (in-process server, loopback HTTP client).
+//! History query latency over a 10-million-row audit log, uptime and incidents of one pool over
+//! 30 days of it, and ingest throughput, through the HTTP API (loopback HTTP client).
 //!
 //!   scripts/stack.sh up && cargo run --release -p vitals-bench --bin api-bench -- [--rows 10000000]
 //!
@@ -22,6 +22,9 @@ struct Args {
     keep: bool,
     #[arg(long, default_value_t = 2_000)]
     queries: usize,
+    /// Uptime and incident queries (one pool, 30 days each).
+    #[arg(long, default_value_t = 500)]
+    uptime_queries: usize,
     /// Seconds of ingest load.
     #[arg(long, default_value_t = 10)]
     ingest_secs: u64,
@@ -186,6 +189,51 @@ async fn main() -> anyhow::Result<()> {
     let (e50, e99) = percentiles(by_endpoint);
     let (p50, p99) = percentiles(by_pool);
 
+    // Uptime and incidents: one pool over the log's 30 days (each endpoint ~1,000 transitions,
+    // the pool ~10,000). The state projection names the endpoints; loaded once.
+    sqlx::query(
+        "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason,
+           policy_version, first_seen)
+         SELECT 'pool-' || (e / $1), 'ep-' || e, 0, 'healthy', 1, 0, 100, 0, timestamptz '2026-10-01', 'first seen', 0,
+           timestamptz '2026-09-30'
+         FROM generate_series(0, $2 - 1) e ON CONFLICT DO NOTHING",
+    )
+    .bind(EP_PER_POOL)
+    .bind(POOLS * EP_PER_POOL)
+    .execute(&db)
+    .await?;
+    let range = "from=2026-10-01T00:00:00Z&to=2026-10-31T00:00:00Z";
+    let (mut uptime, mut incidents, mut listed) = (Vec::new(), Vec::new(), 0usize);
+    for i in 0..args.uptime_queries {
+        let pool = rng.below(POOLS);
+        for (path, out) in [
+            (format!("/v1/pools/pool-{pool}/uptime?{range}&bucket=day"), &mut uptime),
+            (
+                format!("/v1/incidents?pool=pool-{pool}&{range}&limit=100"),
+                &mut incidents,
+            ),
+        ] {
+            let t = Instant::now();
+            let r = http.get(format!("{base}{path}")).send().await?;
+            anyhow::ensure!(r.status().is_success(), "{path}: {}", r.status());
+            let body: serde_json::Value = r.json().await?;
+            out.push(t.elapsed().as_secs_f64() * 1000.0);
+            listed += body["items"].as_array().map_or(0, Vec::len);
+            anyhow::ensure!(
+                body["items"].is_array()
+                    || body["endpoints"]
+                        .as_array()
+                        .is_some_and(|e| e.len() == EP_PER_POOL as usize),
+                "{path}: {body}"
+            );
+        }
+        if i % 100 == 99 {
+            eprintln!("  {} uptime and incident queries", (i + 1) * 2);
+        }
+    }
+    let (u50, u99) = percentiles(uptime);
+    let (i50, i99) = percentiles(incidents);
+
     // Ingest: 4 clients posting 500-item batches for the given time.
     let deadline = Instant::now() + Duration::from_secs(args.ingest_secs);
     let mut clients = Vec::new();
@@ -226,6 +274,11 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  page of 100 by endpoint   p50 {e50:>6.2} ms   p99 {e99:>6.2} ms   (target p99 ≤ 20 ms)");
     println!("  page of 100 by pool       p50 {p50:>6.2} ms   p99 {p99:>6.2} ms");
+    println!("  uptime, one pool, 30 days p50 {u50:>6.2} ms   p99 {u99:>6.2} ms   (target p99 ≤ 50 ms; daily buckets)");
+    println!(
+        "  incidents, same, 100/page p50 {i50:>6.2} ms   p99 {i99:>6.2} ms   ({:.0} incidents a page on average)",
+        listed as f64 / args.uptime_queries.max(1) as f64
+    );
     println!("  ingest                    {ingest_rate:>8.0} items/s acknowledged by the broker (4 clients, 500-item batches)");
     if !args.keep && args.reuse.is_none() {
         sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
