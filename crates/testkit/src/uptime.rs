@@ -34,7 +34,8 @@ pub async fn insert_change(
     .unwrap();
 }
 
-fn evidence_json() -> serde_json::Value {
+/// The evidence of a test transition: 5 timeouts in a row, 3 successes in the window.
+pub fn evidence_json() -> serde_json::Value {
     serde_json::json!({
         "window_ms": 30000, "success": 3, "timeout": 5, "connect_error": 0, "connection_dropped": 0,
         "rate_limited": 0, "server_error": 0, "client_error": 0, "invalid_response": 0, "cancelled": 0,

@@ -57,18 +57,9 @@ async fn am_alert(port: u16, endpoint: &str) -> Option<(String, usize)> {
         })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
-    let topics = Topics::create(&unique("alerter"), 2, Stamp::LogAppendTime).await;
-    // The webhook receiver: Alertmanager's notifications on /hook, the Slack-style posts on /slack.
-    let received: Received = Arc::default();
-    let app = axum::Router::new()
-        .route("/{path}", post(receive))
-        .with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook_port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    // The shipped configuration, pointed at the receiver and made quick.
+/// A real Alertmanager on a free port running the shipped configuration, pointed at a webhook
+/// receiver on `hook_port` and made quick, once it is ready: (its config file, port, process).
+async fn alertmanager(hook_port: u16) -> (std::path::PathBuf, u16, Service) {
     let shipped = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../deploy/alertmanager/alertmanager.yml"
@@ -85,13 +76,28 @@ async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
     let config_path = std::env::temp_dir().join(format!("{}.yml", unique("am")));
     std::fs::write(&config_path, config).unwrap();
     let am_port = free_port();
-    let mut am = vitals_testkit::alertmanager(&config_path, am_port);
+    let am = vitals_testkit::alertmanager(&config_path, am_port);
     wait_until("Alertmanager ready", Duration::from_secs(30), || async move {
         reqwest::get(format!("http://127.0.0.1:{am_port}/-/ready"))
             .await
             .is_ok_and(|r| r.status().is_success())
     })
     .await;
+    (config_path, am_port, am)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
+    let topics = Topics::create(&unique("alerter"), 2, Stamp::LogAppendTime).await;
+    // The webhook receiver: Alertmanager's notifications on /hook, the Slack-style posts on /slack.
+    let received: Received = Arc::default();
+    let app = axum::Router::new()
+        .route("/{path}", post(receive))
+        .with_state(received.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (config_path, am_port, mut am) = alertmanager(hook_port).await;
 
     let group = unique("alerter");
     let args: Vec<String> = [
@@ -278,24 +284,7 @@ async fn am_active(port: u16, name: &str, endpoint: &str) -> Option<Vec<String>>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_availability_alert_fires_below_its_threshold_and_resolves() {
     let topics = Topics::create(&unique("avail"), 1, Stamp::LogAppendTime).await;
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/alertmanager/alertmanager.yml"
-    ))
-    .unwrap();
-    let config = shipped
-        .replace("group_wait: 30s", "group_wait: 200ms")
-        .replace("group_interval: 5m", "group_interval: 500ms");
-    let config_path = std::env::temp_dir().join(format!("{}.yml", unique("am")));
-    std::fs::write(&config_path, config).unwrap();
-    let am_port = free_port();
-    let _am = vitals_testkit::alertmanager(&config_path, am_port);
-    wait_until("Alertmanager ready", Duration::from_secs(30), || async move {
-        reqwest::get(format!("http://127.0.0.1:{am_port}/-/ready"))
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await;
+    let (_, am_port, _am) = alertmanager(free_port()).await;
     let args: Vec<String> = [
         "--brokers",
         &brokers(),

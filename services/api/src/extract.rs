@@ -96,3 +96,19 @@ pub fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limit
     })?;
     serde_json::from_slice(&body).map_err(|e| ApiError::invalid("body", format!("not valid JSON for this route: {e}")))
 }
+
+/// A page cursor: the position of a page's last item, as URL-safe base64 of its JSON.
+pub fn encode_cursor<T: serde::Serialize>(position: &T) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(position).unwrap_or_default())
+}
+
+/// A cursor back to its position; 400 naming `cursor` for anything a page did not hand out.
+pub fn decode_cursor<T: DeserializeOwned>(s: &str) -> Result<T, ApiError> {
+    use base64::Engine as _;
+    let bad = || ApiError::invalid("cursor", "not a cursor from a previous page");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s)
+        .map_err(|_| bad())?;
+    serde_json::from_slice(&bytes).map_err(|_| bad())
+}

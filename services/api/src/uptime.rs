@@ -7,7 +7,6 @@ use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -144,15 +143,11 @@ impl Cursor {
     }
 
     fn encode(&self) -> String {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+        crate::extract::encode_cursor(self)
     }
 
     fn decode(s: &str) -> Result<Cursor, ApiError> {
-        let bad = || ApiError::invalid("cursor", "not a cursor from a previous page");
-        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(s)
-            .map_err(|_| bad())?;
-        let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+        let c: Cursor = crate::extract::decode_cursor(s)?;
         crate::extract::no_control("cursor", &c.e)?;
         Ok(c)
     }

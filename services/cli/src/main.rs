@@ -249,22 +249,7 @@ async fn health(pool: Option<String>, endpoint: Option<String>, conn: &Connectio
     let f2 = |v: f64| format!("{v:.2}");
     match (pool, endpoint) {
         (None, _) => {
-            // Every pool, a page at a time, with its counts (no endpoint rows).
-            let mut pools = Vec::new();
-            let mut after = String::new();
-            loop {
-                let page: view::PoolPage = api
-                    .get_as(
-                        "/v1/pools",
-                        &[("endpoints", "0".into()), ("limit", "1000".into()), ("after", after)],
-                    )
-                    .await?;
-                pools.extend(page.pools);
-                match page.next_after {
-                    Some(a) => after = a,
-                    None => break,
-                }
-            }
+            let pools = report::all_pools(&api).await?;
             if conn.json {
                 return print_typed(&view::PoolPage {
                     pools,

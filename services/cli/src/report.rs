@@ -22,9 +22,9 @@ pub struct PoolReport {
     pub incidents: Vec<Incident>,
 }
 
-/// Every pool's name, a page at a time.
-async fn pool_names(api: &Api) -> anyhow::Result<Vec<String>> {
-    let mut names = Vec::new();
+/// Every pool with its counts (no endpoint rows), a page at a time.
+pub async fn all_pools(api: &Api) -> anyhow::Result<Vec<view::PoolHealth>> {
+    let mut pools = Vec::new();
     let mut after = String::new();
     loop {
         let page: view::PoolPage = api
@@ -33,10 +33,10 @@ async fn pool_names(api: &Api) -> anyhow::Result<Vec<String>> {
                 &[("endpoints", "0".into()), ("limit", "1000".into()), ("after", after)],
             )
             .await?;
-        names.extend(page.pools.into_iter().map(|p| p.pool));
+        pools.extend(page.pools);
         match page.next_after {
             Some(a) => after = a,
-            None => return Ok(names),
+            None => return Ok(pools),
         }
     }
 }
@@ -59,7 +59,7 @@ fn bucket(from: &str, to: &str) -> &'static str {
 pub async fn read(api: &Api, from: &str, to: &str, pool: Option<String>) -> anyhow::Result<Report> {
     let names = match pool {
         Some(p) => vec![p],
-        None => pool_names(api).await?,
+        None => all_pools(api).await?.into_iter().map(|p| p.pool).collect(),
     };
     let range = [("from", from.to_owned()), ("to", to.to_owned())];
     let mut pools = Vec::with_capacity(names.len());

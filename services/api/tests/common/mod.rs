@@ -140,14 +140,7 @@ pub async fn insert_transition(
     reason_code: &str,
     t_us: i64,
 ) {
-    let evidence = serde_json::json!({
-        "window_ms": 30000, "success": 3, "timeout": 5, "connect_error": 0, "connection_dropped": 0,
-        "rate_limited": 0, "server_error": 0, "client_error": 0, "invalid_response": 0, "cancelled": 0,
-        "failure_rate": 0.625, "score": 40.0, "ttft_p50_ms": 250.0, "ttft_p99_ms": null,
-        "latency_ewma_ms": null, "pool_latency_median_ms": null, "consecutive_failures": 5,
-        "consecutive_successes": 0, "consecutive_hard_failures": 5, "isolations": 1,
-        "thresholds": ["consecutive_failures>=5"]
-    });
+    let evidence = vitals_testkit::uptime::evidence_json();
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
