@@ -9,3 +9,11 @@ UPDATE endpoint_state e SET first_seen = LEAST(
 
 -- The pool's flags at a range's start and over it, without a scan of its decisions.
 CREATE INDEX pool_events_by_time ON pool_events (pool, stream_time, seq);
+
+-- Uptime reads each endpoint's transitions over a range: with the columns it needs in the index,
+-- that is an index-only scan instead of one heap page per transition (one pool over 30 days of a
+-- 10 M-row log: 59 ms of SQL before, 7.5 ms after). The same key, so history by endpoint is
+-- served as before. Rebuilding it takes a while on a large log (20 s for 10 M rows here).
+DROP INDEX transitions_by_endpoint;
+CREATE INDEX transitions_by_endpoint ON transitions (pool, endpoint, stream_time DESC, seq DESC)
+    INCLUDE (from_state, to_state, weight, reason_code, window_calls);

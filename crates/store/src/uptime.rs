@@ -59,29 +59,30 @@ pub async fn histories(
     .bind(endpoint)
     .fetch_all(db)
     .await?;
+    // Columns by position: this loop runs once per transition of the range.
     let mut out: Vec<History> = Vec::new();
     for r in rows {
-        let name: String = r.try_get("endpoint")?;
+        let name: String = r.try_get(0)?;
         if out.last().is_none_or(|h| h.endpoint != name) {
-            let seen: DateTime<Utc> = r.try_get("seen")?;
+            let seen: DateTime<Utc> = r.try_get(1)?;
             out.push(History {
                 endpoint: name,
                 seen: seen.timestamp_micros(),
                 changes: Vec::new(),
             });
         }
-        let Some(at) = r.try_get::<Option<DateTime<Utc>>, _>("stream_time")? else {
+        let Some(at) = r.try_get::<Option<DateTime<Utc>>, _>(2)? else {
             continue;
         };
         let h = out.last_mut().expect("pushed above");
         h.changes.push(Change {
             at: at.timestamp_micros(),
-            seq: r.try_get("seq")?,
-            from: state(r.try_get("from_state")?)?,
-            to: state(r.try_get("to_state")?)?,
-            weight: r.try_get("weight")?,
-            code: r.try_get("reason_code")?,
-            calls: r.try_get("window_calls")?,
+            seq: r.try_get(3)?,
+            from: state(r.try_get(4)?)?,
+            to: state(r.try_get(5)?)?,
+            weight: r.try_get(6)?,
+            code: r.try_get(7)?,
+            calls: r.try_get(8)?,
         });
     }
     Ok(out)

@@ -154,7 +154,9 @@ async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_
             .transition_after(ep, "unhealthy", at, Duration::from_secs(60))
             .await;
         let maint = wait_server(&api, ep, "in maintenance", |s| s.admin_state & admin::FMAINT != 0).await;
-        let last = seen.wait_left_out(ep, at, 3.0, Duration::from_secs(30)).await;
+        let last = seen
+            .wait_left_out(ep, at, vitals_system_tests::LEFT_OUT_CALLS, Duration::from_secs(120))
+            .await;
         let evidence = evidence_from(&stack, &triggers, &gateway).await;
         assert!(
             !evidence.is_empty() && evidence.iter().all(|c| c.outcome == class && c.endpoint == ep),

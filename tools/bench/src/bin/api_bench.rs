@@ -69,17 +69,17 @@ async fn load(db: &sqlx::PgPool, rows: i64) -> anyhow::Result<()> {
         eprintln!("  loaded {done} of {rows} rows ({:.0} s)", t.elapsed().as_secs_f64());
     }
     eprintln!("  building indexes…");
-    sqlx::query("CREATE INDEX transitions_by_endpoint ON transitions (pool, endpoint, stream_time DESC, seq DESC)")
-        .execute(db)
-        .await?;
-    sqlx::query("CREATE INDEX transitions_by_pool ON transitions (pool, stream_time DESC, endpoint DESC, seq DESC)")
-        .execute(db)
-        .await?;
-    sqlx::query(
+    for ddl in [
+        "CREATE INDEX transitions_by_endpoint ON transitions (pool, endpoint, stream_time DESC, seq DESC)",
+        "CREATE INDEX transitions_by_pool ON transitions (pool, stream_time DESC, endpoint DESC, seq DESC)",
         "CREATE INDEX transitions_by_time ON transitions (stream_time DESC, pool DESC, endpoint DESC, seq DESC)",
-    )
-    .execute(db)
-    .await?;
+    ] {
+        // An index over 10 M rows may take longer than the sessions' statement timeout.
+        let mut tx = db.begin().await?;
+        sqlx::query("SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
+        sqlx::query(ddl).execute(&mut *tx).await?;
+        tx.commit().await?;
+    }
     sqlx::query("ANALYZE transitions").execute(db).await?;
     eprintln!("  loaded and indexed in {:.0} s", t.elapsed().as_secs_f64());
     Ok(())
