@@ -23,6 +23,12 @@ pub async fn histories(
     from: Micros,
     to: Micros,
 ) -> Result<Vec<History>, StoreError> {
+    // A custom plan for each range: a generic plan cannot use the range's bounds against the
+    // index (and the endpoint filter may be absent).
+    let mut tx = db.begin().await?;
+    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
+        .execute(&mut *tx)
+        .await?;
     let rows = sqlx::query(
         "WITH eps AS (
            SELECT e.endpoint,
@@ -57,8 +63,9 @@ pub async fn histories(
     .bind(timestamp(from))
     .bind(timestamp(to))
     .bind(endpoint)
-    .fetch_all(db)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     // Columns by position: this loop runs once per transition of the range.
     let mut out: Vec<History> = Vec::new();
     for r in rows {
