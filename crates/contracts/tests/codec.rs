@@ -459,30 +459,17 @@ fn records_of_the_previous_versions_decode_with_the_new_fields_defaulted() {
         issued_at: 1_600_000_000_000_000,
         policy: policy.clone(),
     };
-    let mut fields = match apache_avro::to_value(&change).unwrap() {
-        Value::Record(f) => f,
-        v => panic!("not a record: {v:?}"),
-    };
-    for (name, v) in fields.iter_mut() {
-        if name == "policy" {
-            if let Value::Record(p) = v {
-                p.retain(|(n, _)| {
-                    !matches!(
-                        n.as_str(),
-                        "readmit_min_ms"
-                            | "cooldown_ms"
-                            | "rate_limited_share"
-                            | "peer_failure_z"
-                            | "peer_failure_margin"
-                    )
-                });
-            }
-        }
-    }
-    let value = Value::Record(fields).resolve(&v1).unwrap();
-    let mut bytes = vec![0xC3, 0x01];
-    bytes.extend_from_slice(&fingerprint(&v1).to_le_bytes());
-    bytes.extend(to_avro_datum(&v1, value).unwrap());
+    let bytes = policy_change_as(
+        &v1,
+        &change,
+        &[
+            "readmit_min_ms",
+            "cooldown_ms",
+            "rate_limited_share",
+            "peer_failure_z",
+            "peer_failure_margin",
+        ],
+    );
     assert_eq!(decode_signal(&bytes).unwrap(), Signal::Policy(change));
 }
 
@@ -501,22 +488,29 @@ fn a_version_2_policy_change_decodes_with_the_default_endpoint_cap() {
         issued_at: 1_600_000_000_000_000,
         policy: policy.clone(),
     };
-    let mut fields = match apache_avro::to_value(&change).unwrap() {
-        Value::Record(f) => f,
-        v => panic!("not a record: {v:?}"),
-    };
-    for (name, v) in fields.iter_mut() {
-        if let (true, Value::Record(p)) = (name == "policy", v) {
-            p.retain(|(n, _)| n != "max_endpoints");
-        }
-    }
-    let value = Value::Record(fields).resolve(&v2).unwrap();
-    let mut bytes = vec![0xC3, 0x01];
-    bytes.extend_from_slice(&fingerprint(&v2).to_le_bytes());
-    bytes.extend(to_avro_datum(&v2, value).unwrap());
+    let bytes = policy_change_as(&v2, &change, &["max_endpoints"]);
     let Signal::Policy(decoded) = decode_signal(&bytes).unwrap() else {
         panic!("not a policy change")
     };
     assert_eq!(decoded.policy.max_endpoints, 1_000);
     assert_eq!(decoded, change);
+}
+
+/// A policy change as a writer of an older schema sends it: the policy fields that schema lacks
+/// left out, in its single-object encoding.
+fn policy_change_as(schema: &Schema, change: &PolicyChange, left_out: &[&str]) -> Vec<u8> {
+    let mut fields = match apache_avro::to_value(change).unwrap() {
+        Value::Record(f) => f,
+        v => panic!("not a record: {v:?}"),
+    };
+    for (name, v) in fields.iter_mut() {
+        if let (true, Value::Record(p)) = (name == "policy", v) {
+            p.retain(|(n, _)| !left_out.contains(&n.as_str()));
+        }
+    }
+    let value = Value::Record(fields).resolve(schema).unwrap();
+    let mut bytes = vec![0xC3, 0x01];
+    bytes.extend_from_slice(&fingerprint(schema).to_le_bytes());
+    bytes.extend(to_avro_datum(schema, value).unwrap());
+    bytes
 }

@@ -176,11 +176,18 @@ pub async fn pool_policy(db: &PgPool, pool: &str) -> Result<Option<(i64, vitals_
     if let Some((version, policy)) = row {
         return Ok(Some((version, policy.0)));
     }
-    let known: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM endpoint_state WHERE pool = $1)")
-        .bind(pool)
-        .fetch_one(db)
-        .await?;
+    let known = pool_known(db, pool).await?;
     Ok(known.then(|| (0, vitals_contracts::Policy::default())))
+}
+
+/// Whether the processor has seen the pool (it has an endpoint).
+pub async fn pool_known(db: &PgPool, pool: &str) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM endpoint_state WHERE pool = $1)")
+            .bind(pool)
+            .fetch_one(db)
+            .await?,
+    )
 }
 
 /// Each pool's latest decision flags: (panic mode, correlated outage), for the pools asked.

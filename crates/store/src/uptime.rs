@@ -145,13 +145,3 @@ pub async fn evidence(
         .map(|(e, s, reason, ev)| ((e, s), (reason, ev.0)))
         .collect())
 }
-
-/// Whether the pool is known (has an endpoint).
-pub async fn pool_known(db: &PgPool, pool: &str) -> Result<bool, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM endpoint_state WHERE pool = $1)")
-            .bind(pool)
-            .fetch_one(db)
-            .await?,
-    )
-}

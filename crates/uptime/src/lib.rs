@@ -332,12 +332,26 @@ pub struct PoolFlags {
 
 /// The pool's figures over the range, from its endpoints' histories and its flags.
 pub fn pool(histories: &[History], flags: &PoolFlags, range: &Range) -> PoolFigures {
+    let endpoints: Vec<EndpointUptime> = histories.iter().map(|h| endpoint(h, range)).collect();
+    pool_of(histories, &endpoints, flags, range)
+}
+
+/// The pool's figures and each endpoint's (worst first), each computed once.
+pub fn uptime(histories: &[History], flags: &PoolFlags, range: &Range) -> (PoolFigures, Vec<EndpointUptime>) {
+    let mut endpoints: Vec<EndpointUptime> = histories.iter().map(|h| endpoint(h, range)).collect();
+    let figures = pool_of(histories, &endpoints, flags, range);
+    worst_first(&mut endpoints);
+    (figures, endpoints)
+}
+
+/// The pool's figures from its histories (for the sweep over time) and its endpoints' figures
+/// over the same range (for incidents and the traffic weights).
+fn pool_of(histories: &[History], endpoints: &[EndpointUptime], flags: &PoolFlags, range: &Range) -> PoolFigures {
     // Sweep the endpoints' stretches in time order with a count of those known (not in
     // maintenance) and of those in rotation.
     let mut events: Vec<(Micros, i32, i32, i32)> = Vec::new(); // (at, Δknown, Δserving-eligible, Δavailable)
-    let mut incidents = 0;
+    let incidents = endpoints.iter().map(|e| e.incidents).sum();
     for h in histories {
-        incidents += h.incidents(range).len();
         for s in h.segments(range) {
             let (eligible, available) = match s.kind {
                 Kind::Available => (1, 1),
@@ -404,8 +418,7 @@ pub fn pool(histories: &[History], flags: &PoolFlags, range: &Range) -> PoolFigu
     flag_time(state, t, range.to);
     let weighted = {
         let (mut num, mut den) = (0.0, 0.0);
-        for h in histories {
-            let e = endpoint(h, &Range { bucket: None, ..*range });
+        for e in endpoints {
             if let (Some(a), true) = (e.availability, e.calls > 0) {
                 num += a * e.calls as f64;
                 den += e.calls as f64;

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use utoipa::IntoParams;
 use vitals_contracts::view::{Incident, IncidentPage, PoolUptime};
 use vitals_contracts::Micros;
+use vitals_store::read::pool_known;
 use vitals_store::uptime as store;
 use vitals_uptime::Range;
 
@@ -87,15 +88,13 @@ pub async fn uptime(
         }
         Some(b) => return Err(ApiError::invalid("bucket", format!("{b:?} is not hour or day"))),
     };
-    if !store::pool_known(&app.db, &pool).await? {
+    if !pool_known(&app.db, &pool).await? {
         return Err(ApiError::NotFound(format!("pool {pool:?}")));
     }
     let r = Range { from, to, bucket };
     let histories = store::histories(&app.db, &pool, None, from, to).await?;
     let flags = store::pool_flags(&app.db, &pool, from, to).await?;
-    let figures = vitals_uptime::pool(&histories, &flags, &r);
-    let mut endpoints: Vec<_> = histories.iter().map(|h| vitals_uptime::endpoint(h, &r)).collect();
-    vitals_uptime::worst_first(&mut endpoints);
+    let (figures, endpoints) = vitals_uptime::uptime(&histories, &flags, &r);
     Ok(Json(PoolUptime {
         pool,
         from: vitals_contracts::view::time(from),
@@ -175,7 +174,7 @@ pub async fn incidents(
     let (from, to) = range(&q, Utc::now())?;
     let limit = crate::extract::limit_param(&q, crate::history::DEFAULT_LIMIT, crate::history::MAX_LIMIT)?;
     let cursor = q.get("cursor").map(|c| Cursor::decode(c)).transpose()?;
-    if !store::pool_known(&app.db, pool).await? {
+    if !pool_known(&app.db, pool).await? {
         return Err(ApiError::NotFound(format!("pool {pool:?}")));
     }
     let r = Range { from, to, bucket: None };
