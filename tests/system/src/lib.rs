@@ -264,6 +264,77 @@ impl Seen {
     }
 }
 
+/// Where a test reads what a gateway chose: the calls its clients saw ([`Seen`], by the
+/// response header naming the server), or the gateway's own reports on the signals topic (what
+/// it chose whatever its clients saw: on a starved machine a client may time out on calls the
+/// gateway routed well).
+#[derive(Clone, Copy)]
+pub enum Choices<'a> {
+    Seen(&'a Seen),
+    Reports { topics: &'a Topics, gateway: &'a str },
+}
+
+impl Choices<'_> {
+    /// Wait until the latest `calls` calls after `since` (unix s) all went to other endpoints
+    /// than `ep`; then the start of the last call `ep` got after `since`, or `since`.
+    pub async fn left_out(&self, ep: &str, since: f64, calls: usize, within: Duration) -> f64 {
+        let (topics, gateway) = match *self {
+            Choices::Seen(seen) => return seen.wait_left_out(ep, since, calls, within).await,
+            Choices::Reports { topics, gateway } => (topics, gateway),
+        };
+        let last = Mutex::new(since);
+        wait_until(
+            &format!("{gateway}'s reports leaving {ep} out of {calls} calls in a row"),
+            within,
+            || async {
+                let mine = reported_calls(topics, gateway, since).await;
+                if let Some((t, _)) = mine.iter().find(|(_, e)| e == ep) {
+                    *last.lock().unwrap() = *t;
+                }
+                mine.len() >= calls && mine.iter().take(calls).all(|(_, e)| e != ep)
+            },
+        )
+        .await;
+        let t = *last.lock().unwrap();
+        t
+    }
+
+    /// Wait until `ep` gets a call after `since`; the start of the first.
+    pub async fn chosen(&self, ep: &str, since: f64, within: Duration) -> f64 {
+        let (topics, gateway) = match *self {
+            Choices::Seen(seen) => return seen.wait_chosen(ep, since, within).await,
+            Choices::Reports { topics, gateway } => (topics, gateway),
+        };
+        let first = Mutex::new(None);
+        wait_until(&format!("{gateway}'s reports choosing {ep} again"), within, || async {
+            let t = reported_calls(topics, gateway, since)
+                .await
+                .into_iter()
+                .filter(|(_, e)| e == ep)
+                .map(|(t, _)| t)
+                .reduce(f64::min);
+            *first.lock().unwrap() = t;
+            t.is_some()
+        })
+        .await;
+        let t = first.lock().unwrap().take().unwrap();
+        t
+    }
+}
+
+/// `gateway`'s reported calls after `since` (unix s), newest first: (when, endpoint).
+async fn reported_calls(topics: &Topics, gateway: &str, since: f64) -> Vec<(f64, String)> {
+    let mut mine: Vec<(f64, String)> = reports(topics)
+        .await
+        .into_values()
+        .filter(|c| c.gateway == gateway)
+        .map(|c| (c.occurred_at as f64 / 1e6, c.endpoint))
+        .filter(|(t, _)| *t >= since)
+        .collect();
+    mine.sort_by(|a, b| b.0.total_cmp(&a.0));
+    mine
+}
+
 /// Calls in a row that must go elsewhere for an endpoint to count as left out: with three
 /// deployments shared evenly, 20 in a row miss one by chance 0.03 % of the time.
 pub const LEFT_OUT_CALLS: usize = 20;
@@ -272,7 +343,7 @@ pub const LEFT_OUT_CALLS: usize = 20;
 /// calls in a row elsewhere); print both. The ejection's time, trigger ids and first-token p50.
 pub async fn fault_left_out(
     stack: &Stack,
-    seen: &Seen,
+    choices: Choices<'_>,
     ep: &str,
     fault: Behaviour,
     what: &str,
@@ -284,9 +355,7 @@ pub async fn fault_left_out(
     let ejection = stack
         .transition_after(ep, "unhealthy", at, Duration::from_secs(120))
         .await;
-    let last = seen
-        .wait_left_out(ep, at, LEFT_OUT_CALLS, Duration::from_secs(120))
-        .await;
+    let last = choices.left_out(ep, at, LEFT_OUT_CALLS, Duration::from_secs(120)).await;
     eprintln!(
         "{what}: {ep} ejected {:.1} s after the fault (first token p50 {:?} ms); the gateway's last attempt on it {:+.2} s from the ejection",
         ejection.0 - at,
@@ -297,10 +366,10 @@ pub async fn fault_left_out(
 }
 
 /// Heal `ep`; wait until the gateway chooses it again, and print after how long.
-pub async fn healed_chosen(stack: &Stack, seen: &Seen, ep: &str, what: &str) {
+pub async fn healed_chosen(stack: &Stack, choices: Choices<'_>, ep: &str, what: &str) {
     stack.set(ep, healthy());
     let heal = unix_now();
-    let back = seen.wait_chosen(ep, heal, Duration::from_secs(60)).await;
+    let back = choices.chosen(ep, heal, Duration::from_secs(60)).await;
     eprintln!("{what}: {ep} chosen again {:.1} s after the heal", back - heal);
 }
 
