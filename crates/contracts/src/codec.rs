@@ -49,6 +49,7 @@ impl CodecError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SchemaKind {
     CallOutcome,
+    CallSummary,
     ProbeResult,
     Tick,
     OperatorOverride,
@@ -74,6 +75,11 @@ const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
         SchemaKind::CallOutcome,
         include_str!("../../../schemas/call_outcome.v1.avsc"),
         false,
+    ),
+    (
+        SchemaKind::CallSummary,
+        include_str!("../../../schemas/call_summary.avsc"),
+        true,
     ),
     (
         SchemaKind::ProbeResult,
@@ -246,6 +252,7 @@ macro_rules! record {
     };
 }
 record!(CallOutcome, CallOutcome);
+record!(crate::summary::CallSummary, CallSummary);
 record!(ProbeResult, ProbeResult);
 record!(Tick, Tick);
 record!(OperatorOverride, OperatorOverride);
@@ -423,6 +430,7 @@ pub fn decode_signal_generic(bytes: &[u8]) -> Result<Signal, CodecError> {
 fn decode_signal_body(kind: SchemaKind, idx: usize, body: &[u8]) -> Result<Signal, CodecError> {
     Ok(match kind {
         SchemaKind::CallOutcome => Signal::Call(decode_body(idx, body)?),
+        SchemaKind::CallSummary => Signal::Summary(decode_body(idx, body)?),
         SchemaKind::ProbeResult => Signal::Probe(decode_body(idx, body)?),
         SchemaKind::Tick => Signal::Tick(decode_body(idx, body)?),
         SchemaKind::OperatorOverride => Signal::Override(decode_body(idx, body)?),
@@ -439,6 +447,7 @@ fn decode_signal_body(kind: SchemaKind, idx: usize, body: &[u8]) -> Result<Signa
 pub fn encode_signal(signal: &Signal) -> Result<Vec<u8>, CodecError> {
     match signal {
         Signal::Call(v) => encode(v),
+        Signal::Summary(v) => encode(v),
         Signal::Probe(v) => encode(v),
         Signal::Tick(v) => encode(v),
         Signal::Override(v) => encode(v),

@@ -17,6 +17,7 @@ mod fast_encode;
 pub mod hash;
 pub mod keys;
 pub mod seq;
+pub mod summary;
 mod symbols;
 pub mod types;
 pub mod validate;
@@ -24,6 +25,7 @@ pub mod validate;
 pub mod view;
 
 pub use codec::{decode, decode_signal, encode, encode_signal, CodecError, Record, SchemaKind};
+pub use summary::{CallSummary, Histogram, HistogramBucket, OutcomeCounts, Summarizer, SummaryConfig};
 pub use types::*;
 pub use validate::{validate_name, validate_signal, ValidationError};
 

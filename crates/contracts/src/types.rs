@@ -278,6 +278,8 @@ pub struct PolicyChange {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Signal {
     Call(CallOutcome),
+    /// Calls summed at the gateway ([`crate::summary`]).
+    Summary(crate::summary::CallSummary),
     Probe(ProbeResult),
     Tick(Tick),
     Override(OperatorOverride),
@@ -289,6 +291,7 @@ impl Signal {
     pub fn pool(&self) -> Option<&str> {
         match self {
             Signal::Call(c) => Some(&c.pool),
+            Signal::Summary(s) => Some(&s.pool),
             Signal::Probe(p) => Some(&p.pool),
             Signal::Override(o) => Some(&o.pool),
             Signal::Policy(p) => Some(&p.pool),
@@ -300,6 +303,7 @@ impl Signal {
     pub fn endpoint(&self) -> Option<&str> {
         match self {
             Signal::Call(c) => Some(&c.endpoint),
+            Signal::Summary(s) => Some(&s.endpoint),
             Signal::Probe(p) => Some(&p.endpoint),
             Signal::Override(o) => Some(&o.endpoint),
             Signal::Policy(_) | Signal::Tick(_) => None,
@@ -310,6 +314,7 @@ impl Signal {
     pub fn id(&self) -> &str {
         match self {
             Signal::Call(c) => &c.event_id,
+            Signal::Summary(s) => &s.summary_id,
             Signal::Probe(p) => &p.probe_id,
             Signal::Override(o) => &o.override_id,
             Signal::Policy(p) => &p.change_id,
@@ -320,6 +325,7 @@ impl Signal {
     pub fn occurred_at(&self) -> Micros {
         match self {
             Signal::Call(c) => c.occurred_at,
+            Signal::Summary(s) => s.ended_at,
             Signal::Probe(p) => p.occurred_at,
             Signal::Override(o) => o.issued_at,
             Signal::Policy(p) => p.issued_at,

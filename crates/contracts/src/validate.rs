@@ -141,6 +141,7 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
                 }
             }
         }
+        Signal::Summary(s) => validate_summary(s, reference)?,
         Signal::Probe(p) => {
             validate_name("probe_id", &p.probe_id)?;
             validate_name("pool", &p.pool)?;
@@ -187,6 +188,134 @@ pub fn validate_signal(signal: &Signal, reference: Option<Micros>) -> Result<(),
             timestamp("issued_at", p.issued_at, reference)?;
             validate_policy(&p.policy)?;
         }
+    }
+    Ok(())
+}
+
+/// Most calls one summary may sum: a million calls a second to one endpoint for an hour.
+pub const MAX_SUMMARY_CALLS: i64 = 3_600_000_000;
+/// The longest interval one summary may cover: a minute.
+pub const MAX_SUMMARY_SPAN_US: i64 = 60_000_000;
+/// Most buckets in a summary's histogram (an hour needs 1,106 at 1 %).
+pub const MAX_HISTOGRAM_BUCKETS: usize = 1_200;
+
+fn histogram(field: &'static str, h: &crate::summary::Histogram, calls: i64) -> Result<(), ValidationError> {
+    if h.buckets.len() > MAX_HISTOGRAM_BUCKETS {
+        return Err(bad(
+            field,
+            format!("{} buckets; at most {MAX_HISTOGRAM_BUCKETS}", h.buckets.len()),
+        ));
+    }
+    let top = crate::summary::Histogram::index(MAX_DURATION_US);
+    let mut last = -1;
+    for b in &h.buckets {
+        if b.index <= last || b.index > top {
+            return Err(bad(
+                field,
+                format!(
+                    "bucket indexes must ascend within 0..={top} (an hour); {} follows {last}",
+                    b.index
+                ),
+            ));
+        }
+        if b.count <= 0 {
+            return Err(bad(
+                field,
+                format!("bucket {} counts {}; counts are above 0", b.index, b.count),
+            ));
+        }
+        last = b.index;
+    }
+    if h.count() > calls {
+        return Err(bad(field, format!("{} values for {calls} successful calls", h.count())));
+    }
+    if h.sum_us < 0 {
+        return Err(bad(field, format!("sum_us {} is negative", h.sum_us)));
+    }
+    Ok(())
+}
+
+fn validate_summary(s: &crate::summary::CallSummary, reference: Option<Micros>) -> Result<(), ValidationError> {
+    validate_name("summary_id", &s.summary_id)?;
+    validate_name("pool", &s.pool)?;
+    validate_name("endpoint", &s.endpoint)?;
+    validate_name("gateway", &s.gateway)?;
+    timestamp("started_at", s.started_at, reference)?;
+    timestamp("ended_at", s.ended_at, reference)?;
+    if s.ended_at < s.started_at || s.ended_at - s.started_at > MAX_SUMMARY_SPAN_US {
+        return Err(bad(
+            "ended_at",
+            format!(
+                "must be within a minute after started_at ({} µs after)",
+                s.ended_at - s.started_at
+            ),
+        ));
+    }
+    for (c, n) in OutcomeClass::ALL.iter().map(|c| (*c, s.calls.get(*c))) {
+        if !(0..=MAX_SUMMARY_CALLS).contains(&n) {
+            return Err(bad(
+                "calls",
+                format!("{}: {n} is not within 0..={MAX_SUMMARY_CALLS}", c.as_str()),
+            ));
+        }
+    }
+    let total = s.calls.total();
+    if total == 0 || total > MAX_SUMMARY_CALLS {
+        return Err(bad(
+            "calls",
+            format!("{total} calls; a summary sums 1..={MAX_SUMMARY_CALLS}"),
+        ));
+    }
+    histogram("latency", &s.latency, s.calls.success)?;
+    histogram("ttft", &s.ttft, s.calls.success)?;
+    let failures = s.failures();
+    let success = s.calls.success;
+    let runs = [
+        ("leading_failures", s.leading_failures, failures),
+        ("longest_failure_run", s.longest_failure_run, failures),
+        ("trailing_failures", s.trailing_failures, failures),
+        ("trailing_successes", s.trailing_successes, success),
+        ("longest_hard_run", s.longest_hard_run, i64::from(s.longest_failure_run)),
+        ("trailing_hard", s.trailing_hard, i64::from(s.trailing_failures)),
+        ("trailing_rate_limited", s.trailing_rate_limited, s.calls.rate_limited),
+    ];
+    for (field, v, most) in runs {
+        if v < 0 || i64::from(v) > most {
+            return Err(bad(
+                field,
+                format!("{v} is not within 0..={most} (the calls it counts)"),
+            ));
+        }
+    }
+    if s.leading_failures > s.longest_failure_run || s.trailing_failures > s.longest_failure_run {
+        return Err(bad("longest_failure_run", "shorter than the leading or trailing run"));
+    }
+    if s.trailing_failures > 0 && s.trailing_successes > 0 {
+        return Err(bad(
+            "trailing_successes",
+            "a summary ends with failures or with successes, not both",
+        ));
+    }
+    if let Some(r) = s.max_retry_after_ms {
+        if !(0..=MAX_POLICY_SPAN_MS).contains(&r) {
+            return Err(bad(
+                "max_retry_after_ms",
+                format!("{r} ms is not within 0..={MAX_POLICY_SPAN_MS} ms (a day)"),
+            ));
+        }
+    }
+    if s.models.len() > crate::summary::MAX_SUMMARY_MODELS {
+        return Err(bad(
+            "models",
+            format!(
+                "{} entries; at most {}",
+                s.models.len(),
+                crate::summary::MAX_SUMMARY_MODELS
+            ),
+        ));
+    }
+    for m in &s.models {
+        validate_name("models", m)?;
     }
     Ok(())
 }

@@ -420,7 +420,7 @@ proptest! {
 #[test]
 fn the_fuzz_target_covers_every_schema_version() {
     let known = codec::known_schemas();
-    assert_eq!(known.len(), 12, "{known:?}");
+    assert_eq!(known.len(), 13, "{known:?}");
     assert_eq!(
         known.iter().filter(|k| !k.2).count(),
         4,
@@ -513,4 +513,34 @@ fn policy_change_as(schema: &Schema, change: &PolicyChange, left_out: &[&str]) -
     bytes.extend_from_slice(&fingerprint(schema).to_le_bytes());
     bytes.extend(to_avro_datum(schema, value).unwrap());
     bytes
+}
+
+proptest! {
+    /// A summary of random calls survives the codec, and the summarizer's records pass
+    /// validation (what the processor checks before the engine).
+    #[test]
+    fn summaries_of_random_calls_round_trip_and_validate(
+        calls in proptest::collection::vec((0usize..9, 0i64..5_000_000, proptest::option::of(0i64..3_000_000)), 1..200),
+    ) {
+        let cfg = SummaryConfig { failure_cap: 3, ..SummaryConfig::default() };
+        let mut s = Summarizer::new(cfg, "prop");
+        let mut out = Vec::new();
+        let t0 = 1_700_000_000_000_000i64;
+        for (i, (class, latency, ttft)) in calls.into_iter().enumerate() {
+            let t = t0 + i as i64 * 7_000;
+            let c = CallOutcome {
+                latency_us: latency,
+                ttft_us: ttft,
+                model: Some(format!("m{}", i % 20)),
+                retry_after_ms: (class == 4).then_some(1_000),
+                ..CallOutcome::new(format!("c{i}"), "p", "e", "gw", t, OutcomeClass::ALL[class])
+            };
+            s.add(c, t + latency, &mut out);
+        }
+        s.flush_all(&mut out);
+        for sig in &out {
+            prop_assert_eq!(validate_signal(sig, Some(t0)), Ok(()));
+            prop_assert_eq!(&decode_signal(&encode_signal(sig).unwrap()).unwrap(), sig);
+        }
+    }
 }

@@ -99,6 +99,38 @@ pub(crate) struct Entered {
     pub was_cooling: bool,
 }
 
+/// The TTFT part of the score (seed 001): 100 at the baseline, 0 at `ttft_max_ms`.
+pub(crate) fn ttft_score(ms: f64, policy: &Policy) -> f64 {
+    let s = 100.0 - (ms - policy.ttft_baseline_ms) / (policy.ttft_max_ms - policy.ttft_baseline_ms) * 100.0;
+    s.clamp(0.0, 100.0)
+}
+
+/// What a run of a call summary is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunKind {
+    /// 4xx and cancelled calls: the window only.
+    Neutral,
+    Failures,
+    Successes,
+    RateLimited,
+}
+
+/// A run of like outcomes of one endpoint, applied at once: calls per class, and the counters
+/// as the run leaves them.
+#[derive(Debug, Clone)]
+pub(crate) struct Run<'a> {
+    pub kind: RunKind,
+    pub counts: &'a [(OutcomeClass, u64)],
+    pub failures: u32,
+    pub successes: u32,
+    pub hard: u32,
+    pub rate_limited: u16,
+    /// TTFT samples for the ring (µs), at most [`TTFT_SAMPLES`] spread over the run's.
+    pub ttft: &'a [i64],
+    /// The mean TTFT score of the run's successes.
+    pub ttft_score: Option<f64>,
+}
+
 /// Deterministic jitter for a retry: up to a quarter of `base`, from the endpoint's names (`key`)
 /// and the attempt (FNV-1a), so that replaying the log gives the same times and retries of
 /// different endpoints (or of one endpoint after each failed trial) never line up with a
@@ -440,11 +472,7 @@ impl Tracker {
         let ttft_score = match (failed, ttft_us) {
             (true, _) => 0.0,
             (false, None) => 100.0,
-            (false, Some(t)) => {
-                let ms = t as f64 / 1000.0;
-                let s = 100.0 - (ms - policy.ttft_baseline_ms) / (policy.ttft_max_ms - policy.ttft_baseline_ms) * 100.0;
-                s.clamp(0.0, 100.0)
-            }
+            (false, Some(t)) => ttft_score(t as f64 / 1000.0, policy),
         };
         let success_rate = (1.0 - rate.failure_rate()) * 100.0;
         let sample = 0.6 * ttft_score + 0.4 * success_rate;
@@ -458,6 +486,85 @@ impl Tracker {
             None
         };
         rate
+    }
+
+    /// Record a run of outcomes at once, from a call summary: the window, the counters as the
+    /// run leaves them, the TTFT samples, and the score as if each outcome had come alone
+    /// (a success's sample from the run's mean TTFT score, in closed form). The window takes
+    /// every call of the run at `now`.
+    pub(crate) fn record_run(&mut self, now: Micros, policy: &Policy, run: &Run<'_>, id: &str) -> Rate {
+        let bucket = us(policy.bucket_ms);
+        for (c, n) in run.counts {
+            self.window.record_n(now, bucket, *c, *n);
+        }
+        let rate = self.rate(now, policy);
+        let calls: u64 = run.counts.iter().map(|(_, n)| n).sum();
+        if calls == 0 || run.kind == RunKind::Neutral {
+            return rate;
+        }
+        let shifts = calls.min(16) as u32;
+        let limited = run.kind == RunKind::RateLimited;
+        self.limited_bits = if limited {
+            self.limited_bits.checked_shl(shifts).unwrap_or(0) | (u16::MAX >> (16 - shifts))
+        } else {
+            self.limited_bits.checked_shl(shifts).unwrap_or(0)
+        };
+        self.consecutive_rate_limited = run.rate_limited;
+        if limited {
+            return rate;
+        }
+        self.consecutive_failures = run.failures;
+        self.consecutive_successes = run.successes;
+        self.consecutive_hard = run.hard;
+        if run.kind == RunKind::Failures {
+            if !self.failure_ids.iter().any(|i| i == id) {
+                if self.failure_ids.len() == MAX_TRIGGERS {
+                    self.failure_ids.remove(0);
+                }
+                self.failure_ids.push(id.to_owned());
+            }
+        } else {
+            self.failure_ids.clear();
+        }
+        for t in run.ttft {
+            self.ttft_us[self.ttft_pos as usize] = u32::try_from(*t).unwrap_or(u32::MAX);
+            self.ttft_pos = ((self.ttft_pos as usize + 1) % TTFT_SAMPLES) as u8;
+            self.ttft_len = (self.ttft_len + 1).min(TTFT_SAMPLES as u8);
+        }
+        let success_rate = (1.0 - rate.failure_rate()) * 100.0;
+        let sample = match run.kind {
+            RunKind::Failures => 0.4 * success_rate,
+            _ => 0.6 * run.ttft_score.unwrap_or(100.0) + 0.4 * success_rate,
+        };
+        let keep = policy.ewma_beta.powf(calls as f64);
+        self.score = keep * self.score + (1.0 - keep) * sample;
+        if self.consecutive_hard >= policy.hard_break_after as u32 {
+            self.score = 0.0;
+        }
+        self.above_since = if self.score > policy.recover_above {
+            self.above_since.or(Some(now))
+        } else {
+            None
+        };
+        rate
+    }
+
+    /// Record the latencies of `n` successes with mean `mean_us` (a call summary's): the EWMA
+    /// moves as `n` samples of the mean would move it.
+    pub(crate) fn record_latencies(&mut self, n: u64, mean_us: f64, policy: &Policy) {
+        if n == 0 {
+            return;
+        }
+        let ms = mean_us / 1000.0;
+        let keep = policy.ewma_beta.powf(n as f64);
+        self.latency_ewma_ms = if self.latency_samples == 0 {
+            ms
+        } else {
+            keep * self.latency_ewma_ms + (1.0 - keep) * ms
+        };
+        self.latency_samples = self
+            .latency_samples
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
     pub(crate) fn record_latency(&mut self, latency_us: i64, policy: &Policy) {

@@ -74,6 +74,12 @@ impl Window {
     }
 
     pub fn record(&mut self, now: Micros, bucket_us: i64, class: OutcomeClass) {
+        self.record_n(now, bucket_us, class, 1);
+    }
+
+    /// Record `calls` outcomes of one class at once (a call summary's).
+    pub fn record_n(&mut self, now: Micros, bucket_us: i64, class: OutcomeClass, calls: u64) {
+        let add = u32::try_from(calls).unwrap_or(u32::MAX);
         let n = number(now, bucket_us);
         let len = self.buckets.len();
         let slot = &mut self.buckets[n as usize % len];
@@ -83,11 +89,12 @@ impl Window {
                 ..Bucket::default()
             };
         }
-        slot.counts[class.index()] = slot.counts[class.index()].saturating_add(1);
+        let add16 = u16::try_from(add).unwrap_or(u16::MAX);
+        slot.counts[class.index()] = slot.counts[class.index()].saturating_add(add16);
         if counts_as_failure(class) {
-            slot.failed = slot.failed.saturating_add(1);
+            slot.failed = slot.failed.saturating_add(add);
         } else if class == OutcomeClass::Success {
-            slot.ok = slot.ok.saturating_add(1);
+            slot.ok = slot.ok.saturating_add(add);
         }
     }
 

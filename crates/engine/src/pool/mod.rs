@@ -13,6 +13,7 @@ mod ejection;
 mod panic;
 mod peers;
 mod readmission;
+mod summary;
 mod suspicion;
 
 use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker, LATENCY_MIN_SAMPLES};
@@ -97,6 +98,14 @@ impl Outcome<'_> {
     fn started(&self, now: Micros) -> Micros {
         now.saturating_sub(self.latency_us.max(0))
     }
+}
+
+/// The peer comparisons an outcome calls for.
+struct Checks {
+    latency: bool,
+    /// The first-token comparison, with the latest first token (µs).
+    ttft: Option<i64>,
+    failures: bool,
 }
 
 /// A transition a rule chose, before it is applied.
@@ -272,6 +281,7 @@ impl PoolState {
                 };
                 self.outcome(o, out);
             }
+            Signal::Summary(s) => self.summary(s, out),
             Signal::Probe(p) => {
                 self.probe_bookkeeping(p);
                 let o = Outcome {
@@ -353,39 +363,61 @@ impl PoolState {
                 .ttft_us
                 .is_some_and(|v| t.ttft_outlier() || v as f64 > policy.ttft_max_ms * 1000.0);
         }
-        let check_failures = counts_as_failure(class) || t.failure_outlier();
-        let state = t.state();
+        let checks = Checks {
+            latency: check_latency,
+            ttft: check_ttft.then(|| o.ttft_us.unwrap_or(0)),
+            failures: counts_as_failure(class) || t.failure_outlier(),
+        };
+        self.decide(o.endpoint, o.id, Some(&o), class, slow, checks, totals, out);
+    }
+
+    /// The rules after an outcome (or a run of a summary's) was recorded: the peer comparisons
+    /// it calls for, then the endpoint's rules for its state (an endpoint out of rotation is
+    /// decided by single outcomes only, `o`), then the pool's.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &mut self,
+        endpoint: &str,
+        id: &str,
+        o: Option<&Outcome<'_>>,
+        class: OutcomeClass,
+        slow: bool,
+        checks: Checks,
+        totals: Rate,
+        out: &mut Vec<Decision>,
+    ) {
+        let state = self.endpoints[endpoint].state();
         let in_rotation = matches!(
             state,
             HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
         );
-        if check_latency {
-            self.check_latency_outlier(o.endpoint);
+        if checks.latency {
+            self.check_latency_outlier(endpoint);
         }
-        if check_ttft && in_rotation {
-            self.check_ttft_outlier(o.endpoint, o.ttft_us.unwrap_or(0));
+        if let Some(latest) = checks.ttft.filter(|_| in_rotation) {
+            self.check_ttft_outlier(endpoint, latest);
         }
-        if check_failures && in_rotation {
-            self.check_failure_outlier(o.endpoint);
+        if checks.failures && in_rotation {
+            self.check_failure_outlier(endpoint);
         }
         let change = match state {
             HealthState::Unhealthy | HealthState::Recovering | HealthState::Maintenance => {
-                self.isolated_outcome(&o, class)
+                o.and_then(|o| self.isolated_outcome(o, class))
             }
-            _ if class == OutcomeClass::RateLimited => self.rate_limited(o.endpoint),
+            _ if class == OutcomeClass::RateLimited => self.rate_limited(endpoint),
             _ if slow => {
                 let extra = [format!("ttft>{}ms", self.policy.slow_call_ms)];
-                self.automatic_change(o.endpoint, &extra, Some(totals))
+                self.automatic_change(endpoint, &extra, Some(totals))
             }
-            _ => self.automatic_change(o.endpoint, &[], Some(totals)),
+            _ => self.automatic_change(endpoint, &[], Some(totals)),
         };
         if let Some(mut change) = change {
             if change.triggers.is_empty() {
-                change.triggers.push(o.id.to_owned());
+                change.triggers.push(id.to_owned());
             }
-            self.apply_change(o.endpoint, change, out);
+            self.apply_change(endpoint, change, out);
         } else {
-            let d = self.endpoints[o.endpoint].deadline(&self.policy);
+            let d = self.endpoints[endpoint].deadline(&self.policy);
             self.arm(d);
         }
         self.pool_rules(out, None);

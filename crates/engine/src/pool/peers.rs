@@ -50,6 +50,12 @@ impl PoolState {
     pub(super) fn check_latency_outlier(&mut self, name: &str) {
         let min_peers = self.policy.latency_outlier_min_peers as usize;
         let Some(median) = self.peer_median(name, true, min_peers) else {
+            // Too few peers to compare with: no outlier (a flag kept from before would outlive
+            // the fault, and degrade the endpoint the moment it is back in rotation).
+            self.endpoints
+                .get_mut(name)
+                .expect("known endpoint")
+                .set_latency_outlier(false);
             return;
         };
         let policy = &self.policy;

@@ -1,0 +1,374 @@
+//! A call summary (`vitals_contracts::summary`): the calls a gateway summed, applied as runs.
+//!
+//! A summary holds the calls between two failures reported one by one (or every call beyond the
+//! reporter's failure cap), so it is applied as at most six runs in the order the calls came:
+//! 429s (first or last, as the summary says), the leading failures (which continue a run begun
+//! before), successes, the failures in the middle (between successes, at most the longest run
+//! long), successes, the trailing failures. Each run moves the window, the counters and the score as
+//! its calls would have one by one (the score in closed form, from the run's mean), then the
+//! rules run once — at the summary's stream time, so a transition a call inside the run would
+//! have made comes up to one summary interval later. Where the decisions can differ from the
+//! calls' one by one:
+//! - the order inside a run of failures of several classes, and where the longest run lay
+//!   (its length counts, as if it came first);
+//! - the score's path inside a run (a mean, not each call's TTFT): a score that crosses a
+//!   threshold and comes back within one run crosses it one by one, not summed;
+//! - first tokens: the ring of recent samples takes 16 values spread over the run's
+//!   distribution (1 % error), not the last 16 in order;
+//! - an endpoint out of rotation is decided by single calls: up to [`EXPAND_MAX`] of a run are
+//!   applied one by one (with the run's mean latency and spread first tokens), the rest only
+//!   recorded;
+//! - beyond the reporter's failure cap (8 an interval, 32 a second at 250 ms), the order of
+//!   failures among successes is lost but for the runs the summary counts (leading, longest,
+//!   trailing): a rule that counts failures in a row while the endpoint is out of rotation (10 on
+//!   probation) may fire where the calls one by one did not, or the other way. An endpoint out
+//!   of rotation gets few calls (weight 0, or 0.01 on probation), so its failures seldom pass
+//!   the cap; the property test (`tests/summaries.rs`) keeps a failing endpoint's under it;
+//! - a transition made on a summary is made at its stream time, up to an interval after the
+//!   call that decided it: a call that began before that time is stale evidence to the state
+//!   it entered (begun before it), where one by one it may have been fresh, so a decision that
+//!   follows (a failure while recovering) may wait for the next such call;
+//! - a state held for less than one interval call by call may be passed over (the summary
+//!   shows the interval at once): degraded on the way to an ejection that comes 100 ms later.
+
+use super::{Checks, Outcome, PoolState, Source};
+use crate::endpoint::{ttft_score, us, Run, RunKind, LATENCY_MIN_SAMPLES, TTFT_SAMPLES};
+use crate::window::counts_as_failure;
+use crate::Decision;
+use vitals_contracts::{CallSummary, HealthState, Histogram, OutcomeClass};
+
+/// Calls of a run applied one by one while the endpoint is out of rotation: more than any
+/// readmission rule counts (20 passes on probation), few enough to bound a summary's cost.
+pub(crate) const EXPAND_MAX: u64 = 64;
+
+/// A run planned from a summary.
+struct Planned {
+    kind: RunKind,
+    counts: Vec<(OutcomeClass, u64)>,
+    failures: u32,
+    successes: u32,
+    hard: u32,
+    rate_limited: u16,
+}
+
+impl Planned {
+    fn calls(&self) -> u64 {
+        self.counts.iter().map(|(_, n)| n).sum()
+    }
+}
+
+fn sat32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Take the first `n` calls of `counts` (in their order) out into a new list.
+fn split_off_front(counts: &mut Vec<(OutcomeClass, u64)>, mut n: u64) -> Vec<(OutcomeClass, u64)> {
+    let mut front = Vec::new();
+    for (c, k) in counts.iter_mut() {
+        if n == 0 {
+            break;
+        }
+        let take = (*k).min(n);
+        front.push((*c, take));
+        *k -= take;
+        n -= take;
+    }
+    counts.retain(|(_, k)| *k > 0);
+    front
+}
+
+impl PoolState {
+    pub(super) fn summary(&mut self, s: &CallSummary, out: &mut Vec<Decision>) {
+        let now = self.now;
+        if !self.endpoints.contains_key(&s.endpoint) {
+            self.tracker(&s.endpoint);
+        }
+        let policy = &self.policy;
+        let t = self.endpoints.get_mut(&s.endpoint).expect("created above");
+        // 4xx and cancelled calls: the window only, as one by one.
+        for c in [OutcomeClass::ClientError, OutcomeClass::Cancelled] {
+            let n = s.calls.get(c).max(0) as u64;
+            if n > 0 {
+                t.record_run(
+                    now,
+                    policy,
+                    &Run {
+                        kind: RunKind::Neutral,
+                        counts: &[(c, n)],
+                        failures: t.consecutive_failures(),
+                        successes: t.consecutive_successes(),
+                        hard: t.consecutive_hard(),
+                        rate_limited: t.consecutive_rate_limited(),
+                        ttft: &[],
+                        ttft_score: None,
+                    },
+                    &s.summary_id,
+                );
+            }
+        }
+        // A success whose first token took longer than slow_call_ms is a timeout, as one alone.
+        let slow_us = us(policy.slow_call_ms) as f64;
+        let slow: u64 = s
+            .ttft
+            .buckets
+            .iter()
+            .filter(|b| Histogram::value(b.index) > slow_us)
+            .map(|b| b.count.max(0) as u64)
+            .sum();
+        let successes = (s.calls.success.max(0) as u64).saturating_sub(slow);
+        let mut failures: Vec<(OutcomeClass, u64)> = s
+            .calls
+            .iter()
+            .filter(|(c, _)| counts_as_failure(*c))
+            .map(|(c, n)| (c, n.max(0) as u64))
+            .collect();
+        if slow > 0 {
+            match failures.iter_mut().find(|(c, _)| *c == OutcomeClass::Timeout) {
+                Some((_, n)) => *n += slow,
+                None => failures.push((OutcomeClass::Timeout, slow)),
+            }
+        }
+        let f: u64 = failures.iter().map(|(_, n)| n).sum();
+        let limited = s.calls.rate_limited.max(0) as u64;
+        let (prev_failures, prev_successes, prev_hard, prev_limited) = (
+            t.consecutive_failures(),
+            t.consecutive_successes(),
+            t.consecutive_hard(),
+            t.consecutive_rate_limited(),
+        );
+        let (leading, longest, trailing) = (
+            s.leading_failures.max(0) as u64,
+            s.longest_failure_run.max(0) as u64,
+            (s.trailing_failures.max(0) as u64).min(f),
+        );
+        let others = successes + f;
+        let limited_run = |consecutive: u64| Planned {
+            kind: RunKind::RateLimited,
+            counts: vec![(OutcomeClass::RateLimited, limited)],
+            failures: 0,
+            successes: 0,
+            hard: 0,
+            rate_limited: u16::try_from(consecutive).unwrap_or(u16::MAX),
+        };
+        let mut plan = Vec::new();
+        let limited_last = s.trailing_rate_limited > 0;
+        if limited > 0 && !limited_last {
+            let run = if others == 0 {
+                u64::from(prev_limited) + limited
+            } else {
+                limited
+            };
+            plan.push(limited_run(run));
+        }
+        if successes == 0 {
+            if f > 0 {
+                let hard = if s.trailing_hard.max(0) as u64 == f {
+                    u64::from(prev_hard) + f
+                } else {
+                    s.longest_hard_run.max(s.trailing_hard).max(0) as u64
+                };
+                plan.push(Planned {
+                    kind: RunKind::Failures,
+                    counts: failures,
+                    failures: sat32(u64::from(prev_failures) + f),
+                    successes: 0,
+                    hard: sat32(hard),
+                    rate_limited: 0,
+                });
+            }
+        } else {
+            // Leading failures continue a run begun before the summary; a success follows them,
+            // and the failures in the middle lie between successes; the trailing run ends it.
+            let leading = leading.min(f - trailing);
+            let middle = f - trailing - leading;
+            let longest_hard = s.longest_hard_run.max(0) as u64;
+            let failures_run = |counts: Vec<(OutcomeClass, u64)>, run: u64, hard: u64| Planned {
+                kind: RunKind::Failures,
+                counts,
+                failures: sat32(run),
+                successes: 0,
+                hard: sat32(hard),
+                rate_limited: 0,
+            };
+            let successes_run = |n: u64, run: u64| Planned {
+                kind: RunKind::Successes,
+                counts: vec![(OutcomeClass::Success, n)],
+                failures: 0,
+                successes: sat32(run),
+                hard: 0,
+                rate_limited: 0,
+            };
+            if leading > 0 {
+                let front = split_off_front(&mut failures, leading);
+                plan.push(failures_run(
+                    front,
+                    u64::from(prev_failures) + leading,
+                    u64::from(prev_hard) + leading.min(longest_hard),
+                ));
+            }
+            // The successes after the middle failures: those at the end, or half.
+            let after = match (middle, trailing) {
+                (0, _) => successes,
+                (_, 0) => (s.trailing_successes.max(1) as u64).min(successes),
+                _ => (successes / 2).max(1),
+            };
+            if middle > 0 && successes > after {
+                plan.push(successes_run(successes - after, successes - after));
+            }
+            if middle > 0 {
+                let front = split_off_front(&mut failures, middle);
+                plan.push(failures_run(
+                    front,
+                    middle.min(longest.max(1)),
+                    middle.min(longest_hard),
+                ));
+            }
+            let run = match (f, trailing) {
+                (0, _) => u64::from(prev_successes) + successes,
+                _ => after,
+            };
+            plan.push(successes_run(
+                if middle > 0 && successes > after {
+                    after
+                } else {
+                    successes
+                },
+                run,
+            ));
+            if trailing > 0 {
+                let hard = (s.trailing_hard.max(0) as u64).min(trailing);
+                plan.push(failures_run(failures, trailing, hard));
+            }
+        }
+        if limited > 0 && limited_last {
+            let run = if others == 0 {
+                u64::from(prev_limited) + limited
+            } else {
+                s.trailing_rate_limited.max(0) as u64
+            };
+            plan.push(limited_run(run));
+        }
+        for run in plan {
+            self.apply_run(s, run, out);
+        }
+    }
+
+    fn in_rotation(&self, endpoint: &str) -> bool {
+        matches!(
+            self.endpoints[endpoint].state(),
+            HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
+        )
+    }
+
+    /// Apply one run: one by one while the endpoint is out of rotation (up to [`EXPAND_MAX`]
+    /// calls), then the rest at once and the rules once.
+    fn apply_run(&mut self, s: &CallSummary, mut run: Planned, out: &mut Vec<Decision>) {
+        let ep = s.endpoint.as_str();
+        let success = run.kind == RunKind::Successes;
+        let spread: Vec<i64> = if success {
+            s.ttft
+                .spread(TTFT_SAMPLES)
+                .into_iter()
+                .map(|v| v.round() as i64)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mean_latency = s.latency.mean_us().unwrap_or(0.0);
+        let mut expanded = 0u64;
+        // The first call of a run comes alone, as do those of an endpoint out of rotation: a
+        // rule that resets the endpoint on the first success after failures (the end of a
+        // suspected shared outage, say) then sees the rest of the run after its reset.
+        while run.calls() > 0 && (expanded == 0 || !self.in_rotation(ep)) && expanded < EXPAND_MAX {
+            let class = split_off_front(&mut run.counts, 1)[0].0;
+            let o = Outcome {
+                id: &s.summary_id,
+                endpoint: ep,
+                source: Source::Call,
+                class,
+                latency_us: if success { mean_latency.round() as i64 } else { 0 },
+                ttft_us: match expanded {
+                    0 => s.ttft.quantile(0.5).map(|v| v.round() as i64),
+                    k => (!spread.is_empty()).then(|| spread[k as usize % spread.len()]),
+                },
+                retry_after_ms: s.max_retry_after_ms.filter(|_| class == OutcomeClass::RateLimited),
+                reports_dependencies: false,
+            };
+            self.outcome(o, out);
+            expanded += 1;
+        }
+        let n = run.calls();
+        if n == 0 {
+            return;
+        }
+        let now = self.now;
+        let policy = &self.policy;
+        let ttft_score = (success && !s.ttft.is_empty()).then(|| {
+            let streamed = s.ttft.count().max(1) as f64;
+            let scored: f64 = s
+                .ttft
+                .iter()
+                .map(|(v, k)| ttft_score(v / 1000.0, policy) * k as f64)
+                .sum();
+            // Successes that did not stream score 100, as one alone.
+            let plain = (s.calls.success as f64 - streamed).max(0.0);
+            (scored + 100.0 * plain) / (streamed + plain)
+        });
+        let ttft: Vec<i64> = if success {
+            s.ttft
+                .spread(TTFT_SAMPLES.min(n as usize))
+                .into_iter()
+                .map(|v| v.round() as i64)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let t = self.endpoints.get_mut(ep).expect("known endpoint");
+        let totals = t.record_run(
+            now,
+            policy,
+            &Run {
+                kind: run.kind,
+                counts: &run.counts,
+                failures: run.failures,
+                successes: run.successes,
+                hard: run.hard,
+                rate_limited: run.rate_limited,
+                ttft: &ttft,
+                ttft_score,
+            },
+            &s.summary_id,
+        );
+        let mut check_latency = false;
+        let mut check_ttft = None;
+        let class = match run.kind {
+            RunKind::Successes => {
+                if !s.latency.is_empty() {
+                    t.record_latencies(n, mean_latency, policy);
+                }
+                check_latency = t.latency_samples() >= LATENCY_MIN_SAMPLES;
+                check_ttft = s
+                    .ttft
+                    .quantile(0.5)
+                    .filter(|v| t.ttft_outlier() || *v > policy.ttft_max_ms * 1000.0)
+                    .map(|v| v.round() as i64);
+                OutcomeClass::Success
+            }
+            RunKind::RateLimited => {
+                if let Some(ms) = s.max_retry_after_ms {
+                    t.note_retry_after(ms);
+                }
+                OutcomeClass::RateLimited
+            }
+            RunKind::Failures | RunKind::Neutral => run.counts[0].0,
+        };
+        // Out of rotation the rest of a run is recorded and compared with the peers (an outlier
+        // flag must not outlive the fault), but only single calls decide (`decide` without one).
+        let checks = Checks {
+            latency: check_latency,
+            ttft: check_ttft,
+            failures: run.kind == RunKind::Failures || t.failure_outlier(),
+        };
+        self.decide(ep, &s.summary_id, None, class, false, checks, totals, out);
+    }
+}

@@ -1,0 +1,414 @@
+//! The engine decides the same on call summaries as on the calls they sum.
+//!
+//! Random call streams — endpoints that are healthy, down, failing a share of their calls, slow
+//! to their first token or rate-limited, in random segments and at random rates — go into one
+//! engine call by call and into another through the reporter's summarizer (the contracts'
+//! `Summarizer`, 250 ms intervals, 8 failures one by one per interval). The transitions must be
+//! the same: the same endpoints, into the same states, in the same order, each within one
+//! interval (and the summarizer's flush) of the other. Where they may differ, and why, is in
+//! `crates/engine/src/pool/summary.rs`; the streams here are the faults the engine exists for.
+
+mod common;
+use common::*;
+use proptest::prelude::*;
+use vitals_contracts::*;
+use vitals_engine::{Decision, Engine};
+
+const ENDPOINTS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+const INTERVAL: Micros = 250 * MS;
+/// How far apart the two engines may place one transition: the summary interval and the time
+/// until it is flushed (the next call or tick), or, for a decision that follows one made on a
+/// summary, the next failure after it: a transition made at a summary's stream time takes calls
+/// begun up to an interval before it for stale (begun before it), where one by one some were not
+/// (see `pool/summary.rs`).
+const SLACK: Micros = 4 * INTERVAL;
+/// A state held for less than this (an interval and its flush) may be passed over by a summary.
+const BRIEF: Micros = INTERVAL + 200 * MS;
+
+#[derive(Debug, Clone, Copy)]
+enum Regime {
+    Healthy,
+    Down,
+    /// A share (percent) of calls fail with 5xx.
+    Failing(u32),
+    /// First tokens take 3–4 s.
+    Slow,
+    /// Half the calls are 429s with a Retry-After.
+    Limited,
+}
+
+fn regime() -> impl Strategy<Value = Regime> {
+    prop_oneof![
+        6 => Just(Regime::Healthy),
+        2 => Just(Regime::Down),
+        1 => Just(Regime::Failing(15)),
+        1 => Just(Regime::Failing(60)),
+        1 => Just(Regime::Slow),
+        1 => Just(Regime::Limited),
+    ]
+}
+
+/// Per endpoint: calls a second, and its segments (regime, seconds). Two endpoints have faults,
+/// four are healthy: two out of six never meet the max-ejection rule (50 %), where which of two
+/// faulty endpoints takes the last ejection slot is a race that one call's timing decides.
+fn fleet() -> impl Strategy<Value = Vec<(u32, Vec<(Regime, i64)>)>> {
+    let faulty = (20u32..150, proptest::collection::vec((regime(), 5i64..40), 1..5));
+    let healthy = (20u32..150, Just(vec![(Regime::Healthy, 5i64)]));
+    (
+        proptest::collection::vec(faulty, 2),
+        proptest::collection::vec(healthy, ENDPOINTS.len() - 2),
+    )
+        .prop_map(|(mut f, h)| {
+            f.extend(h);
+            f
+        })
+}
+
+/// splitmix64: the calls' randomness, from the case's seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The calls of a fleet, by the time they ended. Every endpoint's calls go on to the end of the
+/// longest: the last segment of each is stretched to it.
+fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], seed: u64) -> Vec<(Micros, CallOutcome)> {
+    let mut rng = Rng(seed);
+    let mut out = Vec::new();
+    let longest = fleet
+        .iter()
+        .map(|(_, s)| s.iter().map(|(_, secs)| secs).sum::<i64>())
+        .max()
+        .unwrap_or(0);
+    for (i, (rate, segments)) in fleet.iter().enumerate() {
+        let mut segments = segments.clone();
+        let total: i64 = segments.iter().map(|(_, secs)| secs).sum();
+        if let Some(last) = segments.last_mut() {
+            last.1 += longest - total;
+        }
+        // Two healthy seconds first: a summarized engine learns of an endpoint with its first
+        // summary, up to an interval after its first call, and the pool's size (how many it may
+        // eject) must not differ at the start.
+        segments.insert(0, (Regime::Healthy, 2));
+        let ep = ENDPOINTS[i];
+        let gap = SEC / i64::from(*rate);
+        let mut t = T0 + rng.below(gap as u64) as i64;
+        let mut id = 0;
+        for (regime, secs) in &segments {
+            let end = t + secs * SEC;
+            while t < end {
+                // A failing endpoint's failures stay under the summarizer's cap (8 an interval,
+                // 32 a second; half that on average, as calls come in bursts): beyond it their
+                // order among the successes is lost (summary.rs says how).
+                if let Regime::Failing(p) = regime {
+                    let most = 16 * 100 / u64::from(*p);
+                    if u64::from(*rate) > most && rng.below(u64::from(*rate)) >= most {
+                        t += gap / 2 + rng.below(gap as u64) as i64;
+                        continue;
+                    }
+                }
+                id += 1;
+                let ttft_ms = 100 + rng.below(200) as i64;
+                let (class, ttft_ms, retry) = match regime {
+                    Regime::Healthy => (OutcomeClass::Success, Some(ttft_ms), None),
+                    Regime::Down => (OutcomeClass::ConnectError, None, None),
+                    Regime::Failing(p) if rng.below(100) < u64::from(*p) => (OutcomeClass::ServerError, None, None),
+                    Regime::Failing(_) => (OutcomeClass::Success, Some(ttft_ms), None),
+                    Regime::Slow => (OutcomeClass::Success, Some(3_000 + rng.below(1_000) as i64), None),
+                    Regime::Limited if rng.below(2) == 0 => (OutcomeClass::RateLimited, None, Some(2_000)),
+                    Regime::Limited => (OutcomeClass::Success, Some(ttft_ms), None),
+                };
+                let latency = match (class, ttft_ms) {
+                    (OutcomeClass::ConnectError, _) => MS,
+                    (_, Some(t)) => (t + 50) * MS,
+                    _ => 30 * MS,
+                };
+                let occurred = t - latency;
+                out.push((
+                    t,
+                    CallOutcome {
+                        latency_us: latency,
+                        ttft_us: ttft_ms.map(|t| t * MS),
+                        retry_after_ms: retry,
+                        http_status: match class {
+                            OutcomeClass::ServerError => Some(503),
+                            OutcomeClass::RateLimited => Some(429),
+                            OutcomeClass::Success => Some(200),
+                            _ => None,
+                        },
+                        ..CallOutcome::new(format!("{ep}-{id}"), "p", ep, "gw-1", occurred, class)
+                    },
+                ));
+                // Arrivals a little irregular: the gap ± 50 %.
+                t += gap / 2 + rng.below(gap as u64) as i64;
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.event_id.cmp(&b.1.event_id)));
+    out
+}
+
+/// (time, endpoint, to state, reason) of every transition.
+type Moves = Vec<Move>;
+
+fn moves(ds: &[(Micros, Decision)]) -> Moves {
+    ds.iter()
+        .filter_map(|(_, d)| match d {
+            Decision::Endpoint(h) => Some((h.stream_time, h.endpoint.clone(), h.to_state, h.reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tick_at(t: Micros) -> Signal {
+    Signal::Tick(Tick {
+        ticker: "ticker".into(),
+        emitted_at: t,
+    })
+}
+
+/// Both ways: call by call, and summarized. Ticks every second in both.
+fn run_both(calls: &[(Micros, CallOutcome)]) -> (Moves, Moves, usize) {
+    let mut one = Engine::new(Policy::default());
+    let mut summed = Engine::new(Policy::default());
+    let mut s = Summarizer::new(
+        SummaryConfig {
+            interval_us: INTERVAL,
+            ..SummaryConfig::default()
+        },
+        "prop",
+    );
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut records = 0;
+    let mut next_tick = T0 + SEC;
+    let mut pending = Vec::new();
+    let mut feed = |summed: &mut Engine, at: Micros, sigs: &mut Vec<Signal>, b: &mut Vec<(Micros, Decision)>| {
+        for sig in sigs.drain(..) {
+            records += 1;
+            for d in summed.step(at, &sig) {
+                b.push((at, d));
+            }
+        }
+    };
+    for (t, call) in calls {
+        while next_tick <= *t {
+            for d in one.step(next_tick, &tick_at(next_tick)) {
+                a.push((next_tick, d));
+            }
+            s.flush_due(next_tick, &mut pending);
+            feed(&mut summed, next_tick, &mut pending, &mut b);
+            for d in summed.step(next_tick, &tick_at(next_tick)) {
+                b.push((next_tick, d));
+            }
+            next_tick += SEC;
+        }
+        for d in one.step(*t, &Signal::Call(call.clone())) {
+            a.push((*t, d));
+        }
+        s.flush_due(*t, &mut pending);
+        s.add(call.clone(), *t, &mut pending);
+        feed(&mut summed, *t, &mut pending, &mut b);
+    }
+    (moves(&a), moves(&b), records)
+}
+
+type Move = (Micros, String, HealthState, String);
+
+/// A state held for less than one interval may be passed over by a summary (it sees the
+/// interval at once): the states held longer.
+fn held(v: Vec<&Move>) -> Vec<&Move> {
+    let mut kept: Vec<&Move> = Vec::new();
+    for (i, m) in v.iter().enumerate() {
+        if v.get(i + 1).is_none_or(|next| next.0 - m.0 > BRIEF) {
+            if kept.last().is_some_and(|k| k.2 == m.2) {
+                continue;
+            }
+            kept.push(m);
+        }
+    }
+    kept
+}
+
+/// How an endpoint's transitions are compared (see [`compare`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// Every ejection and readmission, in order, each within [`SLACK`], and the time degraded.
+    Moves,
+    /// The first ejection.
+    FirstOut,
+}
+
+fn judged(fleet: &[(u32, Vec<(Regime, i64)>)]) -> Vec<Judged> {
+    fleet
+        .iter()
+        .map(|(_, segments)| {
+            if segments
+                .iter()
+                .any(|(r, _)| matches!(r, Regime::Limited | Regime::Failing(_)))
+            {
+                Judged::FirstOut
+            } else {
+                Judged::Moves
+            }
+        })
+        .collect()
+}
+
+/// Where a state puts an endpoint: out of rotation, back on trial (recovering), in rotation.
+fn rotation(s: HealthState) -> &'static str {
+    match s {
+        HealthState::Unhealthy | HealthState::Maintenance => "out",
+        HealthState::Recovering => "recovering",
+        HealthState::Healthy | HealthState::Suspect | HealthState::Degraded => "in",
+    }
+}
+
+/// Time spent degraded, from the transitions before `end`.
+fn degraded_time(v: &[&Move], end: Micros) -> Micros {
+    v.iter()
+        .enumerate()
+        .filter(|(_, m)| m.2 == HealthState::Degraded)
+        .map(|(i, m)| v.get(i + 1).map_or(end, |n| n.0) - m.0)
+        .sum()
+}
+
+/// Compare the transitions before `end` (the last call) less a second: at the end of the stream
+/// a summary flushed after the last call is applied later than its calls were, when no next
+/// call would have made the same decision.
+///
+/// What must be the same: every ejection and readmission (out of rotation, recovering, back
+/// in), in order, each within [`SLACK`] — a state held for less than [`BRIEF`] may be passed over by
+/// a summary, which sees its interval at once. Degradations follow the EWMA score's path call
+/// by call, which a summary moves in closed form from its mean: where the score grazes the
+/// threshold they may flip at other calls, so the time degraded must agree within 10 % (or 2 s).
+///
+/// An endpoint that is rate-limited or fails a share of its calls ([`Judged::FirstOut`]) goes
+/// out and back again and again while the fault lasts, each return decided by single calls
+/// against a timer (the first call after a cooldown or an isolation, if it began after it) or by
+/// a run of passes on probation that chance allows. A summary's transition comes at its stream
+/// time, so one call may be stale to one engine and fresh to the other, and every later cycle
+/// shifts with it: for those the first ejection must agree within [`SLACK`].
+fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Result<(), String> {
+    let end = end - SEC;
+    let before = |m: &&Move| m.0 < end;
+    for ep in ENDPOINTS {
+        let all_x: Vec<&Move> = one.iter().filter(|m| m.1 == ep).filter(before).collect();
+        let all_y: Vec<&Move> = summed.iter().filter(|m| m.1 == ep).filter(before).collect();
+        let moves = |v: &[&Move]| {
+            let mut kept: Vec<(Micros, &'static str, HealthState, String)> = Vec::new();
+            for m in held(v.to_vec()) {
+                let r = rotation(m.2);
+                if kept.last().is_none_or(|k| k.1 != r) {
+                    kept.push((m.0, r, m.2, m.3.clone()));
+                }
+            }
+            // Entering rotation from the start is no move.
+            if kept.first().is_some_and(|k| k.1 == "in") {
+                kept.remove(0);
+            }
+            kept
+        };
+        let (x, y) = (moves(&all_x), moves(&all_y));
+        let show = |v: &[(Micros, &'static str, HealthState, String)]| {
+            v.iter()
+                .map(|m| format!("{} ms {:?}: {}", (m.0 - T0) / MS, m.2, m.3))
+                .collect::<Vec<_>>()
+        };
+        let judged = judged[ENDPOINTS.iter().position(|e| *e == ep).expect("an endpoint")];
+        if judged != Judged::Moves {
+            let first_out =
+                |v: &[(Micros, &'static str, HealthState, String)]| v.iter().find(|m| m.1 == "out").map(|m| m.0);
+            let (fx, fy) = (first_out(&x), first_out(&y));
+            let near_end = |t: Option<Micros>| t.is_none_or(|t| t >= end - SLACK);
+            if !(fx.zip(fy).is_some_and(|(p, q)| (p - q).abs() <= SLACK)
+                || (fx.is_none() || fy.is_none()) && near_end(fx) && near_end(fy))
+            {
+                return Err(format!(
+                    "{ep}: first out call by call {:#?}\nsummarized {:#?}",
+                    show(&x),
+                    show(&y)
+                ));
+            }
+            continue;
+        }
+        let rot = |v: &[(Micros, &'static str, HealthState, String)]| v.iter().map(|m| m.1).collect::<Vec<_>>();
+        // A move within SLACK of the cut may fall on either side of it in the other engine.
+        let k = x.len().min(y.len());
+        let extra_at_cut =
+            x.iter().skip(k).chain(y.iter().skip(k)).all(|m| m.0 >= end - SLACK) && x.len().abs_diff(y.len()) <= 1;
+        if rot(&x[..k]) != rot(&y[..k]) || !extra_at_cut {
+            return Err(format!(
+                "{ep}: call by call {:#?}\nsummarized {:#?}",
+                show(&x),
+                show(&y)
+            ));
+        }
+        for (p, q) in x.iter().zip(&y) {
+            if (p.0 - q.0).abs() > SLACK {
+                return Err(format!(
+                    "{ep}: {} at {} ms call by call, {} ms summarized",
+                    p.1,
+                    (p.0 - T0) / MS,
+                    (q.0 - T0) / MS
+                ));
+            }
+        }
+        let (dx, dy) = (degraded_time(&all_x, end), degraded_time(&all_y, end));
+        if (dx - dy).abs() > (dx / 10).max(2 * SEC) {
+            return Err(format!(
+                "{ep}: degraded {} ms call by call, {} ms summarized",
+                dx / MS,
+                dy / MS
+            ));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn summaries_decide_as_the_calls_they_sum(fleet in fleet(), seed in any::<u64>()) {
+        let calls = calls(&fleet, seed);
+        let (one, summed, records) = run_both(&calls);
+        prop_assert!(records < calls.len(), "summaries carry fewer records ({records}) than calls ({})", calls.len());
+        let end = calls.last().map_or(T0, |c| c.0);
+        if let Err(e) = compare(&one, &summed, end, &judged(&fleet)) {
+            return Err(TestCaseError::fail(e));
+        }
+    }
+}
+
+#[test]
+fn a_dead_endpoint_is_ejected_by_its_first_failures_and_a_healthy_fleet_sends_few_records() {
+    let mut fleet = vec![(100, vec![(Regime::Healthy, 20), (Regime::Down, 20)])];
+    fleet.extend((1..ENDPOINTS.len()).map(|_| (100, vec![(Regime::Healthy, 40)])));
+    let calls = calls(&fleet, 7);
+    let (one, summed, records) = run_both(&calls);
+    compare(&one, &summed, calls.last().unwrap().0, &judged(&fleet)).unwrap();
+    let ejected = |m: &Moves| {
+        m.iter()
+            .find(|m| m.1 == "a" && m.2 == HealthState::Unhealthy)
+            .map(|m| m.0)
+    };
+    let (x, y) = (ejected(&one).unwrap(), ejected(&summed).unwrap());
+    // Failures are reported one by one: the summarized engine ejects as soon.
+    assert!((x - y).abs() <= 10 * MS, "{x} vs {y}");
+    // 24,000 calls; healthy endpoints send 4 summaries a second each.
+    assert!(
+        records * 10 < calls.len(),
+        "{records} records for {} calls",
+        calls.len()
+    );
+}
