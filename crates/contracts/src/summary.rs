@@ -22,6 +22,7 @@ pub const HISTOGRAM_GAMMA: f64 = (1.0 + HISTOGRAM_RELATIVE_ERROR) / (1.0 - HISTO
 pub const MAX_SUMMARY_MODELS: usize = 16;
 
 /// Calls per outcome class.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct OutcomeCounts {
     #[serde(default)]
@@ -87,6 +88,7 @@ impl OutcomeCounts {
 }
 
 /// One bucket of a [`Histogram`].
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistogramBucket {
     pub index: i32,
@@ -96,6 +98,7 @@ pub struct HistogramBucket {
 /// A mergeable distribution of durations (µs), log-linear with 1 % relative error (the buckets
 /// of DDSketch): bucket `i` holds the values `v` with γ^(i−1) < v ≤ γ^i, bucket 0 those ≤ 1 µs.
 /// An hour needs 1,106 buckets at most; a summary of calls that took similar times needs a few.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Histogram {
     pub sum_us: i64,

@@ -3,6 +3,7 @@
 //! `server_error`), times are RFC 3339, and every conversion from a contract type is exhaustive:
 //! a value this build does not know is an error, never a default.
 
+use crate::summary::{CallSummary, Histogram, OutcomeCounts};
 use crate::types::{self as c, Micros};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -193,12 +194,80 @@ pub struct ProbeItem {
     pub detail: String,
 }
 
-/// A signal as JSON: a call or a probe.
+/// Calls summed at a gateway (a `CallSummary`, see `schemas/call_summary.avsc`), as JSON.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SummaryItem {
+    /// Unique id of the summary; generated when absent.
+    pub summary_id: Option<String>,
+    pub pool: String,
+    pub endpoint: String,
+    pub gateway: String,
+    /// When the first call summed here ended (RFC 3339).
+    pub started_at: DateTime<Utc>,
+    /// When the last call summed here ended (RFC 3339).
+    pub ended_at: DateTime<Utc>,
+    /// Calls per outcome class (absent classes count 0).
+    pub calls: OutcomeCounts,
+    /// Latency of the successful calls (µs, 1 % log-linear buckets).
+    #[serde(default)]
+    pub latency: Histogram,
+    /// First-token times of the successful calls that streamed.
+    #[serde(default)]
+    pub ttft: Histogram,
+    #[serde(default)]
+    pub leading_failures: i32,
+    #[serde(default)]
+    pub longest_failure_run: i32,
+    #[serde(default)]
+    pub trailing_failures: i32,
+    #[serde(default)]
+    pub trailing_successes: i32,
+    #[serde(default)]
+    pub longest_hard_run: i32,
+    #[serde(default)]
+    pub trailing_hard: i32,
+    #[serde(default)]
+    pub trailing_rate_limited: i32,
+    pub max_retry_after_ms: Option<i64>,
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+impl From<CallSummary> for SummaryItem {
+    fn from(s: CallSummary) -> SummaryItem {
+        let t = |us: Micros| DateTime::from_timestamp_micros(us).unwrap_or_default();
+        SummaryItem {
+            summary_id: Some(s.summary_id),
+            pool: s.pool,
+            endpoint: s.endpoint,
+            gateway: s.gateway,
+            started_at: t(s.started_at),
+            ended_at: t(s.ended_at),
+            calls: s.calls,
+            latency: s.latency,
+            ttft: s.ttft,
+            leading_failures: s.leading_failures,
+            longest_failure_run: s.longest_failure_run,
+            trailing_failures: s.trailing_failures,
+            trailing_successes: s.trailing_successes,
+            longest_hard_run: s.longest_hard_run,
+            trailing_hard: s.trailing_hard,
+            trailing_rate_limited: s.trailing_rate_limited,
+            max_retry_after_ms: s.max_retry_after_ms,
+            models: s.models,
+        }
+    }
+}
+
+/// A signal as JSON: a call, a call summary or a probe.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SignalItem {
     Call(CallItem),
+    Summary(SummaryItem),
     Probe(ProbeItem),
 }
 
@@ -245,6 +314,26 @@ impl SignalItem {
                 model: i.model,
                 retry_after_ms: i.retry_after_ms,
             }),
+            SignalItem::Summary(s) => c::Signal::Summary(CallSummary {
+                summary_id: s.summary_id.unwrap_or_else(|| id("api-summary")),
+                pool: s.pool,
+                endpoint: s.endpoint,
+                gateway: s.gateway,
+                started_at: s.started_at.timestamp_micros(),
+                ended_at: s.ended_at.timestamp_micros(),
+                calls: s.calls,
+                latency: s.latency,
+                ttft: s.ttft,
+                leading_failures: s.leading_failures,
+                longest_failure_run: s.longest_failure_run,
+                trailing_failures: s.trailing_failures,
+                trailing_successes: s.trailing_successes,
+                longest_hard_run: s.longest_hard_run,
+                trailing_hard: s.trailing_hard,
+                trailing_rate_limited: s.trailing_rate_limited,
+                max_retry_after_ms: s.max_retry_after_ms,
+                models: s.models,
+            }),
             SignalItem::Probe(p) => c::Signal::Probe(c::ProbeResult {
                 probe_id: p.probe_id.unwrap_or_else(|| id("api-probe")),
                 pool: p.pool,
@@ -275,6 +364,37 @@ impl SignalItem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_summary_survives_its_json_form() {
+        let mut s = CallSummary::new("s-1".into(), "p", "e", "g", 1_700_000_000_000_000);
+        for (i, class) in [
+            c::OutcomeClass::Success,
+            c::OutcomeClass::ServerError,
+            c::OutcomeClass::Success,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            s.add(&c::CallOutcome {
+                latency_us: 1_000 * (i as i64 + 1),
+                ttft_us: Some(500),
+                model: Some("m".into()),
+                ..c::CallOutcome::new(format!("c{i}"), "p", "e", "g", 1_700_000_000_000_000 + i as i64, class)
+            });
+        }
+        let json = serde_json::to_string(&SignalItem::Summary(s.clone().into())).unwrap();
+        assert!(json.contains("\"type\":\"summary\""), "{json}");
+        let back: SignalItem = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.into_signal(|_| unreachable!(), 0), c::Signal::Summary(s));
+        // Only what a summary needs is required: the runs and histograms default to empty.
+        let minimal = r#"{"type":"summary","pool":"p","endpoint":"e","gateway":"g","started_at":"2026-12-01T00:00:00Z","ended_at":"2026-12-01T00:00:00.250Z","calls":{"success":40}}"#;
+        let item: SignalItem = serde_json::from_str(minimal).unwrap();
+        let c::Signal::Summary(got) = item.into_signal(|p| format!("{p}-1"), 0) else {
+            panic!()
+        };
+        assert_eq!((got.summary_id.as_str(), got.calls.total()), ("api-summary-1", 40));
+    }
 
     #[test]
     fn a_call_survives_its_json_form() {

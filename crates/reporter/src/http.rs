@@ -7,15 +7,15 @@ use crate::{Counters, Error, HttpIngest, Sink};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use vitals_contracts::view::{CallItem, SignalItem};
-use vitals_contracts::CallOutcome;
+use vitals_contracts::view::{CallItem, SignalItem, SummaryItem};
+use vitals_contracts::Signal;
 
 pub(crate) struct HttpSink {
     cfg: HttpIngest,
     url: String,
     client: reqwest::Client,
     rt: tokio::runtime::Runtime,
-    held: VecDeque<(Instant, CallOutcome)>,
+    held: VecDeque<(Instant, Signal)>,
     capacity: usize,
     /// No request before this (a backoff after a failure).
     next_try: Instant,
@@ -83,10 +83,14 @@ impl HttpSink {
     /// Send the oldest batch and settle its items.
     fn post(&mut self, counters: &Counters) {
         let n = self.held.len().min(self.cfg.batch_items);
-        let batch: Vec<(Instant, CallOutcome)> = self.held.drain(..n).collect();
+        let batch: Vec<(Instant, Signal)> = self.held.drain(..n).collect();
         let items: Vec<SignalItem> = batch
             .iter()
-            .map(|(_, o)| SignalItem::Call(CallItem::from(o.clone())))
+            .filter_map(|(_, s)| match s {
+                Signal::Call(o) => Some(SignalItem::Call(CallItem::from(o.clone()))),
+                Signal::Summary(x) => Some(SignalItem::Summary(SummaryItem::from(x.clone()))),
+                _ => None,
+            })
             .collect();
         let sent = self
             .rt
@@ -134,7 +138,7 @@ impl HttpSink {
     }
 
     /// Put a batch back at the front, in order.
-    fn hold_again(&mut self, batch: Vec<(Instant, CallOutcome)>) {
+    fn hold_again(&mut self, batch: Vec<(Instant, Signal)>) {
         for item in batch.into_iter().rev() {
             self.held.push_front(item);
         }
@@ -191,7 +195,7 @@ async fn send(client: &reqwest::Client, url: &str, token: Option<&str>, items: &
 }
 
 impl Sink for HttpSink {
-    fn send(&mut self, o: CallOutcome, counters: &Counters) {
+    fn send(&mut self, o: Signal, counters: &Counters) {
         if self.held.len() >= self.capacity {
             counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
             return;

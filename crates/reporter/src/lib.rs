@@ -26,7 +26,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use vitals_contracts::{encode, CallOutcome, OutcomeClass};
+use vitals_contracts::{encode_signal, CallOutcome, Micros, OutcomeClass, Signal, Summarizer, SummaryConfig};
 
 /// How a reporter connects and how much it may hold.
 #[derive(Debug, Clone)]
@@ -44,6 +44,10 @@ pub struct Config {
     pub producer_queue_messages: u32,
     /// Report over HTTP ingest instead of Kafka.
     pub http: Option<HttpIngest>,
+    /// Sum calls into summaries (`CallSummary`): successes per endpoint per interval, failures
+    /// one by one up to a cap per interval (see `vitals_contracts::summary`). Off (`None`): one
+    /// record per call.
+    pub summarize: Option<SummaryConfig>,
 }
 
 /// The fallback transport: the API's `POST /v1/signals`.
@@ -71,6 +75,7 @@ impl Config {
             queue_capacity: 65_536,
             producer_queue_messages: 100_000,
             http: None,
+            summarize: None,
         }
     }
 
@@ -121,6 +126,10 @@ pub struct Counters {
     pub superseded: AtomicU64,
     /// HTTP ingest requests sent again (the API away, busy, or some items not confirmed).
     pub retries: AtomicU64,
+    /// Summary records sent (each sums one or more calls).
+    pub summaries: AtomicU64,
+    /// Calls summed into summaries rather than sent one by one.
+    pub summarized: AtomicU64,
     /// The last delivery error, for operators.
     last_error: Mutex<Option<String>>,
 }
@@ -137,6 +146,8 @@ pub struct Snapshot {
     pub early_reports: u64,
     pub superseded: u64,
     pub retries: u64,
+    pub summaries: u64,
+    pub summarized: u64,
 }
 
 impl Snapshot {
@@ -155,12 +166,17 @@ impl Snapshot {
             ("delivery_failed", self.delivery_failed),
             ("early", self.early_reports),
             ("superseded", self.superseded),
+            ("summarized", self.summarized),
         ] {
             out.push_str(&format!("vitals_reporter_reports_total{{result=\"{result}\"}} {v}\n"));
         }
         out.push_str(&format!(
             "# HELP vitals_reporter_retries_total HTTP ingest requests sent again.\n# TYPE vitals_reporter_retries_total counter\nvitals_reporter_retries_total {}\n",
             self.retries
+        ));
+        out.push_str(&format!(
+            "# HELP vitals_reporter_summaries_total Call summaries sent.\n# TYPE vitals_reporter_summaries_total counter\nvitals_reporter_summaries_total {}\n",
+            self.summaries
         ));
         out
     }
@@ -183,6 +199,8 @@ impl Counters {
             early_reports: g(&self.early_reports),
             superseded: g(&self.superseded),
             retries: g(&self.retries),
+            summaries: g(&self.summaries),
+            summarized: g(&self.summarized),
         }
     }
 }
@@ -242,8 +260,8 @@ impl Ord for Due {
 
 /// Where encoded reports go: Kafka, or HTTP ingest.
 trait Sink: Send {
-    /// Take one report (or drop it and count why).
-    fn send(&mut self, o: CallOutcome, counters: &Counters);
+    /// Take one record, a call or a summary (or drop it and count why).
+    fn send(&mut self, o: Signal, counters: &Counters);
     /// Called on every turn of the worker: send what is due.
     fn tick(&mut self, _counters: &Counters) {}
     /// Deliver what is held, up to `timeout`; whether everything was.
@@ -256,15 +274,17 @@ struct KafkaSink {
 }
 
 impl Sink for KafkaSink {
-    fn send(&mut self, o: CallOutcome, counters: &Counters) {
-        let bytes = match encode(&o) {
+    fn send(&mut self, o: Signal, counters: &Counters) {
+        let bytes = match encode_signal(&o) {
             Ok(b) => b,
             Err(_) => {
                 counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         };
-        let record = BaseRecord::to(&self.topic).key(o.pool.as_bytes()).payload(&bytes);
+        let record = BaseRecord::to(&self.topic)
+            .key(o.pool().unwrap_or_default().as_bytes())
+            .payload(&bytes);
         if let Err((e, _)) = self.producer.send(record) {
             // The producer's queue is full (Kafka slow or down): drop rather than grow.
             counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
@@ -288,6 +308,9 @@ impl Reporter {
     pub fn new(cfg: Config) -> Result<Reporter, Error> {
         if cfg.queue_capacity == 0 || cfg.topic.is_empty() {
             return Err(Error::Config("topic must be set and queue_capacity above 0".into()));
+        }
+        if cfg.summarize.is_some_and(|s| s.interval_us <= 0 || s.max_open == 0) {
+            return Err(Error::Config("summary interval_us and max_open must be above 0".into()));
         }
         let counters = Arc::new(Counters::default());
         let sink: Box<dyn Sink> = match &cfg.http {
@@ -314,12 +337,22 @@ impl Reporter {
             }
         };
         let (tx, rx) = mpsc::sync_channel(cfg.queue_capacity);
+        let summarizer = cfg.summarize.map(|s| {
+            // An instance id per reporter keeps its summary ids apart from every other's.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let id = vitals_contracts::hash::Fnv64::new()
+                .bytes(nanos.to_le_bytes().into_iter().chain(std::process::id().to_le_bytes()))
+                .finish();
+            Summarizer::new(s, &format!("{id:016x}"))
+        });
         let worker = {
             let counters = counters.clone();
             let watch_capacity = cfg.queue_capacity;
             std::thread::Builder::new()
                 .name("vitals-reporter".into())
-                .spawn(move || work(rx, sink, counters, watch_capacity))
+                .spawn(move || work(rx, Out::new(sink, summarizer), counters, watch_capacity))
                 .map_err(|e| Error::Config(format!("cannot start the reporter thread: {e}")))?
         };
         Ok(Reporter {
@@ -432,7 +465,71 @@ impl Reporter {
     }
 }
 
-fn work(rx: Receiver<Msg>, mut sink: Box<dyn Sink>, counters: Arc<Counters>, watch_capacity: usize) {
+fn now_us() -> Micros {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as Micros)
+}
+
+/// Where the worker's reports go: through the summarizer when there is one, then the sink.
+struct Out {
+    sink: Box<dyn Sink>,
+    summarizer: Option<Summarizer>,
+    buf: Vec<Signal>,
+}
+
+impl Out {
+    fn new(sink: Box<dyn Sink>, summarizer: Option<Summarizer>) -> Out {
+        Out {
+            sink,
+            summarizer,
+            buf: Vec::new(),
+        }
+    }
+
+    fn report(&mut self, o: CallOutcome, counters: &Counters) {
+        match &mut self.summarizer {
+            None => self.sink.send(Signal::Call(o), counters),
+            Some(s) => {
+                s.add(o, now_us(), &mut self.buf);
+                self.drain(counters);
+            }
+        }
+    }
+
+    /// Send what the summarizer let out: summaries (counted with the calls they sum) and calls.
+    fn drain(&mut self, counters: &Counters) {
+        for sig in self.buf.drain(..) {
+            if let Signal::Summary(x) = &sig {
+                counters.summaries.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .summarized
+                    .fetch_add(x.calls.total().max(0) as u64, Ordering::Relaxed);
+            }
+            self.sink.send(sig, counters);
+        }
+    }
+
+    /// Summaries whose interval has ended go out; then the sink's own turn.
+    fn tick(&mut self, counters: &Counters) {
+        if let Some(s) = &mut self.summarizer {
+            s.flush_due(now_us(), &mut self.buf);
+            self.drain(counters);
+        }
+        self.sink.tick(counters);
+    }
+
+    /// Every open summary goes out, then the sink delivers what it holds.
+    fn flush(&mut self, timeout: Duration, counters: &Counters) -> bool {
+        if let Some(s) = &mut self.summarizer {
+            s.flush_all(&mut self.buf);
+            self.drain(counters);
+        }
+        self.sink.flush(timeout, counters)
+    }
+}
+
+fn work(rx: Receiver<Msg>, mut out: Out, counters: Arc<Counters>, watch_capacity: usize) {
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
     loop {
         // Slow first tokens whose deadline passed are reported now, once.
@@ -445,10 +542,10 @@ fn work(rx: Receiver<Msg>, mut sink: Box<dyn Sink>, counters: Arc<Counters>, wat
             {
                 counters.early_reports.fetch_add(1, Ordering::Relaxed);
                 counters.reported.fetch_add(1, Ordering::Relaxed);
-                sink.send(d.report, &counters);
+                out.report(d.report, &counters);
             }
         }
-        sink.tick(&counters);
+        out.tick(&counters);
         // The worker never parks on the channel: a parked receiver makes every `report` wake it
         // (a futex call of several µs on the caller's path). It sleeps a millisecond when the
         // queue is empty instead; the transports linger longer than that anyway.
@@ -461,7 +558,7 @@ fn work(rx: Receiver<Msg>, mut sink: Box<dyn Sink>, counters: Arc<Counters>, wat
             Err(TryRecvError::Disconnected) => break,
         };
         match msg {
-            Msg::Outcome(o) => sink.send(o, &counters),
+            Msg::Outcome(o) => out.report(o, &counters),
             Msg::Watch(d) => {
                 // Bounded: calls that ended leave their entries behind until the deadline; clear
                 // them when full, and watch no more if still full (the calls report at their end).
@@ -475,10 +572,10 @@ fn work(rx: Receiver<Msg>, mut sink: Box<dyn Sink>, counters: Arc<Counters>, wat
                 }
             }
             Msg::Flush(timeout, ack) => {
-                let ok = sink.flush(timeout, &counters);
+                let ok = out.flush(timeout, &counters);
                 let _ = ack.try_send(ok);
             }
         }
     }
-    sink.flush(Duration::from_secs(5), &counters);
+    out.flush(Duration::from_secs(5), &counters);
 }

@@ -86,3 +86,40 @@ fn a_bad_ingest_url_is_refused_at_once() {
         .to_string();
     assert!(e.contains("http://"), "{e}");
 }
+
+/// Summaries go through HTTP ingest too: the API takes them as items of type `summary`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_go_through_http_ingest() {
+    let name = unique("reporter_http_sum");
+    let topics = Topics::create(&name, 2, Stamp::LogAppendTime).await;
+    let db = vitals_testkit::migrated_schema(&name).await;
+    let port = free_port();
+    let _api = start_api(&topics, &name, port, &[&format!("gw:writer:{TOKEN}")]).await;
+    let mut cfg = Config::http(format!("http://127.0.0.1:{port}"), Some(TOKEN.into()));
+    cfg.summarize = Some(vitals_contracts::SummaryConfig::default());
+    let reporter = Reporter::new(cfg).unwrap();
+    for i in 0..2_000 {
+        reporter.report(call(i));
+    }
+    assert!(tokio::task::block_in_place(|| reporter.flush(Duration::from_secs(30))));
+    let c = reporter.counters();
+    assert_eq!(
+        (c.reported, c.summarized, c.dropped_invalid),
+        (2_000, 2_000, 0),
+        "{c:?}"
+    );
+    assert_eq!(c.delivered, c.summaries, "{c:?}");
+    let messages = read_n(&topics.signals, c.delivered as usize, Duration::from_secs(30)).await;
+    let calls: i64 = messages
+        .iter()
+        .map(|m| match decode_signal(m.payload().unwrap()) {
+            Ok(Signal::Summary(s)) => {
+                assert_eq!(m.key(), Some(s.pool.as_bytes()));
+                s.calls.success
+            }
+            other => panic!("not a summary: {other:?}"),
+        })
+        .sum();
+    assert_eq!(calls, 2_000, "every call once");
+    vitals_testkit::drop_schema(&db, &name).await;
+}

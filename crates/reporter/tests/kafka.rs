@@ -127,3 +127,59 @@ async fn a_slow_first_token_is_reported_when_its_deadline_passes() {
     let c = reporter.counters();
     assert_eq!((c.early_reports, c.superseded, c.delivered), (1, 1, 2), "{c:?}");
 }
+
+/// Summaries: 10,000 calls (10 % failures) to 21 endpoints become a few hundred records — each
+/// endpoint's first failures of an interval one by one, the rest summed — and every call is on
+/// the topic exactly once, counted in a record of its endpoint's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summarized_calls_reach_the_topic_once_each_in_far_fewer_records() {
+    let topics = Topics::create(&unique("reporter_sum"), 3, Stamp::LogAppendTime).await;
+    let mut cfg = Config::new(brokers());
+    cfg.topic = topics.signals.clone();
+    cfg.summarize = Some(vitals_contracts::SummaryConfig::default());
+    let reporter = Reporter::new(cfg).unwrap();
+    for i in 0..10_000 {
+        reporter.report(outcome(i));
+    }
+    assert!(reporter.flush(Duration::from_secs(20)));
+    let c = reporter.counters();
+    let records = c.delivered as usize;
+    assert_eq!(
+        (c.reported, c.dropped_queue_full, c.delivery_failed),
+        (10_000, 0, 0),
+        "{c:?}"
+    );
+    assert!(c.summaries > 0 && records < 2_000, "{c:?}");
+    let messages = read_n(&topics.signals, records, Duration::from_secs(30)).await;
+    let (mut calls, mut failures, mut one_by_one) = (0i64, 0i64, 0);
+    let mut ids = std::collections::HashSet::new();
+    for m in &messages {
+        match decode_signal(m.payload().unwrap()) {
+            Ok(Signal::Call(call)) => {
+                assert_eq!(m.key().unwrap(), call.pool.as_bytes(), "keyed by pool");
+                assert_eq!(call.outcome, OutcomeClass::ServerError, "only failures come alone");
+                assert!(ids.insert(call.event_id));
+                calls += 1;
+                failures += 1;
+                one_by_one += 1;
+            }
+            Ok(Signal::Summary(s)) => {
+                assert_eq!(m.key().unwrap(), s.pool.as_bytes(), "keyed by pool");
+                assert!(ids.insert(s.summary_id.clone()), "summary ids are unique");
+                assert_eq!(s.gateway, "gw-test");
+                assert_eq!(s.ttft.count(), s.calls.success, "every success streamed");
+                calls += s.calls.total();
+                failures += s.calls.server_error;
+            }
+            other => panic!("neither a call nor a summary: {other:?}"),
+        }
+    }
+    assert_eq!((calls, failures), (10_000, 1_000), "every call once");
+    assert_eq!(c.summarized as i64 + one_by_one, 10_000, "{c:?}");
+    eprintln!(
+        "10,000 calls in {} records ({} summaries, {one_by_one} failures one by one)",
+        messages.len(),
+        c.summaries
+    );
+    assert!(reporter.close(Duration::from_secs(5)));
+}

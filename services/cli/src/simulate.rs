@@ -1,5 +1,5 @@
-//! `vitals simulate`: the engine as a filter. One JSON object per input line — a call, a probe, a
-//! tick, a policy or an override, each with its stream time `t_us` — and one JSON line per
+//! `vitals simulate`: the engine as a filter. One JSON object per input line — a call, a call
+//! summary, a probe, a tick, a policy or an override, each with its stream time `t_us` — and one JSON line per
 //! decision out; a tick is acknowledged (`{"kind":"tick_done","t_us":T}`) after the decisions it
 //! caused, so a driver can run in lock-step. A bad line gets an error line naming the field, and
 //! the stream goes on. The same signals at the same times give the processor's transitions: the
@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::io::{BufRead, Write};
-use vitals_contracts::view::{Action, CallItem, ProbeItem, SignalItem};
+use vitals_contracts::view::{Action, CallItem, ProbeItem, SignalItem, SummaryItem};
 use vitals_contracts::{self as c, HealthChanged, Micros, Policy, PoolHealthChanged, Signal};
 use vitals_engine::{Decision, Engine};
 
@@ -84,6 +84,8 @@ struct Line {
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Input {
     Call(CallItem),
+    /// Calls summed at a gateway (the reporter's summaries).
+    Summary(SummaryItem),
     Probe(ProbeItem),
     /// Moves stream time: timers fire, silence is noticed.
     Tick {},
@@ -184,6 +186,7 @@ pub struct Totals {
 fn signal(input: Input, t_us: Micros, line: u64) -> Signal {
     match input {
         Input::Call(i) => SignalItem::Call(i).into_signal(|p| format!("{p}-line-{line}"), t_us),
+        Input::Summary(s) => SignalItem::Summary(s).into_signal(|p| format!("{p}-line-{line}"), t_us),
         Input::Probe(p) => SignalItem::Probe(p).into_signal(|p| format!("{p}-line-{line}"), t_us),
         Input::Tick {} => Signal::Tick(c::Tick {
             ticker: "vitals-simulate".into(),

@@ -565,6 +565,59 @@ fn simulate_runs_in_lock_step_with_its_driver() {
     assert!(child.wait().unwrap().success());
 }
 
+/// `vitals simulate` takes the reporter's summaries: healthy endpoints summed each interval,
+/// then one summary of ten refused calls ejects its endpoint on them; a bad summary is an error line
+/// naming the field, and the stream goes on.
+#[test]
+fn simulate_takes_call_summaries() {
+    let t0: i64 = 1_700_000_000_000_000;
+    let iso = |us: i64| {
+        chrono::DateTime::from_timestamp_micros(us)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    };
+    let mut input = String::new();
+    for step in 0..20i64 {
+        let t = t0 + step * 250_000;
+        for ep in ["a", "b", "c"] {
+            let calls = if ep == "a" && step == 19 {
+                r#"{"connect_error":10},"leading_failures":10,"longest_failure_run":10,"trailing_failures":10"#
+                    .to_owned()
+            } else {
+                r#"{"success":25},"trailing_successes":25"#.to_owned()
+            };
+            input.push_str(&format!(
+                r#"{{"type":"summary","t_us":{t},"summary_id":"s-{ep}-{step}","pool":"p","endpoint":"{ep}","gateway":"g","started_at":"{}","ended_at":"{}","calls":{calls}}}"#,
+                iso(t - 250_000),
+                iso(t)
+            ));
+            input.push('\n');
+        }
+    }
+    input.push_str(&format!(
+        r#"{{"type":"summary","t_us":{},"pool":"p","endpoint":"b","gateway":"g","started_at":"{}","ended_at":"{}","calls":{{"success":-1}}}}"#,
+        t0 + 5_000_000,
+        iso(t0),
+        iso(t0)
+    ));
+    input.push('\n');
+    let (code, out, err) = vitals(&["simulate"], &input, &[]);
+    assert_eq!(code, 4, "a line was refused: {err}");
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ejected: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v["kind"] == "endpoint" && v["to"] == "unhealthy")
+        .collect();
+    assert_eq!(ejected.len(), 1, "{out}");
+    assert_eq!(ejected[0]["endpoint"], "a");
+    assert_eq!(ejected[0]["t_us"], t0 + 19 * 250_000);
+    // The summary's calls are the evidence: ten refused calls, ten in a row.
+    assert_eq!(ejected[0]["evidence"]["connect_error"], 10, "{out}");
+    assert_eq!(ejected[0]["evidence"]["consecutive_failures"], 10, "{out}");
+    let error = lines.iter().find(|v| v["kind"] == "error").expect("an error line");
+    assert_eq!(error["field"], "calls", "{error}");
+}
+
 /// `vitals report` shows the API's figures for the same range: the JSON is the API's uptime and
 /// incidents, the table and the HTML page name the same numbers; a bad time is a usage error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

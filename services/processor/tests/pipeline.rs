@@ -134,6 +134,90 @@ async fn end_to_end_scenario_lands_in_postgres_and_on_the_changes_topic() {
     db.drop_schema().await;
 }
 
+/// A gateway's summaries through the real processor: what the reporter's summarizer makes of
+/// 100 calls a second to four endpoints, one of which goes down, lands in Postgres as the engine
+/// decides it, and the ejection names the failures that caused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_summaries_are_decided_as_the_engine_decides_them() {
+    let name = unique("summaries");
+    let topics = create_topics(&name, 2).await;
+    let mut s = Summarizer::new(SummaryConfig::default(), "test");
+    let mut inputs = Vec::new();
+    let mut out = Vec::new();
+    let mut calls = 0;
+    // 20 s: every 10 ms one call to each endpoint; `a` refuses connections from 10 s on.
+    for step in 0..2_000i64 {
+        let ts = T0_MS + step * 10;
+        s.flush_due(ts * 1000, &mut out);
+        for ep in ["a", "b", "c", "d"] {
+            let class = if ep == "a" && step >= 1_000 {
+                OutcomeClass::ConnectError
+            } else {
+                OutcomeClass::Success
+            };
+            let Signal::Call(c) = call(
+                "sum",
+                ep,
+                step as u64,
+                class,
+                (class == OutcomeClass::Success).then_some(200),
+                ts,
+            ) else {
+                unreachable!()
+            };
+            s.add(c, ts * 1000, &mut out);
+            calls += 1;
+        }
+        inputs.extend(out.drain(..).map(|sig| signal_input(&sig, ts, 2)));
+        if step % 100 == 0 {
+            inputs.extend(ticks(ts, 2));
+        }
+    }
+    s.flush_all(&mut out);
+    let end = T0_MS + 20_000;
+    inputs.extend(out.drain(..).map(|sig| signal_input(&sig, end, 2)));
+    assert!(inputs.len() * 10 < calls, "{} records for {calls} calls", inputs.len());
+    produce(&topics.signals, &inputs).await;
+
+    let db = Db::connect(&name).await;
+    let _p = start_processor(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    let want = expected(&inputs);
+    let ejection = want
+        .iter()
+        .find(|h| h.endpoint == "a" && h.to_state == HealthState::Unhealthy)
+        .expect("a is ejected");
+    assert!(
+        (ejection.stream_time - (T0_MS + 10_000) * 1000).abs() < 300_000,
+        "ejected at once: {}",
+        ejection.stream_time
+    );
+    type Row = (String, i64, String, Vec<String>);
+    let rows: Vec<Row> =
+        sqlx::query_as("SELECT endpoint, seq, to_state, trigger_ids FROM transitions ORDER BY pool, endpoint, seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let got: Vec<Row> = want
+        .iter()
+        .map(|h| {
+            (
+                h.endpoint.clone(),
+                h.seq,
+                h.to_state.as_str().to_owned(),
+                h.trigger_ids.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, got);
+    let triggers = &rows.iter().find(|r| r.0 == "a" && r.2 == "unhealthy").unwrap().3;
+    assert!(
+        triggers.iter().all(|t| t.starts_with("sum-a-")),
+        "the failing calls, sent one by one, are the trigger: {triggers:?}"
+    );
+    db.drop_schema().await;
+}
+
 /// Pool `kc1/a` + endpoint `x` and pool `kc1` + endpoint `a/x` once shared a transition id, an
 /// outbox key and a Kafka key, so the second one's events were silently dropped. And the
 /// compacted state topic held only endpoints that had a transition, so a router bootstrapping
