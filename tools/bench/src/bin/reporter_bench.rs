@@ -1,8 +1,9 @@
 //! The reporter's cost to its caller: ns per `report` (p50/p99/p99.9/max) and reports per
-//! second per core, with Kafka up and with Kafka down.
+//! second per core, with Kafka up and with Kafka down; with `--summarize`, also with call
+//! summaries on (the records it sent, and calls summed per CPU-second).
 //!
 //!   scripts/stack.sh up
-//!   cargo run --release -p vitals-bench --bin reporter-bench -- [--reports 1000000]
+//!   cargo run --release -p vitals-bench --bin reporter-bench -- [--reports 1000000] [--summarize]
 
 use clap::Parser;
 use std::time::{Duration, Instant};
@@ -17,6 +18,9 @@ struct Args {
     /// Reports per second offered (0: as fast as the caller can).
     #[arg(long, default_value_t = 200_000)]
     rate: u64,
+    /// Also run with call summaries on (Kafka up).
+    #[arg(long)]
+    summarize: bool,
 }
 
 fn percentile(sorted: &[u32], q: f64) -> u32 {
@@ -77,6 +81,16 @@ fn run(label: &str, cfg: Config, n: usize, rate: u64) {
         "  counters            reported {}, dropped (queue full) {}, dropped (producer full) {}, delivered {}, failed {}; flushed: {flushed}",
         c.reported, c.dropped_queue_full, c.dropped_producer_full, c.delivered, c.delivery_failed
     );
+    if c.summaries > 0 {
+        println!(
+            "  summaries           {} calls summed into {} summaries; {} records sent for {} calls ({:.1} calls a record)",
+            c.summarized,
+            c.summaries,
+            c.delivered,
+            c.reported,
+            c.reported as f64 / c.delivered.max(1) as f64
+        );
+    }
     reporter.close(Duration::from_secs(1));
 }
 
@@ -86,8 +100,13 @@ async fn main() {
     let topics = Topics::create(&unique("reporter_bench"), 8, Stamp::LogAppendTime).await;
     let mut up = Config::new(brokers());
     up.topic = topics.signals.clone();
+    let mut summed = up.clone();
+    summed.summarize = Some(vitals_contracts::SummaryConfig::default());
     tokio::task::spawn_blocking(move || {
         run("kafka up", up, args.reports, args.rate);
+        if args.summarize {
+            run("kafka up, summaries", summed, args.reports, args.rate);
+        }
         let mut down = Config::new("127.0.0.1:1");
         down.kafka_options = vec![("message.timeout.ms".into(), "1000".into())];
         run("kafka down", down, args.reports, args.rate);
