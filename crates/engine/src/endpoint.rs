@@ -475,8 +475,19 @@ impl Tracker {
             (false, Some(t)) => ttft_score(t as f64 / 1000.0, policy),
         };
         let success_rate = (1.0 - rate.failure_rate()) * 100.0;
-        let sample = 0.6 * ttft_score + 0.4 * success_rate;
-        self.score = policy.ewma_beta * self.score + (1.0 - policy.ewma_beta) * sample;
+        self.move_score(now, policy, 0.6 * ttft_score + 0.4 * success_rate, 1);
+        rate
+    }
+
+    /// Move the EWMA score as `steps` samples of `sample` would, one after another; the hard
+    /// break and the deadband's hold follow.
+    fn move_score(&mut self, now: Micros, policy: &Policy, sample: f64, steps: u64) {
+        let keep = if steps == 1 {
+            policy.ewma_beta
+        } else {
+            policy.ewma_beta.powf(steps as f64)
+        };
+        self.score = keep * self.score + (1.0 - keep) * sample;
         if self.consecutive_hard >= policy.hard_break_after as u32 {
             self.score = 0.0;
         }
@@ -485,7 +496,6 @@ impl Tracker {
         } else {
             None
         };
-        rate
     }
 
     /// Record a run of outcomes at once, from a call summary: the window, the counters as the
@@ -536,16 +546,7 @@ impl Tracker {
             RunKind::Failures => 0.4 * success_rate,
             _ => 0.6 * run.ttft_score.unwrap_or(100.0) + 0.4 * success_rate,
         };
-        let keep = policy.ewma_beta.powf(calls as f64);
-        self.score = keep * self.score + (1.0 - keep) * sample;
-        if self.consecutive_hard >= policy.hard_break_after as u32 {
-            self.score = 0.0;
-        }
-        self.above_since = if self.score > policy.recover_above {
-            self.above_since.or(Some(now))
-        } else {
-            None
-        };
+        self.move_score(now, policy, sample, calls);
         rate
     }
 
