@@ -8,7 +8,7 @@
 //! total holds and the work spreads, not a speed-up.
 //!
 //!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
-//!   target/release/scale-bench [--signals 2000000] [--processors 1,2,4] [--join-after-secs 2]
+//!   target/release/scale-bench [--signals 5000000] [--processors 1,2,4] [--join-after-secs 0.5]
 
 use clap::Parser;
 use sqlx::postgres::PgPoolOptions;
@@ -17,7 +17,7 @@ use vitals_bench::{cpu, stack, workload};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, default_value_t = 5_000_000)]
     signals: usize,
     #[arg(long, default_value_t = 16)]
     partitions: i32,
@@ -25,7 +25,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     processors: Vec<usize>,
     /// Each processor after the first starts this long after the one before (under load).
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 0.5)]
     join_after_secs: f64,
 }
 
@@ -166,7 +166,7 @@ async fn main() -> anyhow::Result<()> {
         let shares: Vec<String> = r
             .signals_each
             .iter()
-            .map(|s| format!("{:.0} %", 100.0 * s / total.max(1.0)))
+            .map(|s| format!("{:.0} %", (100.0 * s / total.max(1.0)).abs()))
             .collect();
         let cpu: Vec<String> = r.cpu_each_us.iter().map(|c| format!("{c:.2}")).collect();
         println!(
