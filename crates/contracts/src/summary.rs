@@ -61,8 +61,17 @@ impl OutcomeCounts {
     }
 
     pub fn get(&self, c: OutcomeClass) -> i64 {
-        let mut copy = *self;
-        *copy.slot(c)
+        match c {
+            OutcomeClass::Success => self.success,
+            OutcomeClass::Timeout => self.timeout,
+            OutcomeClass::ConnectError => self.connect_error,
+            OutcomeClass::ConnectionDropped => self.connection_dropped,
+            OutcomeClass::RateLimited => self.rate_limited,
+            OutcomeClass::ServerError => self.server_error,
+            OutcomeClass::ClientError => self.client_error,
+            OutcomeClass::InvalidResponse => self.invalid_response,
+            OutcomeClass::Cancelled => self.cancelled,
+        }
     }
 
     pub fn add(&mut self, c: OutcomeClass, n: i64) {
@@ -292,7 +301,7 @@ impl CallSummary {
             return;
         }
         self.trailing_rate_limited = 0;
-        if c.is_failure() {
+        if c.counts_as_failure() {
             if self.calls.success == 0 {
                 self.leading_failures += 1;
             }
@@ -312,7 +321,7 @@ impl CallSummary {
     pub fn failures(&self) -> i64 {
         self.calls
             .iter()
-            .filter(|(c, _)| c.is_failure() && *c != OutcomeClass::RateLimited)
+            .filter(|(c, _)| c.counts_as_failure())
             .map(|(_, n)| n)
             .sum()
     }
@@ -355,6 +364,9 @@ pub struct Summarizer {
     instance: String,
     next: u64,
     open: HashMap<(String, String, String), Open>,
+    /// The earliest end of an open interval: `flush_due` looks at the endpoints only then (the
+    /// reporter calls it on every turn of its thread).
+    next_due: Micros,
     /// Calls reported one by one because `max_open` endpoints were open.
     pub overflowed: u64,
 }
@@ -368,6 +380,7 @@ impl Summarizer {
             instance: instance.to_owned(),
             next: 0,
             open: HashMap::new(),
+            next_due: Micros::MAX,
             overflowed: 0,
         }
     }
@@ -381,21 +394,6 @@ impl Summarizer {
         self.open.len()
     }
 
-    fn id(&mut self, key: &(String, String, String)) -> String {
-        self.next += 1;
-        let h = Fnv64::new()
-            .bytes(
-                key.0
-                    .bytes()
-                    .chain([0])
-                    .chain(key.1.bytes())
-                    .chain([0])
-                    .chain(key.2.bytes()),
-            )
-            .finish();
-        format!("s-{}-{h:016x}-{}", self.instance, self.next)
-    }
-
     /// Take one call, ended at `now`; what to send goes to `out` in order (a summary of the
     /// calls before a failure, then the failure).
     pub fn add(&mut self, call: CallOutcome, now: Micros, out: &mut Vec<Signal>) {
@@ -406,52 +404,76 @@ impl Summarizer {
             return;
         }
         let interval = self.cfg.interval_us;
-        let o = self.open.entry(key.clone()).or_insert(Open {
+        let Summarizer {
+            open,
+            next,
+            instance,
+            next_due,
+            cfg,
+            ..
+        } = self;
+        let o = open.entry(key).or_insert(Open {
             interval_start: now,
             failures_sent: 0,
             summary: None,
         });
         if now >= o.interval_start.saturating_add(interval) {
             // A new interval: what is open goes first.
-            if let Some(s) = o.summary.take() {
-                out.push(Signal::Summary(s));
-            }
+            out.extend(o.summary.take().map(Signal::Summary));
             o.interval_start = now;
             o.failures_sent = 0;
         }
-        if call.outcome.is_failure() && o.failures_sent < self.cfg.failure_cap {
+        *next_due = (*next_due).min(o.interval_start.saturating_add(interval));
+        if call.outcome.is_failure() && o.failures_sent < cfg.failure_cap {
             o.failures_sent += 1;
-            if let Some(s) = o.summary.take() {
-                out.push(Signal::Summary(s));
-            }
+            out.extend(o.summary.take().map(Signal::Summary));
             out.push(Signal::Call(call));
             return;
         }
-        if o.summary.is_none() {
-            let id = self.id(&key);
-            let o = self.open.get_mut(&key).expect("inserted above");
-            o.summary = Some(CallSummary::new(id, &key.0, &key.1, &key.2, now));
-        }
-        let o = self.open.get_mut(&key).expect("inserted above");
-        o.summary.as_mut().expect("made above").add(&call);
+        o.summary
+            .get_or_insert_with(|| {
+                *next += 1;
+                let h = Fnv64::new()
+                    .bytes(
+                        call.pool
+                            .bytes()
+                            .chain([0])
+                            .chain(call.endpoint.bytes())
+                            .chain([0])
+                            .chain(call.gateway.bytes()),
+                    )
+                    .finish();
+                let id = format!("s-{instance}-{h:016x}-{next}");
+                CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now)
+            })
+            .add(&call);
     }
 
     /// Send the summaries whose interval has ended by `now`, and forget endpoints whose interval
     /// ended with nothing open.
     pub fn flush_due(&mut self, now: Micros, out: &mut Vec<Signal>) {
+        if now < self.next_due {
+            return;
+        }
         let interval = self.cfg.interval_us;
         let mut due: Vec<CallSummary> = Vec::new();
+        let mut next_due = Micros::MAX;
         self.open.retain(|_, o| {
-            if now < o.interval_start.saturating_add(interval) {
+            let end = o.interval_start.saturating_add(interval);
+            if now < end {
+                next_due = next_due.min(end);
                 return true;
             }
-            if let Some(s) = o.summary.take() {
-                due.push(s);
-            }
+            due.extend(o.summary.take());
             false
         });
+        self.next_due = next_due;
         // In the order the calls came (the ids count up): the same order in every run.
-        due.sort_by_key(|s| (s.started_at, s.summary_id.len(), s.summary_id.clone()));
+        due.sort_by(|a, b| {
+            (a.started_at, a.summary_id.len())
+                .cmp(&(b.started_at, b.summary_id.len()))
+                .then_with(|| a.summary_id.cmp(&b.summary_id))
+        });
         out.extend(due.into_iter().map(Signal::Summary));
     }
 

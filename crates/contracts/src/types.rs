@@ -37,6 +37,13 @@ impl OutcomeClass {
         matches!(self, OutcomeClass::ClientError | OutcomeClass::Cancelled)
     }
 
+    /// Whether an outcome counts against the endpoint's failure rate and its runs of failures:
+    /// every failure but a 429 (rate limiting is the upstream asking for less traffic, which
+    /// the cooldown answers; it is not an outage). 4xx and cancelled calls count neither way.
+    pub fn counts_as_failure(self) -> bool {
+        self.is_failure() && self != OutcomeClass::RateLimited
+    }
+
     /// 5xx and timeouts lead to the hard break (three in a row by default).
     pub fn is_hard(self) -> bool {
         matches!(self, OutcomeClass::ServerError | OutcomeClass::Timeout)

@@ -108,8 +108,6 @@ pub(crate) fn ttft_score(ms: f64, policy: &Policy) -> f64 {
 /// What a run of a call summary is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RunKind {
-    /// 4xx and cancelled calls: the window only.
-    Neutral,
     Failures,
     Successes,
     RateLimited,
@@ -509,7 +507,7 @@ impl Tracker {
         }
         let rate = self.rate(now, policy);
         let calls: u64 = run.counts.iter().map(|(_, n)| n).sum();
-        if calls == 0 || run.kind == RunKind::Neutral {
+        if calls == 0 {
             return rate;
         }
         let shifts = calls.min(16) as u32;
@@ -548,6 +546,13 @@ impl Tracker {
         };
         self.move_score(now, policy, sample, calls);
         rate
+    }
+
+    /// Record `n` 4xx or cancelled calls (a call summary's): the window only, as one by one.
+    pub(crate) fn record_neutral(&mut self, now: Micros, policy: &Policy, class: OutcomeClass, n: u64) {
+        if n > 0 {
+            self.window.record_n(now, us(policy.bucket_ms), class, n);
+        }
     }
 
     /// Record the latencies of `n` successes with mean `mean_us` (a call summary's): the EWMA

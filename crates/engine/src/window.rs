@@ -55,11 +55,10 @@ impl Totals {
     }
 }
 
-/// Whether an outcome counts against the endpoint's failure rate: every failure but a 429 (rate
-/// limiting is the upstream asking for less traffic, which the cooldown answers; it is not an
-/// outage). 4xx and cancelled calls count neither way.
+/// Whether an outcome counts against the endpoint's failure rate (the contracts' rule,
+/// [`OutcomeClass::counts_as_failure`]).
 pub fn counts_as_failure(class: OutcomeClass) -> bool {
-    class.is_failure() && class != OutcomeClass::RateLimited
+    class.counts_as_failure()
 }
 
 fn number(now: Micros, bucket_us: i64) -> u32 {

@@ -87,24 +87,7 @@ impl PoolState {
         let t = self.endpoints.get_mut(&s.endpoint).expect("created above");
         // 4xx and cancelled calls: the window only, as one by one.
         for c in [OutcomeClass::ClientError, OutcomeClass::Cancelled] {
-            let n = s.calls.get(c).max(0) as u64;
-            if n > 0 {
-                t.record_run(
-                    now,
-                    policy,
-                    &Run {
-                        kind: RunKind::Neutral,
-                        counts: &[(c, n)],
-                        failures: t.consecutive_failures(),
-                        successes: t.consecutive_successes(),
-                        hard: t.consecutive_hard(),
-                        rate_limited: t.consecutive_rate_limited(),
-                        ttft: &[],
-                        ttft_score: None,
-                    },
-                    &s.summary_id,
-                );
-            }
+            t.record_neutral(now, policy, c, s.calls.get(c).max(0) as u64);
         }
         // A success whose first token took longer than slow_call_ms is a timeout, as one alone.
         let slow_us = us(policy.slow_call_ms) as f64;
@@ -360,7 +343,7 @@ impl PoolState {
                 }
                 OutcomeClass::RateLimited
             }
-            RunKind::Failures | RunKind::Neutral => run.counts[0].0,
+            RunKind::Failures => run.counts[0].0,
         };
         // Out of rotation the rest of a run is recorded and compared with the peers (an outlier
         // flag must not outlive the fault), but only single calls decide (`decide` without one).
