@@ -133,8 +133,13 @@ impl Histogram {
     }
 
     pub fn record(&mut self, v_us: i64) {
-        self.record_n(Histogram::index(v_us), 1);
-        self.sum_us = self.sum_us.saturating_add(v_us.max(0));
+        self.record_times(v_us, 1);
+    }
+
+    /// Record the same value `n` times.
+    pub fn record_times(&mut self, v_us: i64, n: i64) {
+        self.record_n(Histogram::index(v_us), n);
+        self.sum_us = self.sum_us.saturating_add(v_us.max(0).saturating_mul(n));
     }
 
     fn record_n(&mut self, index: i32, n: i64) {
@@ -268,6 +273,15 @@ impl CallSummary {
 
     /// Add one call (ended at `call.occurred_at` + its latency, or at `at` if later).
     pub fn add(&mut self, call: &CallOutcome) {
+        self.add_times(call, 1);
+    }
+
+    /// Add `n` calls alike, in a row: the same outcome, latency and first token.
+    pub fn add_times(&mut self, call: &CallOutcome, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let (n64, n32) = (i64::from(n), i32::try_from(n).unwrap_or(i32::MAX));
         let c = call.outcome;
         let first = self.calls.total() == 0;
         let end = call.occurred_at.saturating_add(call.latency_us.max(0));
@@ -276,11 +290,11 @@ impl CallSummary {
         }
         self.started_at = self.started_at.min(end);
         self.ended_at = self.ended_at.max(end);
-        self.calls.add(c, 1);
+        self.calls.add(c, n64);
         if c == OutcomeClass::Success {
-            self.latency.record(call.latency_us);
+            self.latency.record_times(call.latency_us, n64);
             if let Some(t) = call.ttft_us {
-                self.ttft.record(t);
+                self.ttft.record_times(t, n64);
             }
         }
         if let Some(r) = call.retry_after_ms {
@@ -297,21 +311,25 @@ impl CallSummary {
             return;
         }
         if c == OutcomeClass::RateLimited {
-            self.trailing_rate_limited += 1;
+            self.trailing_rate_limited = self.trailing_rate_limited.saturating_add(n32);
             return;
         }
         self.trailing_rate_limited = 0;
         if c.counts_as_failure() {
             if self.calls.success == 0 {
-                self.leading_failures += 1;
+                self.leading_failures = self.leading_failures.saturating_add(n32);
             }
-            self.trailing_failures += 1;
+            self.trailing_failures = self.trailing_failures.saturating_add(n32);
             self.trailing_successes = 0;
             self.longest_failure_run = self.longest_failure_run.max(self.trailing_failures);
-            self.trailing_hard = if c.is_hard() { self.trailing_hard + 1 } else { 0 };
+            self.trailing_hard = if c.is_hard() {
+                self.trailing_hard.saturating_add(n32)
+            } else {
+                0
+            };
             self.longest_hard_run = self.longest_hard_run.max(self.trailing_hard);
         } else {
-            self.trailing_successes += 1;
+            self.trailing_successes = self.trailing_successes.saturating_add(n32);
             self.trailing_failures = 0;
             self.trailing_hard = 0;
         }
@@ -351,9 +369,19 @@ impl Default for SummaryConfig {
 
 /// One endpoint's interval: its open summary and the failures sent one by one so far.
 struct Open {
+    /// (pool, endpoint, gateway): the map is keyed by their hash, so a call is looked up
+    /// without copying its names; these tell a hash collision.
+    names: [String; 3],
     interval_start: Micros,
     failures_sent: u32,
     summary: Option<CallSummary>,
+}
+
+/// The hash an endpoint's interval is kept under.
+fn key_of(call: &CallOutcome) -> u64 {
+    Fnv64::new()
+        .parts(&[call.pool.as_bytes(), call.endpoint.as_bytes(), call.gateway.as_bytes()])
+        .finish()
 }
 
 /// Sums calls into [`CallSummary`] records (see the module docs). Pure: the caller gives the
@@ -363,11 +391,12 @@ pub struct Summarizer {
     /// A prefix that keeps this summarizer's ids apart from every other's.
     instance: String,
     next: u64,
-    open: HashMap<(String, String, String), Open>,
+    open: HashMap<u64, Open>,
     /// The earliest end of an open interval: `flush_due` looks at the endpoints only then (the
     /// reporter calls it on every turn of its thread).
     next_due: Micros,
-    /// Calls reported one by one because `max_open` endpoints were open.
+    /// Calls reported one by one (or, added together, in a summary of their own) because
+    /// `max_open` endpoints were open, or because two endpoints' names hashed alike.
     pub overflowed: u64,
 }
 
@@ -397,22 +426,38 @@ impl Summarizer {
     /// Take one call, ended at `now`; what to send goes to `out` in order (a summary of the
     /// calls before a failure, then the failure).
     pub fn add(&mut self, call: CallOutcome, now: Micros, out: &mut Vec<Signal>) {
-        let key = (call.pool.clone(), call.endpoint.clone(), call.gateway.clone());
-        if !self.open.contains_key(&key) && self.open.len() >= self.cfg.max_open {
-            self.overflowed += 1;
-            out.push(Signal::Call(call));
+        self.add_times(call, 1, now, out);
+    }
+
+    /// Take `n` calls alike (the same outcome and timings, in a row, ended at `now`): what a
+    /// caller that counts its calls itself hands over (a simulated fleet, a sidecar that
+    /// aggregates). Failures among them are sent one by one as long as the endpoint's cap
+    /// allows (the call's id, then `{id}-1`, `{id}-2`, …), the rest are summed.
+    pub fn add_times(&mut self, call: CallOutcome, n: u32, now: Micros, out: &mut Vec<Signal>) {
+        if n == 0 {
+            return;
+        }
+        let key = key_of(&call);
+        let fits = match self.open.get(&key) {
+            Some(o) => o.names[0] == call.pool && o.names[1] == call.endpoint && o.names[2] == call.gateway,
+            None => self.open.len() < self.cfg.max_open,
+        };
+        if !fits {
+            self.overflowed += u64::from(n);
+            if n == 1 {
+                out.push(Signal::Call(call));
+            } else {
+                let id = self.summary_id(&call);
+                let mut alone = CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now);
+                alone.add_times(&call, n);
+                out.push(Signal::Summary(alone));
+            }
             return;
         }
         let interval = self.cfg.interval_us;
-        let Summarizer {
-            open,
-            next,
-            instance,
-            next_due,
-            cfg,
-            ..
-        } = self;
-        let o = open.entry(key).or_insert(Open {
+        let cap = self.cfg.failure_cap;
+        let o = self.open.entry(key).or_insert_with(|| Open {
+            names: [call.pool.clone(), call.endpoint.clone(), call.gateway.clone()],
             interval_start: now,
             failures_sent: 0,
             summary: None,
@@ -423,30 +468,40 @@ impl Summarizer {
             o.interval_start = now;
             o.failures_sent = 0;
         }
-        *next_due = (*next_due).min(o.interval_start.saturating_add(interval));
-        if call.outcome.is_failure() && o.failures_sent < cfg.failure_cap {
-            o.failures_sent += 1;
+        self.next_due = self.next_due.min(o.interval_start.saturating_add(interval));
+        let mut n = n;
+        if call.outcome.is_failure() && o.failures_sent < cap {
             out.extend(o.summary.take().map(Signal::Summary));
-            out.push(Signal::Call(call));
-            return;
+            let one_by_one = n.min(cap - o.failures_sent);
+            o.failures_sent += one_by_one;
+            n -= one_by_one;
+            out.push(Signal::Call(call.clone()));
+            for i in 1..one_by_one {
+                out.push(Signal::Call(CallOutcome {
+                    event_id: format!("{}-{i}", call.event_id),
+                    ..call.clone()
+                }));
+            }
+            if n == 0 {
+                return;
+            }
         }
-        o.summary
-            .get_or_insert_with(|| {
-                *next += 1;
-                let h = Fnv64::new()
-                    .bytes(
-                        call.pool
-                            .bytes()
-                            .chain([0])
-                            .chain(call.endpoint.bytes())
-                            .chain([0])
-                            .chain(call.gateway.bytes()),
-                    )
-                    .finish();
-                let id = format!("s-{instance}-{h:016x}-{next}");
-                CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now)
-            })
-            .add(&call);
+        if o.summary.is_none() {
+            let id = Summarizer::next_id(&mut self.next, &self.instance, key);
+            o.summary = Some(CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now));
+        }
+        if let Some(summary) = o.summary.as_mut() {
+            summary.add_times(&call, n);
+        }
+    }
+
+    fn summary_id(&mut self, call: &CallOutcome) -> String {
+        Summarizer::next_id(&mut self.next, &self.instance, key_of(call))
+    }
+
+    fn next_id(next: &mut u64, instance: &str, key: u64) -> String {
+        *next += 1;
+        format!("s-{instance}-{key:016x}-{next}")
     }
 
     /// Send the summaries whose interval has ended by `now`, and forget endpoints whose interval
@@ -612,5 +667,63 @@ mod tests {
         for sig in &out {
             assert!(ids.insert(sig.id().to_owned()), "ids are unique");
         }
+    }
+
+    #[test]
+    fn calls_handed_over_counted_are_summed_as_if_added_one_by_one() {
+        use OutcomeClass::*;
+        let runs = [
+            (Success, 40),
+            (Timeout, 3),
+            (Success, 1),
+            (ServerError, 30),
+            (RateLimited, 4),
+            (Success, 7),
+            (ConnectError, 2),
+        ];
+        let (mut one, mut counted) = (
+            Summarizer::new(SummaryConfig::default(), "t"),
+            Summarizer::new(SummaryConfig::default(), "t"),
+        );
+        let (mut by_one, mut by_count) = (Vec::new(), Vec::new());
+        for (k, (class, n)) in runs.into_iter().enumerate() {
+            let t = k as Micros * 100_000;
+            for i in 0..n {
+                let c = CallOutcome {
+                    event_id: if i == 0 { format!("c{k}") } else { format!("c{k}-{i}") },
+                    ..call("a", t, class)
+                };
+                one.add(c, t, &mut by_one);
+            }
+            counted.add_times(
+                CallOutcome {
+                    event_id: format!("c{k}"),
+                    ..call("a", t, class)
+                },
+                n,
+                t,
+                &mut by_count,
+            );
+        }
+        one.flush_all(&mut by_one);
+        counted.flush_all(&mut by_count);
+        // The same records, failures one by one up to the cap, ids aside.
+        let shape = |v: &[Signal]| -> Vec<String> {
+            v.iter()
+                .map(|s| match s {
+                    Signal::Call(c) => format!("call {} {:?}", c.event_id, c.outcome),
+                    Signal::Summary(x) => format!(
+                        "{:?}",
+                        CallSummary {
+                            summary_id: String::new(),
+                            ..x.clone()
+                        }
+                    ),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(shape(&by_count), shape(&by_one));
+        assert!(by_count.len() < 30, "{} records", by_count.len());
     }
 }
