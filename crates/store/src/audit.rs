@@ -2,6 +2,7 @@
 //! that makes the processor exactly-once. Every insert is idempotent, so a replayed batch is a
 //! no-op.
 
+use crate::months::Months;
 use crate::{timestamp, StoreError};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
@@ -71,6 +72,8 @@ pub struct AuditLog {
     pub pool: PgPool,
     pub group: String,
     pub topic: String,
+    /// The audit log's months this writer knows exist, and its retention.
+    pub months: Months,
 }
 
 impl AuditLog {
@@ -155,6 +158,13 @@ impl AuditLog {
     pub async fn write_batch(&self, b: &BatchWrite) -> Result<StatementTimes, StoreError> {
         let mut t = StatementTimes::default();
         let mut lap = Lap(Instant::now());
+        let times = b.transitions.iter().map(|(h, _, _)| h.stream_time);
+        self.months
+            .ensure(
+                &self.pool,
+                times.chain(b.pool_events.iter().map(|(p, _, _)| p.stream_time)),
+            )
+            .await?;
         let mut tx = self.pool.begin().await?;
         t.begin = lap.next();
         // One statement for every partition of the batch; a partition whose epoch moved on
@@ -259,7 +269,7 @@ impl AuditLog {
 // placeholder per value was a new statement for every batch size, planned again each time.
 
 /// Transitions with the input record that caused each, (partition, offset). Idempotent by
-/// (pool, endpoint, seq).
+/// (pool, endpoint, seq, stream_time): a replay makes the same seq at the same stream time.
 async fn insert_transitions(
     tx: &mut Transaction<'_, Postgres>,
     rows: &[(HealthChanged, i32, i64)],
@@ -281,7 +291,7 @@ async fn insert_transitions(
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
          policy_version, evidence, stream_time, source_partition, source_offset)
-         ON CONFLICT (pool, endpoint, seq) DO NOTHING",
+         ON CONFLICT (pool, endpoint, seq, stream_time) DO NOTHING",
     )
     .bind(column(rows, |(h, _, _)| h.pool.as_str()))
     .bind(column(rows, |(h, _, _)| h.endpoint.as_str()))
@@ -414,7 +424,7 @@ async fn insert_pool_events(
          correlated_outage, reason, policy_version, stream_time, source_partition, source_offset)
          SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::int4[], $5::int4[], $6::float8[],
          $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[])
-         ON CONFLICT (pool, seq) DO NOTHING",
+         ON CONFLICT (pool, seq, stream_time) DO NOTHING",
     )
     .bind(column(rows, |(p, _, _)| p.pool.as_str()))
     .bind(column(rows, |(p, _, _)| p.seq))

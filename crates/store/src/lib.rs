@@ -4,6 +4,7 @@
 //! the API and the tools read through [`read`], on a read-only session from [`connect_reader`].
 
 pub mod audit;
+pub mod months;
 pub mod outbox;
 pub mod read;
 pub mod uptime;

@@ -89,35 +89,13 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
         .await
 }
 
-const RETENTION_CHUNK: u64 = 10_000;
-
-/// Keep the audit log bounded when `audit_days` > 0: transitions and pool events older than that
-/// by stream time are deleted in chunks so that no single statement holds locks for long. The
-/// number of rows deleted.
-pub async fn retention(conn: &mut PgConnection, audit_days: i64) -> Result<u64, sqlx::Error> {
-    let mut deleted = 0;
-    if audit_days > 0 {
-        for table in ["transitions", "pool_events"] {
-            let q = format!(
-                "DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table}
-                 WHERE stream_time < now() - make_interval(days => $1::int) LIMIT 10000)"
-            );
-            deleted += delete_in_chunks(conn, &q, audit_days).await?;
-        }
+/// Keep the audit log bounded when `audit_days` > 0: the months of transitions and pool events
+/// that ended more than `audit_days` ago (by stream time) are dropped whole, so a row is kept at
+/// least `audit_days` and at most a month longer. The tables dropped.
+pub async fn retention(conn: &mut PgConnection, audit_days: i64) -> Result<Vec<String>, sqlx::Error> {
+    if audit_days <= 0 {
+        return Ok(Vec::new());
     }
-    Ok(deleted)
-}
-async fn delete_in_chunks(conn: &mut PgConnection, sql: &str, age: i64) -> Result<u64, sqlx::Error> {
-    let mut deleted = 0;
-    loop {
-        let n = sqlx::query(sql)
-            .bind(age.clamp(0, i32::MAX as i64) as i32)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-        deleted += n;
-        if n < RETENTION_CHUNK {
-            return Ok(deleted);
-        }
-    }
+    let cutoff = chrono::Utc::now() - chrono::Duration::days(audit_days.min(3_650_000));
+    crate::months::drop_months_before(conn, cutoff).await
 }

@@ -3,6 +3,15 @@
 
 use sqlx::PgPool;
 
+/// The audit log's month holding `t_us` (it is partitioned by month, migration 0011): rows
+/// written without the processor need it first.
+pub async fn create_month(db: &PgPool, t_us: i64) {
+    let t = vitals_store::timestamp(t_us);
+    vitals_store::months::create_months(db, t, t)
+        .await
+        .expect("creating the audit log's month");
+}
+
 /// Insert a transition row with its from-state and weight, as the processor would.
 pub async fn insert_change(
     db: &PgPool,
@@ -13,6 +22,7 @@ pub async fn insert_change(
     reason_code: &str,
     t_us: i64,
 ) {
+    create_month(db, t_us).await;
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
@@ -112,6 +122,7 @@ pub async fn seed_uptime(db: &PgPool, t0: i64) {
         insert_change(db, "up", ep, *seq, *states, code, *at).await;
     }
     for (seq, panic, at) in [(1, true, t0 + 5 * H), (2, false, t0 + 5 * H + 10_000_000)] {
+        create_month(db, at).await;
         sqlx::query(
             "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
              policy_version, stream_time, source_partition, source_offset)

@@ -54,8 +54,8 @@ pub struct Config {
     /// Outbox relay: rows published per round.
     #[arg(long, env = "VITALS_RELAY_BATCH", default_value_t = 1_000)]
     pub relay_batch: i64,
-    /// Transitions and pool events older than this many days (by stream time) are deleted;
-    /// 0 keeps them forever.
+    /// Months of transitions and pool events that ended more than this many days ago (by stream
+    /// time) are dropped whole; 0 keeps them forever.
     #[arg(long, env = "VITALS_AUDIT_RETENTION_DAYS", default_value_t = 0)]
     pub audit_retention_days: i64,
     /// A partition with lag and no commit for this many seconds is stalled: `/readyz` turns

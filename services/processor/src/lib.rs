@@ -40,6 +40,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         pool: pool.clone(),
         group: cfg.group.clone(),
         topic: cfg.topics.signals_topic.clone(),
+        months: Default::default(),
     };
     let ready = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(progress::Progress::new(Duration::from_secs(cfg.stall_after_secs)));

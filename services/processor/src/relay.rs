@@ -127,12 +127,12 @@ impl Relay {
         }
     }
 
-    /// Keep the audit log bounded, if configured: old rows are deleted in chunks so that no
-    /// single statement holds locks for long.
+    /// Keep the audit log bounded, if configured: months that ended before the retention are
+    /// dropped whole.
     async fn retention(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        let deleted = outbox::retention(conn, self.audit_retention_days).await?;
-        if deleted > 0 {
-            tracing::info!(deleted, "retention: old rows deleted");
+        let dropped = outbox::retention(conn, self.audit_retention_days).await?;
+        if !dropped.is_empty() {
+            tracing::info!(?dropped, "retention: old months of the audit log dropped");
         }
         Ok(())
     }

@@ -608,3 +608,128 @@ async fn a_policy_change_is_the_pools_policy_in_force_and_is_restored_for_pools_
     assert_eq!(read("pp").await.map(|(_, p)| p.consecutive_failures), Some(7));
     db.drop_schema().await;
 }
+
+/// The audit log is partitioned by month of stream time (migration 0011): the migration moves
+/// the rows already there, a batch creates the months it writes to (and the next one ahead),
+/// and retention drops whole months that ended before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_is_kept_in_months_and_retention_drops_whole_ones() {
+    let name = unique("months");
+    let db = Db::connect(&name).await;
+    // The schema as it was before partitioning, with a row from last June and one from January
+    // 2025 (beyond a 365-day retention).
+    sqlx::query(&format!("CREATE SCHEMA \"{name}\""))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let before = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            vitals_store::MIGRATOR
+                .iter()
+                .filter(|m| m.version < 11)
+                .cloned()
+                .collect(),
+        ),
+        ignore_missing: false,
+        locking: true,
+        no_tx: false,
+    };
+    before.run(&db.pool).await.unwrap();
+    for (ep, at) in [("june", "2026-06-15T12:00:00Z"), ("old", "2025-01-20T12:00:00Z")] {
+        sqlx::query(
+            "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+             reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
+             consecutive_successes, thresholds, trigger_ids, policy_version, evidence, stream_time,
+             source_partition, source_offset)
+             VALUES ('before', $1, 1, 'before/' || $1 || '/1', 'healthy', 'unhealthy', 0, 0, 'ejected', 'r', 1, 0,
+             5, 5, 5, 0, '{}', '{}', 0, '{}', $2::timestamptz, 0, 0)",
+        )
+        .bind(ep)
+        .bind(at)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    // 40 s of calls around midnight UTC, 30 November to 1 December 2026: `a` refuses
+    // connections from 10 s before midnight, `b` from 5 s after.
+    let midnight_ms: i64 = 1_796_083_200_000;
+    let topics = create_topics(&name, 2).await;
+    let mut inputs = Vec::new();
+    for step in 0..4_000i64 {
+        let ts = midnight_ms - 20_000 + step * 10;
+        for (ep, fails_from) in [("a", midnight_ms - 10_000), ("b", midnight_ms + 5_000), ("c", i64::MAX)] {
+            let class = if ts >= fails_from {
+                OutcomeClass::ConnectError
+            } else {
+                OutcomeClass::Success
+            };
+            let ttft = (class == OutcomeClass::Success).then_some(200);
+            inputs.push(signal_input(&call("months", ep, step as u64, class, ttft, ts), ts, 2));
+        }
+        if step % 100 == 0 {
+            inputs.extend(ticks(ts, 2));
+        }
+    }
+    produce(&topics.signals, &inputs).await;
+    let _p = start_processor(&topics, &name, &name, &["--audit-retention-days", "365"]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+
+    type Row = (String, String, i64, String);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT tableoid::regclass::text, endpoint, seq, to_state FROM transitions WHERE pool = 'months'
+         ORDER BY endpoint, seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let want = expected(&inputs);
+    assert_eq!(
+        rows.iter().map(|r| (r.1.clone(), r.2, r.3.clone())).collect::<Vec<_>>(),
+        want.iter()
+            .map(|h| (h.endpoint.clone(), h.seq, h.to_state.as_str().to_owned()))
+            .collect::<Vec<_>>(),
+        "the audit log is the engine's"
+    );
+    let month_of = |ep: &str| {
+        rows.iter()
+            .find(|r| r.1 == ep && r.3 != "healthy")
+            .map(|r| r.0.clone())
+            .unwrap_or_else(|| panic!("{ep} leaves healthy: {rows:?}"))
+    };
+    assert_eq!(month_of("a"), "transitions_y2026m11");
+    assert_eq!(month_of("b"), "transitions_y2026m12");
+
+    // Retention drops January 2025 whole; the June row was moved into its month and stays.
+    wait_until("retention to drop January 2025", LONG, || async {
+        sqlx::query_scalar::<_, bool>("SELECT to_regclass('transitions_y2025m01') IS NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    })
+    .await;
+    let before_rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT tableoid::regclass::text, endpoint FROM transitions WHERE pool = 'before'")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(before_rows, [("transitions_y2026m06".to_owned(), "june".to_owned())]);
+    let months: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'transitions'::regclass ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        months,
+        [
+            "transitions_y2026m06",
+            "transitions_y2026m11",
+            "transitions_y2026m12",
+            "transitions_y2027m01"
+        ],
+        "the months written to, and the next one ahead"
+    );
+    db.drop_schema().await;
+}

@@ -141,6 +141,7 @@ pub async fn insert_transition(
     t_us: i64,
 ) {
     let evidence = vitals_testkit::uptime::evidence_json();
+    vitals_testkit::uptime::create_month(db, t_us).await;
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
