@@ -37,7 +37,9 @@ async fn reports_go_through_http_ingest_and_wait_for_an_api_that_is_away() {
     let topics = Topics::create(&name, 2, Stamp::LogAppendTime).await;
     let db = vitals_testkit::migrated_schema(&name).await;
     let port = free_port();
-    let reporter = Reporter::new(Config::http(format!("http://127.0.0.1:{port}"), Some(TOKEN.into()))).unwrap();
+    let mut cfg = Config::http(format!("http://127.0.0.1:{port}"), Some(TOKEN.into()));
+    cfg.summarize = None;
+    let reporter = Reporter::new(cfg).unwrap();
 
     // The API is not there yet: reports are held and retried.
     for i in 0..300 {

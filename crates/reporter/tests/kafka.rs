@@ -24,6 +24,7 @@ async fn reported_outcomes_reach_the_signals_topic_keyed_by_pool() {
     let topics = Topics::create(&unique("reporter"), 3, Stamp::LogAppendTime).await;
     let mut cfg = Config::new(brokers());
     cfg.topic = topics.signals.clone();
+    cfg.summarize = None;
     let reporter = Reporter::new(cfg).unwrap();
     for i in 0..1_000 {
         reporter.report(outcome(i));
@@ -55,6 +56,7 @@ async fn reported_outcomes_reach_the_signals_topic_keyed_by_pool() {
 #[test]
 fn with_kafka_down_reports_never_block_and_what_is_held_stays_bounded() {
     let mut cfg = Config::new("127.0.0.1:1");
+    cfg.summarize = None;
     cfg.queue_capacity = 1_000;
     cfg.producer_queue_messages = 2_000;
     cfg.kafka_options = vec![("message.timeout.ms".into(), "2000".into())];
@@ -97,6 +99,8 @@ async fn a_slow_first_token_is_reported_when_its_deadline_passes() {
     let topics = Topics::create(&unique("reporter_early"), 1, Stamp::LogAppendTime).await;
     let mut cfg = Config::new(brokers());
     cfg.topic = topics.signals.clone();
+    cfg.summarize = None;
+    cfg.summarize = None;
     let reporter = Reporter::new(cfg).unwrap();
     let deadline = Duration::from_millis(100);
     let mut fast = reporter.start_call("p", "fast", "gw", "fast-1", deadline);

@@ -65,6 +65,10 @@ struct Config {
     /// Liveness, readiness and metrics.
     #[arg(long, env = "VITALS_LOGBRIDGE_HTTP", default_value = "127.0.0.1:9466")]
     http_addr: String,
+    /// Calls are summed per endpoint over this many milliseconds (failures still go one by
+    /// one, up to 8 an interval); 0 sends one record per call.
+    #[arg(long, env = "VITALS_LOGBRIDGE_SUMMARIZE_MS", default_value_t = 250)]
+    summarize_ms: u64,
 }
 
 fn octal(s: &str) -> Result<u32, String> {
@@ -104,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         };
         rc.topic = cfg.signals_topic.clone();
         rc.queue_capacity = cfg.queue;
+        rc.summarize = vitals_reporter::summaries_every_ms(cfg.summarize_ms);
         rc.kafka_options = cfg.kafka.pairs().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
         let reporter = Arc::new(vitals_reporter::Reporter::new(rc)?);
         let bridge = Arc::new(Bridge::new(

@@ -31,6 +31,10 @@ struct Config {
     /// Seconds of silence after which the view fails open: every endpoint takes calls.
     #[arg(long, env = "VITALS_ROUTER_FAIL_OPEN_AFTER_SECS", default_value_t = 60)]
     fail_open_after_secs: u64,
+    /// Calls are summed per endpoint over this many milliseconds (failures still go one by
+    /// one, up to 8 an interval); 0 sends one record per call.
+    #[arg(long, env = "VITALS_ROUTER_SUMMARIZE_MS", default_value_t = 250)]
+    summarize_ms: u64,
 }
 
 #[tokio::main]
@@ -44,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         let mut rc = vitals_reporter::Config::new(cfg.kafka.brokers.clone());
         rc.topic = cfg.signals_topic.clone();
         rc.kafka_options = options.clone();
+        rc.summarize = vitals_reporter::summaries_every_ms(cfg.summarize_ms);
         let reporter = Arc::new(vitals_reporter::Reporter::new(rc)?);
         let mut vc = vitals_healthview::Config::new(cfg.kafka.brokers.clone());
         vc.kafka_options = options;

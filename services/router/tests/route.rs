@@ -49,6 +49,8 @@ async fn serve(routes: &str, topics: &Topics) -> (u16, Arc<Reporter>, vitals_hea
     let routes = Routes::parse(routes).unwrap();
     let mut rc = vitals_reporter::Config::new(brokers());
     rc.topic = topics.signals.clone();
+    // One record per call: the tests read each call's report (the binary sums by default).
+    rc.summarize = None;
     let reporter = Arc::new(Reporter::new(rc).unwrap());
     let mut vc = vitals_healthview::Config::new(brokers());
     vc.state_topic = topics.state.clone();

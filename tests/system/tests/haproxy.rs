@@ -259,6 +259,9 @@ async fn the_bridge_counts_garbage_and_a_flood_and_keeps_reporting_the_valid_lin
             "2048",
             "--bad-lines-logged-per-min",
             "3",
+            // One record per line: the test finds each valid line's own report.
+            "--summarize-ms",
+            "0",
         ],
     )
     .await;

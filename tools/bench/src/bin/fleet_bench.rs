@@ -81,6 +81,8 @@ struct Pair {
 struct Shared {
     calls: AtomicU64,
     records: AtomicU64,
+    /// Bytes of the records (encoded, before the producer's compression).
+    bytes: AtomicU64,
     one_by_one: AtomicU64,
     late_ticks: AtomicU64,
     /// When each fault began (endpoint name → kind, start).
@@ -295,6 +297,7 @@ fn generate(a: Args, topic: String, hot_partition: i32, shared: Arc<Shared>) -> 
                 }
             }
             shared.records.fetch_add(1, Relaxed);
+            shared.bytes.fetch_add(bytes.len() as u64, Relaxed);
         }
     }
     summarizer.flush_all(&mut out);
@@ -309,6 +312,7 @@ struct Mark {
     at: Instant,
     calls: u64,
     records: u64,
+    bytes: u64,
     cpu: [f64; 4],
     commits: i64,
     hot_end: i64,
@@ -320,6 +324,7 @@ async fn mark(db: &sqlx::PgPool, shared: &Shared, processor: u32, hot_end: i64) 
         at: Instant::now(),
         calls: shared.calls.load(Relaxed),
         records: shared.records.load(Relaxed),
+        bytes: shared.bytes.load(Relaxed),
         cpu: [
             cpu::of_pid(processor),
             cpu::of_command("postgres"),
@@ -364,6 +369,7 @@ async fn main() -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         calls: AtomicU64::new(0),
         records: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
         one_by_one: AtomicU64::new(0),
         late_ticks: AtomicU64::new(0),
         faults: Mutex::default(),
@@ -545,10 +551,11 @@ async fn main() -> anyhow::Result<()> {
         args.hot_share * 100.0
     );
     println!(
-        "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M), {:.0} records/s on the topic ({:.0} calls a record; {} failures sent one by one), {} late ticks",
+        "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M), {:.0} records/s on the topic, {:.2} MB/s before compression ({:.0} calls a record; {} failures sent one by one), {} late ticks",
         calls / secs / 1e6,
         args.calls_per_sec / 1e6,
         records / secs,
+        (w1.bytes - w0.bytes) as f64 / secs / 1e6,
         calls / records.max(1.0),
         shared.one_by_one.load(Relaxed),
         shared.late_ticks.load(Relaxed)

@@ -100,6 +100,7 @@ async fn main() {
     let topics = Topics::create(&unique("reporter_bench"), 8, Stamp::LogAppendTime).await;
     let mut up = Config::new(brokers());
     up.topic = topics.signals.clone();
+    up.summarize = None;
     let mut summed = up.clone();
     summed.summarize = Some(vitals_contracts::SummaryConfig::default());
     tokio::task::spawn_blocking(move || {
@@ -108,6 +109,7 @@ async fn main() {
             run("kafka up, summaries", summed, args.reports, args.rate);
         }
         let mut down = Config::new("127.0.0.1:1");
+        down.summarize = None;
         down.kafka_options = vec![("message.timeout.ms".into(), "1000".into())];
         run("kafka down", down, args.reports, args.rate);
     })
