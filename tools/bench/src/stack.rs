@@ -18,3 +18,41 @@ pub fn inputs(signals: &[(i64, Signal)]) -> impl Iterator<Item = vitals_testkit:
         }
     })
 }
+
+/// When each endpoint's first health change that `keep` accepts became visible to a
+/// `read_committed` consumer of `changes_topic` (what a router sees), filled as they arrive.
+pub fn first_changes(
+    changes_topic: &str,
+    group: &str,
+    keep: fn(&vitals_contracts::HealthChanged) -> bool,
+) -> anyhow::Result<std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::Message;
+    let c: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "10")
+        .create()?;
+    c.subscribe(&[changes_topic])?;
+    let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>> =
+        Default::default();
+    let filled = seen.clone();
+    tokio::spawn(async move {
+        while let Ok(m) = c.recv().await {
+            let at = std::time::Instant::now();
+            if let Ok(h) = vitals_contracts::decode::<vitals_contracts::HealthChanged>(m.payload().unwrap_or_default())
+            {
+                if keep(&h) {
+                    filled
+                        .lock()
+                        .expect("first changes")
+                        .entry(h.endpoint.clone())
+                        .or_insert(at);
+                }
+            }
+        }
+    });
+    Ok(seen)
+}

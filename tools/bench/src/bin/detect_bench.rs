@@ -5,11 +5,8 @@
 //!   target/release/detect-bench [--samples 200] [--background 170000]
 
 use clap::Parser;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::FutureRecord;
-use rdkafka::{ClientConfig, Message};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vitals_bench::stack;
 use vitals_contracts::*;
@@ -69,26 +66,7 @@ async fn main() -> anyhow::Result<()> {
     let mut child = stack::start_processor(&topics, &name, &name, &["--tick-interval-ms", "1000"]);
 
     // The read_committed consumer: when did each endpoint's first change arrive?
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let c: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", stack::brokers())
-        .set("group.id", format!("{name}-watch"))
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "10")
-        .create()?;
-    c.subscribe(&[&topics.changes])?;
-    {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            while let Ok(m) = c.recv().await {
-                let at = Instant::now();
-                if let Ok(h) = decode::<HealthChanged>(m.payload().unwrap_or_default()) {
-                    seen.lock().unwrap().entry(h.endpoint.clone()).or_insert(at);
-                }
-            }
-        });
-    }
+    let seen = stack::first_changes(&topics.changes, &format!("{name}-watch"), |_| true)?;
     let producer = stack::producer();
     let send = |s: &Signal| {
         let bytes = encode_signal(s).expect("encodes");

@@ -20,9 +20,9 @@
 //!   target/release/fleet-bench [--calls-per-sec 10000000] [--secs 90]
 
 use clap::Parser;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Message};
+use rdkafka::ClientConfig;
 use sqlx::postgres::PgPoolOptions;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -87,8 +87,6 @@ struct Shared {
     late_ticks: AtomicU64,
     /// When each fault began (endpoint name → kind, start).
     faults: Mutex<HashMap<String, (Fault, Instant)>>,
-    /// When the changes topic first showed each endpoint other than healthy.
-    unhealthy: Mutex<HashMap<String, Instant>>,
     stop: AtomicBool,
 }
 
@@ -373,32 +371,13 @@ async fn main() -> anyhow::Result<()> {
         one_by_one: AtomicU64::new(0),
         late_ticks: AtomicU64::new(0),
         faults: Mutex::default(),
-        unhealthy: Mutex::default(),
         stop: AtomicBool::new(false),
     });
 
     // The changes topic, read_committed: when each endpoint first left healthy.
-    let watch: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", stack::brokers())
-        .set("group.id", format!("{name}-watch"))
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "10")
-        .create()?;
-    watch.subscribe(&[&topics.changes])?;
-    {
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            while let Ok(m) = watch.recv().await {
-                let at = Instant::now();
-                if let Ok(h) = decode::<HealthChanged>(m.payload().unwrap_or_default()) {
-                    if h.to_state != HealthState::Healthy {
-                        shared.unhealthy.lock().unwrap().entry(h.endpoint.clone()).or_insert(at);
-                    }
-                }
-            }
-        });
-    }
+    let unhealthy = stack::first_changes(&topics.changes, &format!("{name}-watch"), |h| {
+        h.to_state != HealthState::Healthy
+    })?;
 
     let pairs = fleet(&args).len();
     eprintln!(
@@ -472,7 +451,7 @@ async fn main() -> anyhow::Result<()> {
                 started.elapsed().as_secs_f64(),
                 shared.calls.load(Relaxed) as f64 / 1e6,
                 shared.records.load(Relaxed),
-                shared.unhealthy.lock().unwrap().len()
+                unhealthy.lock().unwrap().len()
             );
             last_print = Instant::now();
         }
@@ -492,7 +471,7 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline && {
         let f = shared.faults.lock().unwrap();
-        let u = shared.unhealthy.lock().unwrap();
+        let u = unhealthy.lock().unwrap();
         f.keys().any(|e| !u.contains_key(e))
     } {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -521,7 +500,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
 
     let faults = shared.faults.lock().unwrap().clone();
-    let unhealthy = shared.unhealthy.lock().unwrap().clone();
+    let unhealthy = unhealthy.lock().unwrap().clone();
     let mut delays: HashMap<Fault, Vec<f64>> = HashMap::new();
     let mut missed = Vec::new();
     let mut early = Vec::new();
