@@ -240,7 +240,8 @@ fn vitals_now() -> i64 {
         .as_micros() as i64
 }
 
-/// The router's call reports on the signals topic so far: (when, endpoint, class).
+/// The router's call reports on the signals topic so far, one by one or summed: (when,
+/// endpoint, class).
 async fn router_reports(topic: &str) -> Vec<(i64, String, OutcomeClass)> {
     let c = vitals_testkit::consumer(&unique("loop_reader"));
     c.subscribe(&[topic]).unwrap();
@@ -248,12 +249,20 @@ async fn router_reports(topic: &str) -> Vec<(i64, String, OutcomeClass)> {
     // Records keep arriving (the load runs): read what was written until now.
     let until = vitals_now();
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(2), c.recv()).await {
-        if let Some(Ok(Signal::Call(call))) = m.payload().map(decode_signal) {
-            let at = call.occurred_at;
-            out.push((at, call.endpoint, call.outcome));
-            if at > until {
-                break;
-            }
+        match m.payload().map(decode_signal) {
+            Some(Ok(Signal::Call(call))) => out.push((call.occurred_at, call.endpoint, call.outcome)),
+            // The router sums its calls (its default): each class a summary holds, at its end.
+            Some(Ok(Signal::Summary(s))) => out.extend(
+                s.calls
+                    .iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(class, _)| (s.ended_at, s.endpoint.clone(), class)),
+            ),
+            _ => {}
+        }
+        // Every record counts here (summaries and probe results keep coming, calls may not).
+        if m.timestamp().to_millis().is_some_and(|t| t * 1000 > until) {
+            break;
         }
     }
     out
