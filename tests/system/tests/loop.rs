@@ -251,12 +251,13 @@ async fn router_reports(topic: &str) -> Vec<(i64, String, OutcomeClass)> {
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(2), c.recv()).await {
         match m.payload().map(decode_signal) {
             Some(Ok(Signal::Call(call))) => out.push((call.occurred_at, call.endpoint, call.outcome)),
-            // The router sums its calls (its default): each class a summary holds, at its end.
+            // The router sums its calls (its default): each class a summary holds, at its first
+            // call's end (all of them ended then or later).
             Some(Ok(Signal::Summary(s))) => out.extend(
                 s.calls
                     .iter()
                     .filter(|(_, n)| *n > 0)
-                    .map(|(class, _)| (s.ended_at, s.endpoint.clone(), class)),
+                    .map(|(class, _)| (s.started_at, s.endpoint.clone(), class)),
             ),
             _ => {}
         }
