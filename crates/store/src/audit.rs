@@ -72,7 +72,7 @@ pub struct AuditLog {
     pub pool: PgPool,
     pub group: String,
     pub topic: String,
-    /// The audit log's months this writer knows exist, and its retention.
+    /// The audit log's months this writer knows exist (it creates the ones it lacks).
     pub months: Months,
 }
 
