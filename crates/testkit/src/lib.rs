@@ -398,12 +398,22 @@ pub async fn start_api(topics: &Topics, schema: &str, port: u16, tokens: &[&str]
     api
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago, and not handed out before by this process: two services a
+/// test starts one after the other (a processor's and a prober's health endpoints) were once given
+/// the same port, since neither had bound it yet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A minimal HTTP/1.1 GET over loopback; the body, if the server answered.
