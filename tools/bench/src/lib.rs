@@ -5,6 +5,14 @@ pub mod alloc;
 pub mod stack;
 pub mod workload;
 
+/// The wall clock in µs since the epoch (a signal's `occurred_at`).
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as i64
+}
+
 /// CPU time (user + system) this process has used, in seconds.
 pub fn cpu_seconds() -> f64 {
     cpu::of_stat(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())

@@ -56,3 +56,9 @@ pub fn first_changes(
     });
     Ok(seen)
 }
+
+/// The partition of a pool's records among `partitions`: the fixed hash the tests use, so a
+/// benchmark knows which partition a pool is on.
+pub fn partition_of(pool: &str, partitions: i32) -> i32 {
+    (vitals_contracts::codec::crc64_avro(pool.as_bytes()) % partitions as u64) as i32
+}

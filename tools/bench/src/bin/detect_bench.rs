@@ -8,7 +8,7 @@ use clap::Parser;
 use rdkafka::producer::FutureRecord;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vitals_bench::stack;
+use vitals_bench::{now_us, stack};
 use vitals_contracts::*;
 
 #[derive(Parser)]
@@ -23,13 +23,6 @@ struct Args {
     /// Pause between decisive signals, ms.
     #[arg(long, default_value_t = 50)]
     gap_ms: u64,
-}
-
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros() as i64
 }
 
 fn probe(pool: &str, ep: &str, id: String, critical_down: bool) -> Signal {

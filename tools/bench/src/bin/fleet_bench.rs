@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vitals_bench::{cpu, stack, workload::Rng};
+use vitals_bench::{cpu, now_us, stack, workload::Rng};
 use vitals_contracts::*;
 
 #[derive(Parser, Clone)]
@@ -88,13 +88,6 @@ struct Shared {
     /// When each fault began (endpoint name → kind, start).
     faults: Mutex<HashMap<String, (Fault, Instant)>>,
     stop: AtomicBool,
-}
-
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros() as i64
 }
 
 fn pool_name(p: u32) -> String {
@@ -157,8 +150,10 @@ fn generate(a: Args, topic: String, hot_partition: i32, shared: Arc<Shared>) -> 
         })
         .collect();
     let gateway_names: Vec<String> = (0..a.gateways).map(|g| format!("gw-{g}")).collect();
-    let partition_of = |pool: &str| (vitals_contracts::codec::crc64_avro(pool.as_bytes()) % a.partitions as u64) as i32;
-    let partitions: Vec<i32> = names.iter().map(|(p, _)| partition_of(p)).collect();
+    let partitions: Vec<i32> = names
+        .iter()
+        .map(|(p, _)| stack::partition_of(p, a.partitions))
+        .collect();
     assert_eq!(partitions[0], hot_partition);
     let mut summarizer = Summarizer::new(SummaryConfig::default(), "fleet");
     let mut rng = Rng::new(11);
@@ -356,7 +351,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let name = stack::unique("fleet");
     let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::CreateTime).await;
-    let hot_partition = (vitals_contracts::codec::crc64_avro(pool_name(0).as_bytes()) % args.partitions as u64) as i32;
+    let hot_partition = stack::partition_of(&pool_name(0), args.partitions);
     let db = PgPoolOptions::new()
         .max_connections(2)
         .connect(&stack::database_url())
