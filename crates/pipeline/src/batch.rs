@@ -47,6 +47,8 @@ pub struct BatchWrite {
     /// Records consumed (valid or not) in this batch.
     pub records: u64,
     pub dead_lettered: u64,
+    /// Events that could not be encoded (a bug), dead-lettered as JSON instead.
+    pub encode_failures: u64,
 }
 
 /// The policy a pool is under from a policy change on, for the `pool_policies` table (the
@@ -81,13 +83,21 @@ impl BatchWrite {
             Decision::Endpoint(h) => {
                 let key = keys::endpoint_key(&h.pool, &h.endpoint).into_bytes();
                 let (hc, es) = (format!("hc/{}", h.transition_id), format!("es/{}", h.transition_id));
-                self.publish(h.as_ref(), &topics.changes, Some(key.clone()), hc, partition);
-                self.publish(&EndpointState::from_change(&h), &topics.state, Some(key), es, partition);
+                self.publish(topics, h.as_ref(), &topics.changes, Some(key.clone()), hc, partition);
+                self.publish(
+                    topics,
+                    &EndpointState::from_change(&h),
+                    &topics.state,
+                    Some(key),
+                    es,
+                    partition,
+                );
                 self.transitions.push((*h, partition, offset));
             }
             Decision::Pool(p) => {
                 let dedup_key = format!("pe/{}/{}", keys::escape(&p.pool), p.seq);
                 self.publish(
+                    topics,
                     &p,
                     &topics.changes,
                     Some(p.pool.clone().into_bytes()),
@@ -104,22 +114,60 @@ impl BatchWrite {
     pub fn discover(&mut self, topics: &Topics, state: EndpointState, partition: i32) {
         let key = keys::endpoint_key(&state.pool, &state.endpoint);
         let dedup_key = format!("es0/{key}");
-        self.publish(&state, &topics.state, Some(key.into_bytes()), dedup_key, partition);
+        self.publish(
+            topics,
+            &state,
+            &topics.state,
+            Some(key.into_bytes()),
+            dedup_key,
+            partition,
+        );
         self.discovered.push((state, partition));
     }
 
-    /// An event for the outbox, encoded, with its type in the `vitals-type` header.
-    fn publish<T: Record>(&mut self, value: &T, topic: &str, key: Option<Vec<u8>>, dedup_key: String, partition: i32) {
+    /// An event for the outbox, encoded, with its type in the `vitals-type` header. An event that
+    /// cannot be encoded is a bug, and its audit row commits anyway (the line goes on): it goes
+    /// to the dead-letter topic as JSON with the error, where it is seen and can be replayed by
+    /// hand, and is counted (`encode_failures`); never dropped silently.
+    fn publish<T: Record>(
+        &mut self,
+        topics: &Topics,
+        value: &T,
+        topic: &str,
+        key: Option<Vec<u8>>,
+        dedup_key: String,
+        partition: i32,
+    ) {
+        let kind = format!("{:?}", T::KIND);
         match encode(value) {
             Ok(payload) => self.outbox.push(OutboxRow {
                 dedup_key,
                 topic: topic.to_owned(),
                 key,
                 payload,
-                headers: BTreeMap::from([("vitals-type".to_string(), format!("{:?}", T::KIND))]),
+                headers: BTreeMap::from([("vitals-type".to_string(), kind)]),
                 partition,
             }),
-            Err(e) => tracing::error!(error = %e, event = %dedup_key, "cannot encode an outbox event"),
+            Err(e) => {
+                tracing::error!(error = %e, event = %dedup_key, "cannot encode an outbox event; dead-lettering it as JSON");
+                self.encode_failures += 1;
+                let payload = serde_json::to_vec(value)
+                    .unwrap_or_else(|j| format!("{{\"unencodable\":{:?}}}", j.to_string()).into_bytes());
+                self.outbox.push(OutboxRow {
+                    dedup_key: format!("dlq/{dedup_key}"),
+                    topic: topics.dlq.clone(),
+                    key,
+                    payload,
+                    headers: BTreeMap::from([
+                        ("vitals-type".to_string(), kind),
+                        ("vitals-intended-topic".to_string(), topic.to_owned()),
+                        ("vitals-error-code".to_string(), "encode_failed".to_string()),
+                        ("vitals-error".to_string(), e.to_string().chars().take(1000).collect()),
+                        ("content-type".to_string(), "application/json".to_string()),
+                    ]),
+                    partition,
+                });
+            }
         }
     }
 
@@ -176,5 +224,47 @@ impl BatchWrite {
         self.outbox.retain(|o| o.partition != partition);
         self.discovered.retain(|(_, p)| *p != partition);
         self.partitions.retain(|p| p.partition != partition);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vitals_contracts::SchemaKind;
+
+    /// An event whose value does not fit its schema: apache-avro refuses to encode it.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Unencodable {
+        nothing_like_a_health_change: i64,
+    }
+
+    impl Record for Unencodable {
+        const KIND: SchemaKind = SchemaKind::HealthChanged;
+    }
+
+    #[test]
+    fn an_event_that_cannot_be_encoded_goes_to_the_dead_letter_topic_as_json_and_is_counted() {
+        let topics = Topics {
+            signals: "s".into(),
+            changes: "c".into(),
+            state: "st".into(),
+            dlq: "d".into(),
+        };
+        let mut b = BatchWrite::default();
+        let value = Unencodable {
+            nothing_like_a_health_change: 7,
+        };
+        b.publish(&topics, &value, "c", Some(b"k".to_vec()), "hc/x".into(), 3);
+        assert_eq!(b.encode_failures, 1);
+        assert_eq!(b.outbox.len(), 1, "not dropped");
+        let row = &b.outbox[0];
+        assert_eq!(
+            (row.topic.as_str(), row.dedup_key.as_str(), row.partition),
+            ("d", "dlq/hc/x", 3)
+        );
+        assert_eq!(row.headers["vitals-error-code"], "encode_failed");
+        assert_eq!(row.headers["vitals-intended-topic"], "c");
+        assert_eq!(row.headers["vitals-type"], "HealthChanged");
+        assert_eq!(row.payload, br#"{"nothing_like_a_health_change":7}"#);
     }
 }

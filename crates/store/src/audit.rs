@@ -2,7 +2,7 @@
 //! that makes the processor exactly-once. Every insert is idempotent, so a replayed batch is a
 //! no-op.
 
-use crate::months::Months;
+use crate::months::{Months, Retention};
 use crate::{timestamp, StoreError};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
@@ -52,6 +52,14 @@ impl Lap {
         self.0 = now;
         d
     }
+}
+
+/// What a written batch did: where its time went, and the audit rows it did not write because
+/// retention no longer keeps their month.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Written {
+    pub times: StatementTimes,
+    pub expired_rows: u64,
 }
 
 /// Where a partition resumes: its engine and the offset to read from.
@@ -155,14 +163,29 @@ impl AuditLog {
     /// The batch, in one transaction: offsets (fenced by epoch), first-seen endpoints,
     /// transitions, the endpoint-state projection, pool events, outbox rows and snapshots.
     /// Returns where the time went.
-    pub async fn write_batch(&self, b: &BatchWrite) -> Result<StatementTimes, StoreError> {
+    pub async fn write_batch(&self, b: &BatchWrite) -> Result<Written, StoreError> {
         let mut t = StatementTimes::default();
         let mut lap = Lap(Instant::now());
-        let times = b.transitions.iter().map(|(h, _, _)| h.stream_time);
+        // Rows of months that retention no longer keeps are not written (the relay would drop
+        // them, and a month created again for them would be dropped again): counted instead.
+        // Their events are still published, and the state projection still follows them.
+        let cutoff = self.months.retention.cutoff(chrono::Utc::now());
+        let transitions: Vec<&(HealthChanged, i32, i64)> = b
+            .transitions
+            .iter()
+            .filter(|(h, _, _)| Retention::keeps(cutoff, h.stream_time))
+            .collect();
+        let pool_events: Vec<&(PoolHealthChanged, i32, i64)> = b
+            .pool_events
+            .iter()
+            .filter(|(p, _, _)| Retention::keeps(cutoff, p.stream_time))
+            .collect();
+        let expired = (b.transitions.len() - transitions.len()) + (b.pool_events.len() - pool_events.len());
+        let times = transitions.iter().map(|(h, _, _)| h.stream_time);
         self.months
             .ensure(
                 &self.pool,
-                times.chain(b.pool_events.iter().map(|(p, _, _)| p.stream_time)),
+                times.chain(pool_events.iter().map(|(p, _, _)| p.stream_time)),
             )
             .await?;
         let mut tx = self.pool.begin().await?;
@@ -198,8 +221,10 @@ impl AuditLog {
             write_states(&mut tx, &discovered, Conflict::Keep).await?;
         }
         t.discovered = lap.next();
-        if !b.transitions.is_empty() {
-            insert_transitions(&mut tx, &b.transitions).await?;
+        if !transitions.is_empty() {
+            insert_transitions(&mut tx, &transitions)
+                .await
+                .map_err(|e| self.month_missing(e))?;
         }
         t.transitions = lap.next();
         let latest: Vec<EndpointState> = b.latest_states().into_iter().map(EndpointState::from_change).collect();
@@ -207,8 +232,10 @@ impl AuditLog {
             write_states(&mut tx, &latest.iter().collect::<Vec<_>>(), Conflict::Newer).await?;
         }
         t.states = lap.next();
-        if !b.pool_events.is_empty() {
-            insert_pool_events(&mut tx, &b.pool_events).await?;
+        if !pool_events.is_empty() {
+            insert_pool_events(&mut tx, &pool_events)
+                .await
+                .map_err(|e| self.month_missing(e))?;
         }
         t.pool_events = lap.next();
         if !b.outbox.is_empty() {
@@ -226,7 +253,24 @@ impl AuditLog {
         t.snapshots = lap.next();
         tx.commit().await?;
         t.commit = lap.next();
-        Ok(t)
+        Ok(Written {
+            times: t,
+            expired_rows: expired as u64,
+        })
+    }
+
+    /// A row with no month to go to: the month was dropped after this writer last saw it
+    /// (retention racing the batch, or by hand). Not a data error: forget the months, and the
+    /// retried batch creates what it needs or skips what retention no longer keeps.
+    fn month_missing(&self, e: sqlx::Error) -> StoreError {
+        let missing = matches!(&e, sqlx::Error::Database(d)
+            if d.code().as_deref() == Some("23514") && d.message().starts_with("no partition of relation"));
+        if missing {
+            self.months.forget();
+            StoreError::MonthMissing(e.to_string())
+        } else {
+            StoreError::Sql(e)
+        }
     }
 
     async fn write_snapshot(
@@ -272,7 +316,7 @@ impl AuditLog {
 /// (pool, endpoint, seq, stream_time): a replay makes the same seq at the same stream time.
 async fn insert_transitions(
     tx: &mut Transaction<'_, Postgres>,
-    rows: &[(HealthChanged, i32, i64)],
+    rows: &[&(HealthChanged, i32, i64)],
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
@@ -324,8 +368,12 @@ async fn insert_transitions(
     Ok(())
 }
 
-/// Each pool's policy in force; a row already there stays if it is newer.
+/// Each pool's policy in force; a row already there stays if it is newer. Several changes of one
+/// pool in a batch come in log order and the last one is in force: one `ON CONFLICT DO UPDATE`
+/// statement may not touch a row twice (Postgres refuses the whole statement), so only the last
+/// of each pool is written.
 async fn upsert_policies(tx: &mut Transaction<'_, Postgres>, rows: &[PolicyInForce]) -> Result<(), StoreError> {
+    let rows = last_per_key(rows, |r| r.pool.as_str());
     sqlx::query(
         "INSERT INTO pool_policies (pool, version, policy, stream_time)
          SELECT * FROM UNNEST($1::text[], $2::int8[], $3::jsonb[], $4::timestamptz[])
@@ -333,13 +381,28 @@ async fn upsert_policies(tx: &mut Transaction<'_, Postgres>, rows: &[PolicyInFor
              stream_time = excluded.stream_time
          WHERE pool_policies.stream_time <= excluded.stream_time",
     )
-    .bind(column(rows, |r| r.pool.as_str()))
-    .bind(column(rows, |r| i64::from(r.policy.version)))
-    .bind(column(rows, |r| sqlx::types::Json(&r.policy)))
-    .bind(column(rows, |r| timestamp(r.stream_time)))
+    .bind(column(&rows, |r| r.pool.as_str()))
+    .bind(column(&rows, |r| i64::from(r.policy.version)))
+    .bind(column(&rows, |r| sqlx::types::Json(&r.policy)))
+    .bind(column(&rows, |r| timestamp(r.stream_time)))
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// The last row of each key, in the order the rows came (an upsert of several rows with one key
+/// in one statement is refused by Postgres: `ON CONFLICT DO UPDATE command cannot affect row a
+/// second time`).
+pub fn last_per_key<'a, R, K: std::hash::Hash + Eq>(rows: &'a [R], key: impl Fn(&'a R) -> K) -> Vec<&'a R> {
+    let mut last: std::collections::HashMap<K, usize> = std::collections::HashMap::with_capacity(rows.len());
+    for (i, r) in rows.iter().enumerate() {
+        last.insert(key(r), i);
+    }
+    rows.iter()
+        .enumerate()
+        .filter(|(i, r)| last.get(&key(r)) == Some(i))
+        .map(|(_, r)| r)
+        .collect()
 }
 
 /// One column of a multi-row statement: `f` of every row, for `UNNEST`.
@@ -417,7 +480,7 @@ async fn write_states(
 
 async fn insert_pool_events(
     tx: &mut Transaction<'_, Postgres>,
-    rows: &[(PoolHealthChanged, i32, i64)],
+    rows: &[&(PoolHealthChanged, i32, i64)],
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic,

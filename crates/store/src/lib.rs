@@ -28,6 +28,8 @@ pub enum StoreError {
     Snapshot { partition: i32, message: String },
     #[error("partitions {0:?} were claimed by another processor (epoch changed)")]
     Fenced(Vec<i32>),
+    #[error("a row's month of the audit log was dropped under the writer ({0}); retrying")]
+    MonthMissing(String),
     #[error("the database holds a value this build does not know: {0}")]
     Corrupt(String),
     #[error(
@@ -52,6 +54,7 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         match self {
             StoreError::Sql(e) => sql_retryable(e),
+            StoreError::MonthMissing(_) => true,
             _ => false,
         }
     }

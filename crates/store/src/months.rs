@@ -54,15 +54,45 @@ pub async fn drop_months_before(
         .await
 }
 
-/// The months this writer knows exist.
+/// How long the audit log keeps a month: whole months that ended more than `days` ago (by
+/// wall clock) are dropped by the relay and never written by a batch, so that a backlog, a replay
+/// or a fresh group over an old topic agrees with what retention leaves. 0 keeps everything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub days: i64,
+}
+
+impl Retention {
+    /// Months that ended by this instant are not kept (None: every month is).
+    pub fn cutoff(&self, now: chrono::DateTime<Utc>) -> Option<chrono::DateTime<Utc>> {
+        (self.days > 0).then(|| now - chrono::Duration::days(self.days.min(3_650_000)))
+    }
+
+    /// Whether a row at stream time `t` is kept under `cutoff`: its month ends after it.
+    pub fn keeps(cutoff: Option<chrono::DateTime<Utc>>, t: Micros) -> bool {
+        cutoff.is_none_or(|c| month_start(month_of(t) + 1) > c)
+    }
+}
+
+/// The months this writer knows exist, and the retention it writes under.
 #[derive(Clone, Default)]
-pub struct Months(Arc<Mutex<BTreeSet<Month>>>);
+pub struct Months {
+    known: Arc<Mutex<BTreeSet<Month>>>,
+    pub retention: Retention,
+}
 
 impl Months {
+    pub fn new(retention: Retention) -> Months {
+        Months {
+            known: Default::default(),
+            retention,
+        }
+    }
+
     /// Make sure the months of these stream times exist: each new month and the one after it.
     pub async fn ensure(&self, db: &PgPool, times: impl IntoIterator<Item = Micros>) -> Result<(), StoreError> {
         let missing: BTreeSet<Month> = {
-            let known = self.0.lock().expect("months lock");
+            let known = self.known.lock().expect("months lock");
             times.into_iter().map(month_of).filter(|m| !known.contains(m)).collect()
         };
         for m in missing {
@@ -70,9 +100,15 @@ impl Months {
             if made > 0 {
                 tracing::info!(month = %month_start(m).format("%Y-%m"), tables = made, "created audit-log months");
             }
-            self.0.lock().expect("months lock").extend([m, m + 1]);
+            self.known.lock().expect("months lock").extend([m, m + 1]);
         }
         Ok(())
+    }
+
+    /// Forget what is known: a month was dropped behind this writer's back (retention of
+    /// another processor, an operator), and the next batch looks again.
+    pub fn forget(&self) {
+        self.known.lock().expect("months lock").clear();
     }
 }
 
@@ -91,6 +127,27 @@ mod tests {
         assert_eq!(
             month_start(month_of(i64::MAX)).to_rfc3339(),
             "9999-12-01T00:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn retention_keeps_a_row_while_its_month_has_not_ended_before_the_cutoff() {
+        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        let us = |s: &str| at(s).timestamp_micros();
+        let now = at("2026-12-02T03:00:00Z");
+        assert_eq!(Retention { days: 0 }.cutoff(now), None);
+        assert!(Retention::keeps(None, 0), "no retention keeps everything");
+        let cutoff = Retention { days: 30 }.cutoff(now);
+        assert_eq!(cutoff, Some(at("2026-11-02T03:00:00Z")));
+        assert!(
+            !Retention::keeps(cutoff, us("2026-10-31T23:59:59Z")),
+            "October ended before the cutoff"
+        );
+        assert!(Retention::keeps(cutoff, us("2026-11-01T00:00:00Z")), "November has not");
+        assert!(Retention::keeps(cutoff, us("2027-03-01T00:00:00Z")));
+        assert!(
+            Retention { days: i64::MAX }.cutoff(now).is_some(),
+            "a huge retention does not overflow"
         );
     }
 }

@@ -89,13 +89,16 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
         .await
 }
 
-/// Keep the audit log bounded when `audit_days` > 0: the months of transitions and pool events
-/// that ended more than `audit_days` ago (by stream time) are dropped whole, so a row is kept at
-/// least `audit_days` and at most a month longer. The tables dropped.
-pub async fn retention(conn: &mut PgConnection, audit_days: i64) -> Result<Vec<String>, sqlx::Error> {
-    if audit_days <= 0 {
-        return Ok(Vec::new());
+/// Keep the audit log bounded when the retention has days: the months of transitions and pool events
+/// that ended more than its days ago (by stream time) are dropped whole, so a row is kept at
+/// least that long and at most a month longer. The tables dropped.
+/// The cut-off is the one the writer skips rows by ([`crate::months::Retention`]).
+pub async fn retention(
+    conn: &mut PgConnection,
+    retention: crate::months::Retention,
+) -> Result<Vec<String>, sqlx::Error> {
+    match retention.cutoff(chrono::Utc::now()) {
+        None => Ok(Vec::new()),
+        Some(cutoff) => crate::months::drop_months_before(conn, cutoff).await,
     }
-    let cutoff = chrono::Utc::now() - chrono::Duration::days(audit_days.min(3_650_000));
-    crate::months::drop_months_before(conn, cutoff).await
 }

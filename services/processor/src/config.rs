@@ -58,6 +58,11 @@ pub struct Config {
     /// time) are dropped whole; 0 keeps them forever.
     #[arg(long, env = "VITALS_AUDIT_RETENTION_DAYS", default_value_t = 0)]
     pub audit_retention_days: i64,
+    /// How often retention drops the months it no longer keeps (the first pass runs when the
+    /// relay starts). A batch never writes rows of such months: it counts them
+    /// (`vitals_processor_audit_rows_expired`).
+    #[arg(long, env = "VITALS_AUDIT_RETENTION_EVERY_SECS", default_value_t = 600)]
+    pub audit_retention_every_secs: u64,
     /// A partition with lag and no commit for this many seconds is stalled: `/readyz` turns
     /// false and names it.
     #[arg(long, env = "VITALS_STALL_AFTER_SECS", default_value_t = 30)]
@@ -103,6 +108,9 @@ impl Config {
         }
         if self.audit_retention_days < 0 {
             return err("--audit-retention-days must be at least 0".into());
+        }
+        if self.audit_retention_every_secs == 0 {
+            return err("--audit-retention-every-secs must be at least 1".into());
         }
         if self.partitions < 1 {
             return err("--partitions must be at least 1".into());

@@ -68,6 +68,7 @@ pub struct Processor {
 }
 
 impl Processor {
+    #[allow(clippy::too_many_arguments)] // the shared handles of `run`, each used once here
     pub fn new(
         cfg: Config,
         db: AuditLog,
@@ -76,6 +77,7 @@ impl Processor {
         cancel: CancellationToken,
         ready: Arc<AtomicBool>,
         progress: Arc<Progress>,
+        restore: Arc<crate::receiver::RestoreStatus>,
     ) -> Result<Processor, KafkaError> {
         let ctx = ProcessorContext::new(
             db.clone(),
@@ -83,6 +85,8 @@ impl Processor {
             cancel.clone(),
             ready,
             progress.clone(),
+            restore,
+            metrics.unrestorable.clone(),
         );
         let consumer: BaseConsumer<ProcessorContext> = crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
         consumer.subscribe(&[&cfg.topics.signals_topic])?;

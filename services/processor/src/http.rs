@@ -17,6 +17,7 @@ pub struct Health {
     /// The consumer has joined its group and restored every partition it was assigned.
     pub ready: Arc<AtomicBool>,
     pub progress: Arc<Progress>,
+    pub restore: Arc<crate::receiver::RestoreStatus>,
 }
 
 pub fn router(state: Health) -> Router {
@@ -29,6 +30,9 @@ pub fn router(state: Health) -> Router {
 
 async fn ready(State(h): State<Health>) -> (StatusCode, String) {
     let unavailable = |why: &str| (StatusCode::SERVICE_UNAVAILABLE, why.to_owned());
+    if let Some(problem) = h.restore.problem() {
+        return unavailable(&problem);
+    }
     if !h.ready.load(Ordering::Relaxed) {
         return unavailable("partitions not assigned and restored");
     }

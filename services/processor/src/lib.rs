@@ -36,13 +36,17 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let producer: FutureProducer = kafka::producer_config(&cfg)
         .create()
         .context("creating the Kafka producer")?;
+    let retention = vitals_store::months::Retention {
+        days: cfg.audit_retention_days,
+    };
     let database = vitals_store::audit::AuditLog {
         pool: pool.clone(),
         group: cfg.group.clone(),
         topic: cfg.topics.signals_topic.clone(),
-        months: Default::default(),
+        months: vitals_store::months::Months::new(retention),
     };
     let ready = Arc::new(AtomicBool::new(false));
+    let restore = Arc::new(receiver::RestoreStatus::default());
     let progress = Arc::new(progress::Progress::new(Duration::from_secs(cfg.stall_after_secs)));
 
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
@@ -54,6 +58,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         pool: pool.clone(),
         ready: ready.clone(),
         progress: progress.clone(),
+        restore: restore.clone(),
     });
 
     let mut tasks = JoinSet::new();
@@ -74,7 +79,8 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             wake: wake.clone(),
             cancel: cancel.clone(),
-            audit_retention_days: cfg.audit_retention_days,
+            retention,
+            retention_every: Duration::from_secs(cfg.audit_retention_every_secs),
             holder: format!(
                 "processor-{}-{}",
                 std::process::id(),
@@ -152,6 +158,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             cancel.clone(),
             ready,
             progress,
+            restore,
         )
         .context("creating the Kafka consumer")?;
         tasks.spawn(async move { processor.run().await.context("processor") });

@@ -17,6 +17,12 @@ pub struct Metrics {
     pub permanent_errors: Counter,
     pub outbox_backlog: Gauge,
     pub published: Counter,
+    /// Audit rows of months that retention no longer keeps, not written.
+    pub audit_rows_expired: Counter,
+    /// Events that could not be encoded, dead-lettered instead (a bug: alert on it).
+    pub encode_failures: Counter,
+    /// Partitions this processor was assigned but cannot restore (a permanent error).
+    pub unrestorable: Gauge,
     /// Seconds spent, by phase of the work (the breakdown of where the processor's time goes).
     time: Family<Labels, Counter<f64, AtomicU64>>,
     consumer_lag: Gauge,
@@ -69,6 +75,24 @@ impl Default for Metrics {
             "Batches that failed with a database error retrying cannot fix (the processor stops).",
         );
         let published = counter(&mut r, "vitals_processor_published", "Outbox rows published to Kafka.");
+        let audit_rows_expired = counter(
+            &mut r,
+            "vitals_processor_audit_rows_expired",
+            "Transitions and pool events not written to the audit log because their month ended before the \
+             retention (--audit-retention-days); their events are still published.",
+        );
+        let encode_failures = counter(
+            &mut r,
+            "vitals_processor_encode_failures",
+            "Events the processor could not encode (a bug): sent to the dead-letter topic as JSON, with \
+             vitals-error-code=encode_failed, instead of the changes or state topic.",
+        );
+        let unrestorable = gauge(
+            &mut r,
+            "vitals_processor_unrestorable_partitions",
+            "Assigned partitions that cannot be restored (an error retrying cannot fix, e.g. an unreadable \
+             snapshot): not consumed; /readyz names them and the error.",
+        );
         let consumer_lag = gauge(
             &mut r,
             "vitals_processor_consumer_lag",
@@ -132,6 +156,9 @@ impl Default for Metrics {
             permanent_errors,
             outbox_backlog,
             published,
+            audit_rows_expired,
+            encode_failures,
+            unrestorable,
             time,
             consumer_lag,
             group_lag,

@@ -18,6 +18,42 @@ use tokio_util::sync::CancellationToken;
 use vitals_contracts::Policy;
 use vitals_store::audit::{AuditLog, Restored};
 
+/// Why assigned partitions are not being consumed, for `/readyz` and the metrics: partitions
+/// whose restore failed with an error retrying cannot fix (left unconsumed, the rest go on), and
+/// the error a restore is retrying through.
+#[derive(Default)]
+pub struct RestoreStatus {
+    failed: Mutex<std::collections::BTreeMap<i32, String>>,
+    retrying: Mutex<Option<String>>,
+}
+
+impl RestoreStatus {
+    /// What is wrong, in a line; None when nothing is.
+    pub fn problem(&self) -> Option<String> {
+        let failed = self.failed.lock().expect("not poisoned");
+        if !failed.is_empty() {
+            let each: Vec<String> = failed.iter().map(|(p, e)| format!("partition {p}: {e}")).collect();
+            return Some(format!(
+                "cannot restore (not consumed until fixed and reassigned): {}",
+                each.join("; ")
+            ));
+        }
+        self.retrying
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map(|e| format!("restoring partitions, retrying: {e}"))
+    }
+
+    pub fn failed(&self) -> usize {
+        self.failed.lock().expect("not poisoned").len()
+    }
+
+    fn retrying(&self, error: Option<String>) {
+        *self.retrying.lock().expect("not poisoned") = error;
+    }
+}
+
 /// What the rebalance callback hands to the loop.
 pub(crate) enum Rebalanced {
     Assigned(Vec<(i32, Restored)>),
@@ -38,6 +74,8 @@ pub struct ProcessorContext {
     /// empty assignment counts: that processor is ready, with nothing to do).
     ready: Arc<AtomicBool>,
     progress: Arc<Progress>,
+    restore: Arc<RestoreStatus>,
+    unrestorable: vitals_runtime::metrics::Gauge,
 }
 
 // Lag comes from the write path (`progress`), not from librdkafka's statistics.
@@ -61,14 +99,17 @@ impl ConsumerContext for ProcessorContext {
                     tracing::warn!("shutting down during assignment; not assigning");
                     return;
                 };
+                // Only the partitions restored are consumed: one that cannot be restored stays
+                // unread (and named in /readyz) while the others go on.
+                let mut assign = TopicPartitionList::with_capacity(restored.len());
                 for (p, r) in &restored {
                     self.progress.assigned(*p, r.committed_offset);
                     let offset = r.start_offset.map_or(Offset::Beginning, Offset::Offset);
-                    if let Err(e) = tpl.set_partition_offset(&self.topic, *p, offset) {
+                    if let Err(e) = assign.add_partition_offset(&self.topic, *p, offset) {
                         tracing::error!(partition = p, error = %e, "cannot set start offset");
                     }
                 }
-                if let Err(e) = consumer.assign(tpl) {
+                if let Err(e) = consumer.assign(&assign) {
                     tracing::error!(error = %e, "assign failed");
                 }
                 self.rebalanced(Rebalanced::Assigned(restored));
@@ -77,6 +118,7 @@ impl ConsumerContext for ProcessorContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");
                 partitions.iter().for_each(|p| self.progress.revoked(*p));
+                self.forget_failed(&partitions);
                 self.ready.store(false, Ordering::Relaxed);
                 self.rebalanced(Rebalanced::Revoked(partitions));
                 if let Err(e) = consumer.unassign() {
@@ -86,6 +128,7 @@ impl ConsumerContext for ProcessorContext {
             other => {
                 tracing::error!(error = ?other, "rebalance error; dropping assignment");
                 partitions.iter().for_each(|p| self.progress.revoked(*p));
+                self.forget_failed(&partitions);
                 self.rebalanced(Rebalanced::Revoked(partitions));
                 let _ = consumer.unassign();
             }
@@ -100,6 +143,8 @@ impl ProcessorContext {
         cancel: CancellationToken,
         ready: Arc<AtomicBool>,
         progress: Arc<Progress>,
+        restore: Arc<RestoreStatus>,
+        unrestorable: vitals_runtime::metrics::Gauge,
     ) -> ProcessorContext {
         ProcessorContext {
             db,
@@ -111,7 +156,17 @@ impl ProcessorContext {
             pending: AtomicBool::new(false),
             ready,
             progress,
+            restore,
+            unrestorable,
         }
+    }
+
+    fn forget_failed(&self, partitions: &[i32]) {
+        let mut failed = self.restore.failed.lock().expect("not poisoned");
+        partitions.iter().for_each(|p| {
+            failed.remove(p);
+        });
+        self.unrestorable.set(failed.len() as i64);
     }
 
     /// Hand a rebalance to the receiver, which passes it on to the loop before any later record.
@@ -120,14 +175,31 @@ impl ProcessorContext {
         self.pending.store(true, Ordering::Release);
     }
 
-    /// Claim every partition, retrying while Postgres is unreachable. None if shutdown came first.
+    /// Claim every partition, retrying while Postgres is unreachable (the writer's retry
+    /// classes). A partition that fails with an error retrying cannot fix (an unreadable
+    /// snapshot, a privilege) is left out, logged, counted and named in /readyz; the others are
+    /// restored. None if shutdown came first.
     async fn claim_all(&self, partitions: &[i32]) -> Option<Vec<(i32, Restored)>> {
         let mut out = Vec::new();
         for &p in partitions {
             let mut backoff = Duration::from_millis(100);
             loop {
                 match self.db.claim_partition(p, &self.policy).await {
+                    Err(e) if !e.is_retryable() => {
+                        tracing::error!(
+                            partition = p,
+                            error = %e,
+                            "cannot restore partition (an error retrying cannot fix); leaving it unconsumed"
+                        );
+                        self.restore
+                            .failed
+                            .lock()
+                            .expect("not poisoned")
+                            .insert(p, e.to_string());
+                        break;
+                    }
                     Ok(r) => {
+                        self.forget_failed(&[p]);
                         tracing::info!(
                             partition = p,
                             epoch = r.epoch,
@@ -141,6 +213,7 @@ impl ProcessorContext {
                     }
                     Err(e) => {
                         tracing::warn!(partition = p, error = %e, "cannot restore partition; retrying");
+                        self.restore.retrying(Some(format!("partition {p}: {e}")));
                         if self.cancel.is_cancelled() {
                             return None;
                         }
@@ -150,6 +223,8 @@ impl ProcessorContext {
                 }
             }
         }
+        self.restore.retrying(None);
+        self.unrestorable.set(self.restore.failed() as i64);
         Some(out)
     }
 }

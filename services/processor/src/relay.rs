@@ -27,7 +27,9 @@ pub struct Relay {
     pub metrics: Arc<Metrics>,
     pub wake: Arc<Notify>,
     pub cancel: CancellationToken,
-    pub audit_retention_days: i64,
+    pub retention: vitals_store::months::Retention,
+    /// How often retention runs.
+    pub retention_every: Duration,
     /// Who holds the lease: unique per process (host, pid, start time).
     pub holder: String,
 }
@@ -102,12 +104,12 @@ impl Relay {
 
     async fn publish_until_cancelled(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
         let mut last_backlog = std::time::Instant::now() - Duration::from_secs(10);
-        let mut last_retention = std::time::Instant::now() - Duration::from_secs(3600);
+        let mut last_retention: Option<std::time::Instant> = None;
         loop {
             let published = self.publish_round(conn).await?;
-            if last_retention.elapsed() > Duration::from_secs(600) {
+            if last_retention.is_none_or(|t| t.elapsed() >= self.retention_every) {
                 self.retention(conn).await?;
-                last_retention = std::time::Instant::now();
+                last_retention = Some(std::time::Instant::now());
             }
             if last_backlog.elapsed() > Duration::from_secs(5) {
                 self.metrics.outbox_backlog.set(outbox::backlog(conn).await?);
@@ -130,7 +132,7 @@ impl Relay {
     /// Keep the audit log bounded, if configured: months that ended before the retention are
     /// dropped whole.
     async fn retention(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        let dropped = outbox::retention(conn, self.audit_retention_days).await?;
+        let dropped = outbox::retention(conn, self.retention).await?;
         if !dropped.is_empty() {
             tracing::info!(?dropped, "retention: old months of the audit log dropped");
         }

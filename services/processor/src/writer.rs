@@ -38,10 +38,11 @@ impl Writer {
         let mut give_up_at: Option<Instant> = None;
         loop {
             match self.db.write_batch(&batch).await {
-                Ok(times) => {
-                    for (statement, d) in times.named() {
+                Ok(w) => {
+                    for (statement, d) in w.times.named() {
                         self.metrics.spent(&format!("db_{statement}"), d);
                     }
+                    self.metrics.audit_rows_expired.inc_by(w.expired_rows);
                     break;
                 }
                 Err(StoreError::Fenced(ps)) => {
@@ -87,6 +88,7 @@ impl Writer {
         let m = &self.metrics;
         m.signals.inc_by(batch.records);
         m.dead_lettered.inc_by(batch.dead_lettered);
+        m.encode_failures.inc_by(batch.encode_failures);
         m.transitions.inc_by(batch.transitions.len() as u64);
         m.pool_events.inc_by(batch.pool_events.len() as u64);
         m.batches.inc();
