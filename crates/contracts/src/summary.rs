@@ -24,6 +24,8 @@ pub const MAX_SUMMARY_MODELS: usize = 16;
 /// Calls per outcome class.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+// A misspelt class (`server_errror`) must be refused, not read as 0 calls of the right one.
+#[serde(deny_unknown_fields)]
 pub struct OutcomeCounts {
     #[serde(default)]
     pub success: i64,
@@ -99,6 +101,7 @@ impl OutcomeCounts {
 /// One bucket of a [`Histogram`].
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HistogramBucket {
     pub index: i32,
     pub count: i64,
@@ -109,6 +112,7 @@ pub struct HistogramBucket {
 /// An hour needs 1,106 buckets at most; a summary of calls that took similar times needs a few.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Histogram {
     pub sum_us: i64,
     /// Ascending by index; counts above 0.

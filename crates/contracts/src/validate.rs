@@ -36,15 +36,46 @@ fn bad(field: &'static str, message: impl Into<String>) -> ValidationError {
     }
 }
 
-/// A character no name may hold: a control character (NUL, newline, …) or a bidirectional
-/// control (U+202E and its kin), which makes a name display as another (`abc\u{202E}gpj.exe`).
+/// A character no name may hold: a control character (NUL, newline, …), or an invisible one —
+/// Unicode's format characters (category Cf: bidirectional controls such as U+202E, which make
+/// a name display as another, `abc\u{202E}gpj.exe`; zero-width spaces and joiners, the soft
+/// hyphen, U+FEFF, tags, interlinear annotations) and the line and paragraph separators (Zl,
+/// Zp) — with which two pools look alike and are not.
 pub fn is_hidden_control(c: char) -> bool {
-    c.is_control()
-        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || is_format_or_separator(c)
+}
+
+/// Unicode general categories Cf, Zl and Zp (Unicode 16; held equal to the Unicode tables by a
+/// test).
+pub fn is_format_or_separator(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08E2}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0001}'
+            | '\u{E0020}'..='\u{E007F}'
+    )
 }
 
 /// A name (pool, endpoint, id): not blank, at most [`MAX_NAME_LEN`] bytes (UTF-8), no control
-/// characters, no bidirectional controls.
+/// characters, no invisible format characters ([`is_hidden_control`]).
 pub fn validate_name(field: &'static str, v: &str) -> Result<(), ValidationError> {
     if v.trim().is_empty() {
         return Err(bad(field, "must not be empty"));
@@ -56,7 +87,11 @@ pub fn validate_name(field: &'static str, v: &str) -> Result<(), ValidationError
         return Err(bad(field, "contains control characters"));
     }
     if v.chars().any(is_hidden_control) {
-        return Err(bad(field, "contains bidirectional control characters"));
+        return Err(bad(
+            field,
+            "contains invisible format characters (bidirectional controls, zero-width characters, \
+             separators: Unicode Cf, Zl, Zp)",
+        ));
     }
     Ok(())
 }
@@ -451,6 +486,37 @@ pub fn validate_policy(p: &Policy) -> Result<(), ValidationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hand-written table is Unicode's: every character, against the general category.
+    #[test]
+    fn invisible_format_characters_are_exactly_unicodes_cf_zl_and_zp() {
+        use unicode_general_category::{get_general_category, GeneralCategory as G};
+        let differ: Vec<String> = (0..=0x10FFFFu32)
+            .filter_map(char::from_u32)
+            .filter(|&c| {
+                let unicode = matches!(
+                    get_general_category(c),
+                    G::Format | G::LineSeparator | G::ParagraphSeparator
+                );
+                unicode != is_format_or_separator(c)
+            })
+            .map(|c| format!("U+{:04X}", c as u32))
+            .collect();
+        assert!(differ.is_empty(), "{differ:?}");
+        for look_alike in [
+            "pool\u{200B}",
+            "\u{FEFF}pool",
+            "po\u{00AD}ol",
+            "a\u{2028}b",
+            "a\u{180E}",
+            "a\u{E0001}",
+            "a\u{FFF9}",
+        ] {
+            let e = validate_name("pool", look_alike).unwrap_err();
+            assert!(e.message.contains("invisible"), "{look_alike:?}: {e:?}");
+        }
+        assert!(validate_name("pool", "δelta/ü-1").is_ok(), "letters of any script stay");
+    }
 
     fn call() -> CallOutcome {
         CallOutcome {

@@ -280,6 +280,9 @@ async fn mixed_batches_report_per_item_and_bad_bodies_are_refused() {
         json!({"type": "probe", "pool": "m", "endpoint": "b", "prober": "p", "kind": "heartbeat", "outcome": "success", "latency_us": 1, "interval_ms": 5000}),
         json!({"type": "carrier_pigeon"}),
         json!({"type": "call", "pool": "m", "endpoint": "a", "gateway": "g", "outcome": "success", "latency_us": "fast"}),
+        // A misspelt outcome class is refused by name, not read as 0 calls of the right class.
+        json!({"type": "summary", "pool": "m", "endpoint": "a", "gateway": "g", "started_at": "2026-12-01T00:00:00Z",
+               "ended_at": "2026-12-01T00:00:00.250Z", "calls": {"success": 1, "server_errror": 500}}),
     ]});
     let (s, body) = api
         .send(Method::POST, "/v1/signals", Some(WRITER), items.to_string())
@@ -293,13 +296,17 @@ async fn mixed_batches_report_per_item_and_bad_bodies_are_refused() {
         .collect();
     assert_eq!(
         statuses,
-        ["accepted", "rejected", "rejected", "rejected", "accepted", "rejected", "rejected"]
+        ["accepted", "rejected", "rejected", "rejected", "accepted", "rejected", "rejected", "rejected"]
     );
     assert_eq!(body["results"][1]["field"], "latency_us");
+    assert!(
+        body["results"][7]["error"].as_str().unwrap().contains("server_errror"),
+        "{body}"
+    );
     assert!(body["results"][2]["error"].as_str().unwrap().contains("sleepy"));
     assert_eq!(
         (body["accepted"].as_i64(), body["rejected"].as_i64()),
-        (Some(2), Some(5))
+        (Some(2), Some(6))
     );
 
     for (payload, field) in [("{not json", "body"), ("{\"items\": 5}", "items"), ("[]", "items")] {

@@ -350,11 +350,15 @@ mod tests {
             format!(r#"{{"type":"call","t_us":{t0},"pool":"p","endpoint":"e","gateway":"g","outcome":"success","latency_us":1,"colour":"red"}}"#),
             format!(r#"{{"type":"call","t_us":{t0},"pool":"p","endpoint":"e","gateway":"g","outcome":"success","latency_us":-5}}"#),
             format!(r#"{{"type":"teleport","t_us":{t0}}}"#),
+            // A misspelt outcome class must not count as no calls of the right one.
+            format!(
+                r#"{{"type":"summary","t_us":{t0},"pool":"p","endpoint":"e","gateway":"g","started_at":"2023-11-14T22:13:20Z","ended_at":"2023-11-14T22:13:20Z","calls":{{"success":1,"server_errror":500}}}}"#
+            ),
             format!(r#"{{"type":"tick","t_us":{t0}}}"#),
         ]
         .join("\n");
         let (lines, totals) = sim(&input);
-        assert_eq!(totals.errors, 5, "{lines:?}");
+        assert_eq!(totals.errors, 6, "{lines:?}");
         let errors: Vec<(u64, Option<&str>)> = lines
             .iter()
             .filter(|l| l["kind"] == "error")
@@ -363,6 +367,7 @@ mod tests {
         assert_eq!(errors[1], (2, Some("t_us")));
         assert_eq!(errors[2], (3, Some("colour")));
         assert_eq!(errors[3], (4, Some("latency_us")));
+        assert_eq!(errors[5], (6, Some("server_errror")));
         assert_eq!(lines.last().unwrap()["kind"], "tick_done", "the stream went on");
     }
 }
