@@ -57,6 +57,11 @@ pub struct Config {
     /// Of those, the most one client may hold at once (per token, or per IP address).
     #[arg(long, env = "VITALS_MAX_KAFKA_STREAMS_PER_CLIENT", default_value_t = 2)]
     pub max_kafka_streams_per_client: usize,
+    /// Memory the Kafka consumers of those streams may prefetch into, all together (MB): each
+    /// gets its share (this over --max-kafka-streams) for its queue of fetched events and its
+    /// fetches, so that clients that resume from far back and never read cannot grow the API.
+    #[arg(long, env = "VITALS_KAFKA_STREAMS_MEMORY_MB", default_value_t = 256)]
+    pub kafka_streams_memory_mb: u64,
     /// Recent events kept for clients that resume (`Last-Event-ID`).
     #[arg(long, env = "VITALS_STREAM_RING", default_value_t = 10_000)]
     pub stream_ring: usize,
@@ -156,6 +161,22 @@ impl Config {
         u64::from(self.db_max_connections) + 4 * self.max_kafka_streams as u64 + 64
     }
 
+    /// The librdkafka settings that bound one far-back stream's consumer to its share of
+    /// `--kafka-streams-memory-mb`: half for the queue of fetched events, a quarter for a fetch
+    /// (librdkafka's defaults, 64 MB of queue and 50 MB fetches, let one client that never
+    /// reads pin about 80 MB).
+    pub fn kafka_stream_prefetch(&self) -> Vec<(&'static str, String)> {
+        let share = (self.kafka_streams_memory_mb << 20) / self.max_kafka_streams.max(1) as u64;
+        // A fetch may not be smaller than the largest message (librdkafka's message.max.bytes).
+        let fetch = (share / 4).max(1_000_000);
+        vec![
+            ("queued.max.messages.kbytes", (share / 2 / 1024).max(1).to_string()),
+            ("queued.min.messages", "1000".to_string()),
+            ("fetch.max.bytes", fetch.to_string()),
+            ("max.partition.fetch.bytes", fetch.min(1 << 20).to_string()),
+        ]
+    }
+
     /// `--max-connections` fitted to the open-file limit (see [`fit_connections`]).
     pub fn fit_connections(&self) -> anyhow::Result<usize> {
         fit_connections(self.max_connections, self.file_reserve(), open_file_limit())
@@ -174,19 +195,32 @@ impl Config {
                     .map(str::to_owned),
             );
         }
-        let mut out = Vec::new();
+        // Errors name a token by its place, never by its text: a line written in the wrong
+        // order (secret:role:name) would otherwise print the secret into the log.
+        let mut out: Vec<Token> = Vec::new();
         for (i, t) in all.iter().enumerate() {
+            let n = i + 1;
             let mut parts = t.splitn(3, ':');
             let (Some(name), Some(role), Some(secret)) = (parts.next(), parts.next(), parts.next()) else {
-                anyhow::bail!("token #{} is not name:role:secret", i + 1);
+                anyhow::bail!("token #{n} is not name:role:secret");
             };
-            let role = Role::parse(role)
-                .ok_or_else(|| anyhow::anyhow!("token {name}: role must be reader, writer or admin"))?;
-            anyhow::ensure!(!name.is_empty(), "token #{}: empty name", i + 1);
+            let role = Role::parse(role).ok_or_else(|| {
+                anyhow::anyhow!("token #{n}: the role (name:ROLE:secret) must be reader, writer or admin")
+            })?;
+            anyhow::ensure!(!name.is_empty(), "token #{n}: empty name");
             anyhow::ensure!(
                 secret.len() >= 16,
-                "token {name}: the secret must be at least 16 characters"
+                "token #{n}: the secret (name:role:SECRET) must be at least 16 characters"
             );
+            if let Some(j) = out.iter().position(|o| o.name == name) {
+                anyhow::bail!("tokens #{} and #{n} have the same name: each name is given once", j + 1);
+            }
+            if let Some(j) = out.iter().position(|o| o.secret == secret.as_bytes()) {
+                anyhow::bail!(
+                    "tokens #{} and #{n} have the same secret: each token needs its own",
+                    j + 1
+                );
+            }
             out.push(Token {
                 name: name.to_owned(),
                 role,
@@ -201,6 +235,10 @@ impl Config {
         anyhow::ensure!(self.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024");
         anyhow::ensure!(self.max_batch_items >= 1, "--max-batch-items must be at least 1");
         anyhow::ensure!(self.max_streams >= 1, "--max-streams must be at least 1");
+        anyhow::ensure!(
+            self.kafka_streams_memory_mb >= 4 && self.kafka_streams_memory_mb <= 1 << 20,
+            "--kafka-streams-memory-mb must be between 4 and 1048576"
+        );
         anyhow::ensure!(
             self.max_kafka_streams_per_client >= 1,
             "--max-kafka-streams-per-client must be at least 1"
@@ -235,7 +273,58 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
-    use super::fit_connections;
+    use super::{fit_connections, Config};
+    use clap::Parser;
+
+    fn tokens(list: &[&str]) -> anyhow::Result<usize> {
+        let mut args = vec!["vitals-api"];
+        for t in list {
+            args.extend(["--token", t]);
+        }
+        Config::try_parse_from(args).unwrap().tokens().map(|t| t.len())
+    }
+
+    #[test]
+    fn far_back_streams_prefetch_within_their_share_of_the_memory_budget() {
+        let c = Config::try_parse_from(["vitals-api"]).unwrap();
+        let set: std::collections::HashMap<&str, u64> = c
+            .kafka_stream_prefetch()
+            .into_iter()
+            .map(|(k, v)| (k, v.parse().unwrap()))
+            .collect();
+        // 256 MB over 64 streams: 4 MB each, 2 MB of queue and 1 MB fetches.
+        assert_eq!(set["queued.max.messages.kbytes"], 2_048);
+        assert_eq!(set["fetch.max.bytes"], 1_048_576);
+        assert_eq!(set["max.partition.fetch.bytes"], 1_048_576);
+        let c = Config::try_parse_from([
+            "vitals-api",
+            "--kafka-streams-memory-mb",
+            "4",
+            "--max-kafka-streams",
+            "1000",
+        ])
+        .unwrap();
+        let set: std::collections::HashMap<&str, String> = c.kafka_stream_prefetch().into_iter().collect();
+        assert_eq!(set["queued.max.messages.kbytes"], "2");
+        assert_eq!(set["fetch.max.bytes"], "1000000", "never below the largest message");
+    }
+
+    #[test]
+    fn tokens_are_refused_when_a_name_or_a_secret_is_given_twice_and_errors_never_show_a_secret() {
+        assert_eq!(
+            tokens(&["ops:admin:aaaaaaaaaaaaaaaa", "ci:writer:bbbbbbbbbbbbbbbb"]).unwrap(),
+            2
+        );
+        let e = tokens(&["ops:admin:aaaaaaaaaaaaaaaa", "ops:reader:bbbbbbbbbbbbbbbb"]).unwrap_err();
+        assert!(e.to_string().contains("same name"), "{e}");
+        let e = tokens(&["ops:admin:aaaaaaaaaaaaaaaa", "dash:reader:aaaaaaaaaaaaaaaa"]).unwrap_err();
+        assert!(e.to_string().contains("same secret"), "{e}");
+        for wrong_order in ["s3cr3t-s3cr3t-s3cr3t:admin:ops", "s3cr3t-s3cr3t-s3cr3t:ops:admin"] {
+            let e = tokens(&[wrong_order]).unwrap_err().to_string();
+            assert!(!e.contains("s3cr3t"), "the secret is printed: {e}");
+            assert!(e.contains("#1"), "{e}");
+        }
+    }
 
     #[test]
     fn connections_fit_the_open_file_limit_or_are_refused_with_the_numbers() {

@@ -17,8 +17,12 @@ async fn assemble(
     names: &[String],
     endpoints: Vec<EndpointState>,
     per_pool: usize,
+    counts: Option<Counts>,
 ) -> Result<Vec<PoolHealth>, ApiError> {
-    let mut counts = read::state_counts(&app.db, names).await?;
+    let mut counts = match counts {
+        Some(c) => c,
+        None => read::state_counts(&app.db, names).await?,
+    };
     let flags = read::pool_flags(&app.db, names).await?;
     let mut rows = endpoints.into_iter().peekable();
     let mut pools = Vec::with_capacity(names.len());
@@ -45,6 +49,23 @@ async fn assemble(
         });
     }
     Ok(pools)
+}
+
+type Counts = std::collections::HashMap<String, std::collections::BTreeMap<String, usize>>;
+
+/// How many pools, in order, a page holds when each lists `listed` endpoints and a page lists
+/// at most `budget` in all: one at least.
+fn pools_that_fit(listed: impl Iterator<Item = usize>, budget: usize) -> usize {
+    let mut sum = 0usize;
+    let mut n = 0;
+    for l in listed {
+        sum = sum.saturating_add(l);
+        if sum > budget && n > 0 {
+            break;
+        }
+        n += 1;
+    }
+    n
 }
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -85,8 +106,14 @@ pub async fn pools(
     let mut names = read::pool_names_after(&app.db, &after, limit + 1).await?;
     let mut more = names.len() as i64 > limit;
     names.truncate(limit as usize);
-    // The page ends before its endpoints pass the budget (one pool at least).
-    let fit = (MAX_PAGE_ENDPOINTS / (per_pool as usize).max(1)).max(1);
+    // The page ends before the endpoints it lists pass the budget (one pool at least): what
+    // each pool holds, not what was asked for per pool (a page of small pools is not cut short).
+    let counts = read::state_counts(&app.db, &names).await?;
+    let listed = names.iter().map(|n| {
+        let total: usize = counts.get(n).map_or(0, |c| c.values().sum());
+        total.min(per_pool as usize)
+    });
+    let fit = pools_that_fit(listed, MAX_PAGE_ENDPOINTS);
     if names.len() > fit {
         names.truncate(fit);
         more = true;
@@ -96,7 +123,7 @@ pub async fn pools(
     } else {
         Vec::new()
     };
-    let pools = assemble(&app, &names, endpoints, per_pool as usize).await?;
+    let pools = assemble(&app, &names, endpoints, per_pool as usize, Some(counts)).await?;
     let next_after = more.then(|| names.last().cloned()).flatten();
     Ok(Json(PoolPage { pools, next_after }))
 }
@@ -133,7 +160,7 @@ pub async fn pool(
     let more = endpoints.len() as i64 > limit;
     endpoints.truncate(limit as usize);
     let names = [pool.clone()];
-    let mut p = assemble(&app, &names, endpoints, usize::MAX)
+    let mut p = assemble(&app, &names, endpoints, usize::MAX, None)
         .await?
         .pop()
         .filter(|p| p.total > 0)
@@ -166,4 +193,19 @@ pub async fn endpoint(
         current,
         last_transition,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pools_that_fit;
+
+    #[test]
+    fn a_page_is_budgeted_by_the_endpoints_pools_hold_not_by_those_asked_for() {
+        // 1,000 pools of one endpoint each, 1,000 asked per pool: all fit (5 did before).
+        assert_eq!(pools_that_fit(std::iter::repeat_n(1, 1_000), 5_000), 1_000);
+        assert_eq!(pools_that_fit([2_000, 2_000, 2_000].into_iter(), 5_000), 2);
+        assert_eq!(pools_that_fit([9_000, 1].into_iter(), 5_000), 1, "one pool at least");
+        assert_eq!(pools_that_fit(std::iter::empty(), 5_000), 0);
+        assert_eq!(pools_that_fit([0, 0, 5_000, 1].into_iter(), 5_000), 3);
+    }
 }

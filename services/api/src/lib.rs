@@ -92,7 +92,17 @@ pub fn router(state: AppState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track));
     api.fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .layer(axum::middleware::map_response(nosniff))
         .with_state(state)
+}
+
+/// Every answer says what it is: a browser must not sniff a JSON error into HTML.
+async fn nosniff(mut r: axum::response::Response) -> axum::response::Response {
+    r.headers_mut().insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    r
 }
 
 pub struct App {

@@ -43,6 +43,38 @@ fn busy() -> Vec<u8> {
     .into_bytes()
 }
 
+/// The answer to a connection over the cap: `ok` to a liveness probe (`GET /healthz`), which
+/// must not see a busy but healthy API as dead and restart it, and `busy` to anything else.
+/// Only the request line is read (at most 1 KB, within the caller's timeout).
+async fn over_cap(stream: &mut TcpStream) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::with_capacity(64);
+    let mut buf = [0u8; 256];
+    while !head.contains(&b'\n') && head.len() < 1024 {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let answer = if is_liveness_probe(&head) { alive() } else { busy() };
+    stream.write_all(&answer).await
+}
+
+/// Whether a request starts `GET /healthz` (with or without a query).
+fn is_liveness_probe(head: &[u8]) -> bool {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let mut parts = line.split(|b| *b == b' ');
+    let (method, target) = (parts.next(), parts.next());
+    method == Some(b"GET".as_slice()) && target.is_some_and(|t| t == b"/healthz" || t.starts_with(b"/healthz?"))
+}
+
+/// `/healthz`'s own answer, written without the app.
+fn alive() -> Vec<u8> {
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+        .to_vec()
+}
+
 /// Accept errors in a row: each waits twice as long as the last (50 ms up to 1 s), and they are
 /// logged at most once every 10 s, with how many there were (a full descriptor table used to
 /// write a line every 50 ms).
@@ -114,7 +146,7 @@ pub async fn serve(
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracker.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&busy())).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), over_cap(&mut stream)).await;
                 let _ = stream.shutdown().await;
             });
             continue;

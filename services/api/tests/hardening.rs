@@ -67,12 +67,21 @@ async fn half_sent_and_silent_connections_are_closed_and_connections_are_capped(
     }
     let mut extra = TcpStream::connect(&addr).await.unwrap();
     extra
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /v1/pools HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
     let answer = String::from_utf8(until_closed(extra, Duration::from_secs(5)).await).unwrap();
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("\"busy\""), "{answer}");
+    // A liveness probe is still answered: a busy API is not a dead one to restart.
+    let mut probe = TcpStream::connect(&addr).await.unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = String::from_utf8(until_closed(probe, Duration::from_secs(5)).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("ok"), "{answer}");
     // The held ones send nothing: the header-read timeout closes them.
     for h in held {
         until_closed(h, Duration::from_secs(5)).await;
@@ -84,8 +93,8 @@ async fn half_sent_and_silent_connections_are_closed_and_connections_are_capped(
         .unwrap();
     until_closed(partial, Duration::from_secs(5)).await;
     wait_until("a slot to free up", Duration::from_secs(10), || async {
-        // While the cap holds, the answer is a 503 written before the request: an error here.
-        let r = api.http.get(api.url("/healthz")).send().await;
+        // While the cap holds, the answer is a 503.
+        let r = api.http.get(api.url("/readyz")).send().await;
         r.is_ok_and(|r| r.status().as_u16() == 200)
     })
     .await;
@@ -401,9 +410,17 @@ async fn oversized_items_are_rejected_not_retried() {
         .await
         .unwrap();
     assert!(r.headers().get("retry-after").is_none(), "nothing to retry");
+    assert_eq!(
+        r.headers().get("x-content-type-options").map(|v| v.as_bytes()),
+        Some(b"nosniff".as_slice()),
+        "JSON answers are not sniffed"
+    );
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["rejected"], 1, "{b}");
     assert_eq!(b["results"][0]["field"], "attributes", "{b}");
+    let r = api.http.get(api.url("/v1/no-such-route")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert!(r.headers().get("x-content-type-options").is_some(), "errors too");
     api.drop_schema().await;
 }
 

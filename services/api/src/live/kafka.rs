@@ -42,13 +42,12 @@ pub async fn events(
     slot: StreamSlot,
 ) -> Result<impl Stream<Item = Bytes> + Unpin + Send + 'static, ApiError> {
     let kafka_slot = app.kafka_streams.take(slot.client(), slot.anonymous())?;
-    let consumer: StreamConsumer = vitals_runtime::kafka::consumer(
-        &app.cfg.kafka,
-        "vitals-api-live",
-        &[("isolation.level", "read_committed"), ("fetch.wait.max.ms", "50")],
-    )
-    .create()
-    .map_err(|e| ApiError::Internal(e.into()))?;
+    let prefetch = app.cfg.kafka_stream_prefetch();
+    let mut settings = vec![("isolation.level", "read_committed"), ("fetch.wait.max.ms", "50")];
+    settings.extend(prefetch.iter().map(|(k, v)| (*k, v.as_str())));
+    let consumer: StreamConsumer = vitals_runtime::kafka::consumer(&app.cfg.kafka, "vitals-api-live", &settings)
+        .create()
+        .map_err(|e| ApiError::Internal(e.into()))?;
     let topic = app.cfg.topics.changes_topic.clone();
     // Every partition's starting offset resolved now, so the `ready` event is exact.
     let (consumer, positions) = tokio::task::spawn_blocking(move || {

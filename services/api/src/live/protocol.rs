@@ -40,6 +40,13 @@ pub fn parse_positions(s: &str) -> Result<Positions, ApiError> {
     Ok(out)
 }
 
+/// Where a client resumes from its `Last-Event-ID` header: None when it sent none, or one with
+/// no position in it (empty, `,`), which is no id this stream sends (read as a replay of every
+/// partition from its start, it sent a client the whole topic).
+pub fn resume_from(header: Option<&str>) -> Result<Option<Positions>, ApiError> {
+    Ok(header.map(parse_positions).transpose()?.filter(|p| !p.is_empty()))
+}
+
 /// One event as every client sends it.
 #[derive(Debug)]
 pub struct Item {
@@ -243,5 +250,15 @@ mod tests {
         for bad in ["x", "0:", ":5", "0:-1", "-1:3", "0:1,zz"] {
             assert!(parse_positions(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_empty_last_event_id_is_no_resume_not_a_replay_from_the_start() {
+        for empty in ["", ",", ",,", " "] {
+            assert_eq!(resume_from(Some(empty.trim())).unwrap(), None, "{empty:?}");
+        }
+        assert_eq!(resume_from(None).unwrap(), None);
+        assert_eq!(resume_from(Some("0:4")).unwrap(), Some([(0, 4)].into()));
+        assert!(resume_from(Some("0:x")).is_err());
     }
 }

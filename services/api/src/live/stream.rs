@@ -6,7 +6,7 @@
 use super::fanout::RawClient;
 use super::feed::{sse_response, HubFeed};
 use super::kafka;
-use super::protocol::{self, encode_positions, parse_positions, Filter, Positions};
+use super::protocol::{self, encode_positions, Filter, Positions};
 use super::slot::{take_slot, StreamSlot};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiQuery;
@@ -62,12 +62,9 @@ async fn open(
     };
     let resume = headers
         .get("last-event-id")
-        .map(|v| {
-            v.to_str()
-                .map_err(|_| ApiError::invalid("Last-Event-ID", "not text"))
-                .and_then(parse_positions)
-        })
+        .map(|v| v.to_str().map_err(|_| ApiError::invalid("Last-Event-ID", "not text")))
         .transpose()?;
+    let resume = protocol::resume_from(resume.map(str::trim))?;
     let slot = take_slot(app, &client, anonymous)?;
     let ends_at = tokio::time::Instant::now() + Duration::from_secs(app.cfg.stream_max_lifetime_secs);
     if !app.hub.ready(Duration::from_secs(5)).await {
