@@ -7,7 +7,7 @@
 
 use crate::{Applied, HealthView};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,6 +30,9 @@ pub struct Config {
     pub open_after: Duration,
     /// The least time between two re-reads of the state topic after gaps.
     pub reread_after_gap: Duration,
+    /// How long the start keeps retrying a broker that is not ready (still starting, its
+    /// metadata not there yet, the topics not created yet) before it gives up.
+    pub start_within: Duration,
 }
 
 impl Config {
@@ -42,6 +45,7 @@ impl Config {
             stale_after: Duration::from_secs(15),
             open_after: Duration::from_secs(60),
             reread_after_gap: Duration::from_secs(10),
+            start_within: Duration::from_secs(120),
         }
     }
 
@@ -78,14 +82,20 @@ impl Drop for Follower {
 
 /// The topic's partitions. The services share `vitals_runtime::kafka::partitions`; this
 /// library, embedded in gateways, does not take the runtime's dependencies (clap, axum).
+/// A topic without partitions is one the broker does not know (yet): an error, so that the
+/// start retries instead of following nothing.
 fn partitions(c: &BaseConsumer, topic: &str) -> Result<Vec<i32>, KafkaError> {
     let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    Ok(md
+    let ps: Vec<i32> = md
         .topics()
         .iter()
         .filter(|t| t.name() == topic)
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect())
+        .collect();
+    if ps.is_empty() {
+        return Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition));
+    }
+    Ok(ps)
 }
 
 /// What the follower applied, as it happens (for a caller that logs or reacts to changes).
@@ -165,25 +175,10 @@ fn load_state(cfg: &Config, view: &HealthView) -> Result<(), KafkaError> {
     Ok(())
 }
 
-/// Load the state topic to its end, then follow the changes topic in the background.
-pub fn follow(cfg: Config) -> Result<Follower, KafkaError> {
-    follow_with(cfg, |_| {})
-}
-
-/// [`follow`], calling `listener` (on the follower's thread) for every change it applies after
-/// the cold start.
-pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -> Result<Follower, KafkaError> {
-    let started = Instant::now();
-    let since_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-        - 60_000;
-    let view = Arc::new(HealthView::with_staleness(cfg.stale_after, cfg.open_after));
-    // Cold start: every partition of the state topic from its beginning to its high watermark.
-    load_state(&cfg, &view)?;
-    view.heard(now_us());
-    let cold_start = started.elapsed();
-    // Then the changes, from a minute before the cold start began.
+/// The cold start: every partition of the state topic from its beginning to its high
+/// watermark into `view`; then a consumer of the changes from `since_ms` on.
+fn start(cfg: &Config, view: &HealthView, since_ms: i64) -> Result<BaseConsumer, KafkaError> {
+    load_state(cfg, view)?;
     let changes = cfg.consumer()?;
     let mut tpl = TopicPartitionList::new();
     for p in partitions(&changes, &cfg.changes_topic)? {
@@ -199,6 +194,40 @@ pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -
         from.add_partition_offset(e.topic(), e.partition(), offset)?;
     }
     changes.assign(&from)?;
+    Ok(changes)
+}
+
+/// Load the state topic to its end, then follow the changes topic in the background.
+pub fn follow(cfg: Config) -> Result<Follower, KafkaError> {
+    follow_with(cfg, |_| {})
+}
+
+/// [`follow`], calling `listener` (on the follower's thread) for every change it applies after
+/// the cold start.
+pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -> Result<Follower, KafkaError> {
+    let started = Instant::now();
+    let since_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+        - 60_000;
+    let view = Arc::new(HealthView::with_staleness(cfg.stale_after, cfg.open_after));
+    // A broker that is starting answers metadata requests with errors for a while (a router
+    // started beside it exited on "Meta data fetch error"): retry with a backoff, up to
+    // `start_within`.
+    let mut backoff = Duration::from_millis(100);
+    let changes = loop {
+        match start(&cfg, &view, since_ms) {
+            Ok(c) => break c,
+            Err(e) if started.elapsed() + backoff < cfg.start_within => {
+                eprintln!("vitals-healthview: the broker is not ready ({e}); retrying in {backoff:?}");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    view.heard(now_us());
+    let cold_start = started.elapsed();
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let (view, stop) = (view.clone(), stop.clone());

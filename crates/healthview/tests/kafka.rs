@@ -162,3 +162,36 @@ async fn a_gap_rereads_the_state_topic_and_ticks_keep_the_view_fresh() {
     })
     .await;
 }
+
+/// A router started beside a broker that is not ready yet (here: its topics do not exist yet)
+/// waits for it instead of exiting at start, or following nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_waits_for_topics_that_are_not_there_yet() {
+    let name = unique("coldview");
+    let mut cfg = Config::new(brokers());
+    cfg.state_topic = format!("{name}.state");
+    cfg.changes_topic = format!("{name}.changes");
+    let following = tokio::task::spawn_blocking(move || follow(cfg));
+    // The follower is retrying now (the topics are created a moment after it started).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!following.is_finished(), "the start waits for the topics");
+    let topics = Topics::create(&name, 2, Stamp::LogAppendTime).await;
+    let f = following
+        .await
+        .unwrap()
+        .expect("the start succeeds once the topics exist");
+    let p = producer();
+    let bytes = encode(&change("late", "e", 1, HealthState::Unhealthy, 0.0)).unwrap();
+    p.send(
+        FutureRecord::to(&topics.changes).key("late/e").payload(&bytes),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let view = f.view.clone();
+    wait_until("the change reaches the view", Duration::from_secs(30), || {
+        let s = view.state("late", "e");
+        async move { s == Some(HealthState::Unhealthy) }
+    })
+    .await;
+}
