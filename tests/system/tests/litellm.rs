@@ -47,6 +47,17 @@ fn litellm_env(stack: &Stack, gateway: &str) -> Vec<(String, String)> {
 
 /// LiteLLM's Router in a Python process (integrations/litellm/tests/drive_router.py): every
 /// attempt it makes, and the callback's counters.
+/// A program the test started, killed when the test ends however it ends (a panicking test
+/// left its LiteLLM proxy running, holding its port and its Kafka producer).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Driver {
     child: Child,
     seen: Seen,
@@ -108,6 +119,14 @@ impl Driver {
         let _ = self.child.wait();
         let s = self.stats.lock().unwrap().clone();
         s
+    }
+}
+
+impl Drop for Driver {
+    /// A test that panics must not leave its driver running (after `stop` it has exited).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -236,21 +255,23 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_d
     let cfg = std::env::temp_dir().join(format!("{}.yaml", unique("litellm_proxy")));
     std::fs::write(&cfg, yaml).unwrap();
     let log = std::env::temp_dir().join(format!("{}.log", unique("litellm-proxy")));
-    let mut proxy = Command::new(venv_bin("litellm"))
-        .args([
-            "--config",
-            cfg.to_str().unwrap(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .envs(litellm_env(&stack, &gateway))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .spawn()
-        .expect("the LiteLLM proxy starts");
+    let mut proxy = KillOnDrop(
+        Command::new(venv_bin("litellm"))
+            .args([
+                "--config",
+                cfg.to_str().unwrap(),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .envs(litellm_env(&stack, &gateway))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("the LiteLLM proxy starts"),
+    );
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -388,8 +409,8 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_d
     healed_chosen(&stack, proxy_choices, "e0", "proxy, refused connections").await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     load.await.unwrap();
-    let _ = Command::new("kill").args(["-TERM", &proxy.id().to_string()]).status();
-    let _ = proxy.wait();
+    let _ = Command::new("kill").args(["-TERM", &proxy.0.id().to_string()]).status();
+    let _ = proxy.0.wait();
     let reported = reports(&stack.topics).await;
     let from_proxy = reported.values().filter(|c| c.gateway == gateway).count();
     let gateways: std::collections::BTreeSet<&str> = reported.values().map(|c| c.gateway.as_str()).collect();
