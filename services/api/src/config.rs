@@ -167,10 +167,14 @@ impl Config {
     /// reads pin about 80 MB).
     pub fn kafka_stream_prefetch(&self) -> Vec<(&'static str, String)> {
         let share = (self.kafka_streams_memory_mb << 20) / self.max_kafka_streams.max(1) as u64;
-        // A fetch may not be smaller than the largest message (librdkafka's message.max.bytes).
-        let fetch = (share / 4).max(1_000_000);
+        // A fetch may not be smaller than the largest message (librdkafka's message.max.bytes);
+        // neither goes above librdkafka's own defaults (64 MB of queue, 50 MB fetches).
+        let fetch = (share / 4).clamp(1_000_000, 52_428_800);
         vec![
-            ("queued.max.messages.kbytes", (share / 2 / 1024).max(1).to_string()),
+            (
+                "queued.max.messages.kbytes",
+                (share / 2 / 1024).clamp(1, 65_536).to_string(),
+            ),
             ("queued.min.messages", "1000".to_string()),
             ("fetch.max.bytes", fetch.to_string()),
             ("max.partition.fetch.bytes", fetch.min(1 << 20).to_string()),
@@ -307,6 +311,13 @@ mod tests {
         let set: std::collections::HashMap<&str, String> = c.kafka_stream_prefetch().into_iter().collect();
         assert_eq!(set["queued.max.messages.kbytes"], "2");
         assert_eq!(set["fetch.max.bytes"], "1000000", "never below the largest message");
+        let c = Config::try_parse_from(["vitals-api", "--kafka-streams-memory-mb", "1048576"]).unwrap();
+        let set: std::collections::HashMap<&str, String> = c.kafka_stream_prefetch().into_iter().collect();
+        assert_eq!(
+            set["queued.max.messages.kbytes"], "65536",
+            "librdkafka's default at most"
+        );
+        assert_eq!(set["fetch.max.bytes"], "52428800");
     }
 
     #[test]
