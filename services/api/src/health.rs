@@ -74,11 +74,14 @@ fn pools_that_fit(listed: impl Iterator<Item = usize>, budget: usize) -> usize {
 pub struct PoolParams {
     /// Pools per page, 1 to 1000 (default 100). A page also ends before its endpoints would
     /// pass 5,000 in all, so it may hold fewer pools; follow `next_after`.
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// Only pools whose name sorts after this one: the `next_after` of the previous page.
+    #[param(max_length = 256)]
     after: Option<String>,
     /// Endpoints listed per pool, 0 to 1000 (default 50); the counts cover all of them, and a
     /// pool with more has its own `next_after` for `GET /v1/pools/{pool}`.
+    #[param(minimum = 0, maximum = 1000)]
     endpoints: Option<i64>,
 }
 
@@ -133,8 +136,10 @@ pub async fn pools(
 #[allow(dead_code)] // documents the parameters
 pub struct PoolEndpointParams {
     /// Endpoints per page, 1 to 1000 (default 500).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// Only endpoints whose name sorts after this one: the pool's `next_after` of the previous page.
+    #[param(max_length = 256)]
     after: Option<String>,
 }
 

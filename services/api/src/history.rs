@@ -23,8 +23,10 @@ pub const MAX_LIMIT: i64 = 500;
 #[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
 pub struct HistoryParams {
     /// Only this pool.
+    #[param(min_length = 1, max_length = 256)]
     pool: Option<String>,
     /// Only this endpoint (requires `pool`).
+    #[param(min_length = 1, max_length = 256)]
     endpoint: Option<String>,
     /// Transitions at or after this time (RFC 3339).
     from: Option<DateTime<Utc>>,
@@ -35,6 +37,7 @@ pub struct HistoryParams {
     /// Only this reason code.
     reason: Option<view::ReasonCode>,
     /// Page size, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,

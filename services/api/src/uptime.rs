@@ -58,6 +58,7 @@ pub struct UptimeParams {
     /// End of the range (RFC 3339); default now, and never later than now.
     to: Option<DateTime<Utc>>,
     /// `hour` (ranges of up to 31 days) or `day`: figures per UTC-aligned bucket as well.
+    #[param(pattern = "^(hour|day)$")]
     bucket: Option<String>,
 }
 
@@ -110,15 +111,18 @@ pub async fn uptime(
 #[into_params(parameter_in = Query)]
 #[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
 pub struct IncidentParams {
-    /// The pool (required).
-    pool: Option<String>,
+    /// The pool.
+    #[param(min_length = 1, max_length = 256)]
+    pool: String,
     /// Only this endpoint.
+    #[param(min_length = 1, max_length = 256)]
     endpoint: Option<String>,
     /// Incidents that overlap the range from this time (RFC 3339); default seven days before `to`.
     from: Option<DateTime<Utc>>,
     /// End of the range (RFC 3339); default now.
     to: Option<DateTime<Utc>>,
     /// Page size, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
