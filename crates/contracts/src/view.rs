@@ -632,8 +632,11 @@ pub struct PoolUptime {
     pub bucket: Option<String>,
     #[serde(rename = "pool_figures")]
     pub figures: PoolFigures,
-    /// Worst availability first.
+    /// Worst availability first: a page of them (`limit`, and at most 5,000 buckets in all).
     pub endpoints: Vec<EndpointUptime>,
+    /// The `cursor` of the next page of endpoints, if there are more.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// An incident: an endpoint out of rotation, from the transition that took it out to the one

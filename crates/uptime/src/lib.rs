@@ -336,6 +336,21 @@ pub fn pool(histories: &[History], flags: &PoolFlags, range: &Range) -> PoolFigu
     pool_of(histories, &endpoints, flags, range)
 }
 
+/// The pool's figures (with their buckets) and each endpoint's without buckets, worst first:
+/// what a page of endpoints is chosen from, whose buckets then come from [`endpoint`] one by
+/// one. The figures are [`uptime`]'s; the memory is not a thousand endpoints' hourly buckets.
+pub fn uptime_without_endpoint_buckets(
+    histories: &[History],
+    flags: &PoolFlags,
+    range: &Range,
+) -> (PoolFigures, Vec<EndpointUptime>) {
+    let plain = Range { bucket: None, ..*range };
+    let mut endpoints: Vec<EndpointUptime> = histories.iter().map(|h| endpoint(h, &plain)).collect();
+    let figures = pool_of(histories, &endpoints, flags, range);
+    worst_first(&mut endpoints);
+    (figures, endpoints)
+}
+
 /// The pool's figures and each endpoint's (worst first), each computed once.
 pub fn uptime(histories: &[History], flags: &PoolFlags, range: &Range) -> (PoolFigures, Vec<EndpointUptime>) {
     let mut endpoints: Vec<EndpointUptime> = histories.iter().map(|h| endpoint(h, range)).collect();

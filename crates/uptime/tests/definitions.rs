@@ -3,7 +3,9 @@
 
 use vitals_contracts::view::StateName;
 use vitals_contracts::{HealthState as S, Micros};
-use vitals_uptime::{endpoint, pool, worst_first, Change, History, PoolFlags, Range};
+use vitals_uptime::{
+    endpoint, pool, uptime, uptime_without_endpoint_buckets, worst_first, Change, History, PoolFlags, Range,
+};
 
 const T0: Micros = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z
 const MIN: Micros = 60_000_000;
@@ -186,6 +188,36 @@ fn a_pool_counts_time_with_one_and_with_every_endpoint_in_rotation_and_its_panic
     };
     let f = pool(&[maint("a"), maint("b")], &PoolFlags::default(), &hour());
     assert_eq!((f.maintenance_s, f.availability), (1800.0, Some(1.0)));
+}
+
+/// What a page of uptime is chosen from: the same figures as the whole answer, the endpoints'
+/// without their buckets (which the API adds for the page's endpoints only).
+#[test]
+fn the_figures_a_page_is_chosen_from_are_the_whole_answers_less_the_endpoints_buckets() {
+    let out = |name: &str, from: Micros, to: Micros| History {
+        endpoint: name.into(),
+        seen: T0 - HOUR,
+        changes: vec![
+            change(T0 + from * MIN, 1, S::Healthy, S::Unhealthy, 0.0, "ejected"),
+            change(T0 + to * MIN, 2, S::Unhealthy, S::Recovering, 0.1, "readmitted"),
+        ],
+    };
+    let hs = [out("a", 10, 20), out("b", 15, 45), out("c", 1, 2)];
+    let flags = PoolFlags::default();
+    let r = Range {
+        bucket: Some(10 * MIN),
+        ..hour()
+    };
+    let (whole, mut endpoints) = uptime(&hs, &flags, &r);
+    let (paged, plain) = uptime_without_endpoint_buckets(&hs, &flags, &r);
+    assert_eq!(paged, whole, "the pool's figures, buckets and all");
+    assert_eq!(whole.buckets.len(), 6);
+    assert!(plain.iter().all(|e| e.buckets.is_empty()));
+    endpoints.iter_mut().for_each(|e| e.buckets.clear());
+    assert_eq!(plain, endpoints, "the same endpoints in the same (worst-first) order");
+    assert_eq!(plain[0].endpoint, "b");
+    let b = hs.iter().find(|h| h.endpoint == "b").unwrap();
+    assert_eq!(endpoint(b, &r).buckets.len(), 6, "a page endpoint's buckets");
 }
 
 #[test]

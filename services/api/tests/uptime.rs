@@ -60,6 +60,30 @@ async fn uptime_and_incidents_of_a_known_log_are_exact() {
     assert_eq!(p["buckets"].as_array().unwrap().len(), 24);
     let (_, daily) = api.get(&format!("/v1/pools/up/uptime?{range}&bucket=day")).await;
     assert_eq!(daily["pool_figures"]["buckets"].as_array().unwrap().len(), 1);
+    assert!(u["next_cursor"].is_null(), "every endpoint on one page: {u}");
+
+    // A page of endpoints at a time, worst first, the pool's figures on each: the same answer.
+    let mut paged: Vec<serde_json::Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let c = cursor.as_deref().map_or(String::new(), |c| format!("&cursor={c}"));
+        let (s, page) = api
+            .get(&format!("/v1/pools/up/uptime?{range}&bucket=hour&limit=1{c}"))
+            .await;
+        assert_eq!(s, 200, "{page}");
+        assert_eq!(page["pool_figures"], u["pool_figures"]);
+        assert_eq!(page["endpoints"].as_array().unwrap().len(), 1);
+        paged.extend(page["endpoints"].as_array().unwrap().iter().cloned());
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(
+        &serde_json::Value::Array(paged),
+        &u["endpoints"],
+        "the pages make the whole answer"
+    );
 
     // Incidents, newest first, a page at a time; the same figures.
     let (s, page) = api.get(&format!("/v1/incidents?pool=up&{range}&limit=1")).await;
@@ -104,6 +128,8 @@ async fn uptime_and_incidents_of_a_known_log_are_exact() {
         (format!("/v1/incidents?{range}"), "pool"),
         (format!("/v1/incidents?pool=up&{range}&limit=0"), "limit"),
         (format!("/v1/incidents?pool=up&{range}&cursor=abc"), "cursor"),
+        (format!("/v1/pools/up/uptime?{range}&cursor=abc"), "cursor"),
+        (format!("/v1/pools/up/uptime?{range}&limit=1001"), "limit"),
     ];
     for (path, field) in bad {
         let (s, b) = api.get(&path).await;
