@@ -195,8 +195,18 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use super::AcceptErrors;
+    use super::{is_liveness_probe, AcceptErrors};
     use std::time::Duration;
+
+    #[test]
+    fn only_a_get_of_healthz_is_a_liveness_probe() {
+        assert!(is_liveness_probe(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(is_liveness_probe(b"GET /healthz?x=1 HTTP/1.1\r\n"));
+        assert!(!is_liveness_probe(b"GET /healthzz HTTP/1.1\r\n"));
+        assert!(!is_liveness_probe(b"POST /healthz HTTP/1.1\r\n"));
+        assert!(!is_liveness_probe(b"GET /v1/pools HTTP/1.1\r\n"));
+        assert!(!is_liveness_probe(b""));
+    }
 
     #[test]
     fn accept_errors_back_off_to_a_second_and_start_over_after_a_success() {

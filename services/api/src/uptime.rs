@@ -284,6 +284,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_uptime_page_holds_its_limit_within_the_bucket_budget() {
+        assert_eq!(uptime_page_len(100, 0), 100, "no buckets: the limit");
+        assert_eq!(uptime_page_len(100, 31 * 24), 6, "31 days hourly");
+        assert_eq!(uptime_page_len(100, 92), 54, "92 days daily");
+        assert_eq!(uptime_page_len(3, 24), 3);
+        assert_eq!(uptime_page_len(100, 10_000), 1, "one at least");
+    }
+
+    #[test]
+    fn the_uptime_cursor_orders_as_worst_first() {
+        use std::cmp::Ordering::*;
+        let c = |a: Option<f64>, i: usize, e: &str| UptimeCursor { a, i, e: e.into() };
+        assert_eq!(c(Some(0.5), 0, "z").cmp(&c(Some(0.9), 0, "a")), Less);
+        assert_eq!(
+            c(Some(0.5), 3, "z").cmp(&c(Some(0.5), 1, "a")),
+            Less,
+            "more incidents first"
+        );
+        assert_eq!(c(Some(0.5), 1, "a").cmp(&c(Some(0.5), 1, "b")), Less);
+        assert_eq!(
+            c(None, 0, "a").cmp(&c(Some(1.0), 0, "z")),
+            Greater,
+            "nothing observed last"
+        );
+    }
+
+    #[test]
     fn ranges_default_clip_and_refuse_with_the_parameter_named() {
         let now = DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
             .unwrap()
