@@ -257,14 +257,35 @@ pub async fn incidents(
     if !pool_known(&app.db, pool).await? {
         return Err(ApiError::NotFound(format!("pool {pool:?}")));
     }
-    let r = Range { from, to, bucket: None };
-    let histories = store::histories(&app.db, pool, endpoint, from, to).await?;
-    let mut all: Vec<Incident> = histories
-        .iter()
-        .flat_map(|h| h.incidents(&r).into_iter().map(|s| s.view(pool, &h.endpoint, to)))
-        .collect();
-    all.sort_by(|a, b| Cursor::of(b).key().cmp(&Cursor::of(a).key()));
-    let start = cursor.map_or(0, |c| all.partition_point(|i| Cursor::of(i).key() >= c.key()));
+    // Newest first, so a page needs only the recent part of the range: the incidents that start
+    // in [lo, to) are newer than any that starts before lo, and those after the cursor are the
+    // page when there are more than `limit` of them. lo goes back a day at first, four times as
+    // far each time there are not, down to `from` (where incidents that began before the range
+    // belong too). A first page of a 92-day range used to read and compute all 92 days.
+    let upper = cursor.as_ref().map_or(to, |c| c.t.min(to));
+    let mut reach = DAY_US;
+    let (all, start) = loop {
+        let lo = upper.saturating_sub(reach).max(from);
+        let r = Range {
+            from: lo,
+            to,
+            bucket: None,
+        };
+        let histories = store::histories(&app.db, pool, endpoint, lo, to).await?;
+        let mut found: Vec<Incident> = histories
+            .iter()
+            .flat_map(|h| h.incidents(&r).into_iter().map(|s| s.view(pool, &h.endpoint, to)))
+            .filter(|i| lo == from || i.started_at.timestamp_micros() >= lo)
+            .collect();
+        found.sort_by(|a, b| Cursor::of(b).key().cmp(&Cursor::of(a).key()));
+        let start = cursor
+            .as_ref()
+            .map_or(0, |c| found.partition_point(|i| Cursor::of(i).key() >= c.key()));
+        if lo == from || found.len() > start + limit as usize {
+            break (found, start);
+        }
+        reach = reach.saturating_mul(4);
+    };
     let mut items: Vec<Incident> = all.iter().skip(start).take(limit as usize).cloned().collect();
     let more = all.len() > start + items.len();
     let keys: Vec<(String, i64)> = items.iter().map(|i| (i.endpoint.clone(), i.seq)).collect();

@@ -139,3 +139,57 @@ async fn uptime_and_incidents_of_a_known_log_are_exact() {
     assert_eq!(api.get("/v1/incidents?pool=nope").await.0, 404);
     api.drop_schema().await;
 }
+
+/// Incidents days apart, read a page at a time (each page from the recent part of the range
+/// only): the same incidents, in the same order, as one page of all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incidents_days_apart_page_newest_first_as_one_page_of_them_all() {
+    let api = Api::start("incidents_days", &[]).await;
+    const D: i64 = 24 * H;
+    let to = uptime_t0();
+    let from = to - 60 * D;
+    let mut seq = 0;
+    for (ep, days_ago) in [("x", 50), ("y", 20), ("x", 9), ("y", 3), ("x", 2), ("y", 1)] {
+        let start = to - days_ago * D + 7 * H;
+        for (from_state, to_state, weight, code, at) in [
+            ("healthy", "unhealthy", 0.0, "ejected", start),
+            ("unhealthy", "recovering", 0.1, "readmitted", start + H),
+            ("recovering", "healthy", 1.0, "recovered", start + 2 * H),
+        ] {
+            seq += 1;
+            vitals_testkit::uptime::insert_change(&api.db, "days", ep, seq, (from_state, to_state, weight), code, at)
+                .await;
+        }
+    }
+    sqlx::query(
+        "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version, first_seen)
+         SELECT 'days', e, 1, 'healthy', 1, 0, 100, 0, now(), '', 0, to_timestamp($1::double precision / 1e6) FROM unnest(ARRAY['x', 'y']) e",
+    )
+    .bind(from - D)
+    .execute(&api.db)
+    .await
+    .unwrap();
+    let range = format!("from={}&to={}", iso(from), iso(to));
+    let (s, whole) = api.get(&format!("/v1/incidents?pool=days&{range}&limit=500")).await;
+    assert_eq!(s, 200, "{whole}");
+    let whole = whole["items"].as_array().unwrap().clone();
+    assert_eq!(whole.len(), 6, "{whole:?}");
+    let mut paged = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let c = cursor.as_deref().map_or(String::new(), |c| format!("&cursor={c}"));
+        let (s, page) = api.get(&format!("/v1/incidents?pool=days&{range}&limit=2{c}")).await;
+        assert_eq!(s, 200, "{page}");
+        paged.extend(page["items"].as_array().unwrap().iter().cloned());
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(paged, whole, "pages of two make the whole list, newest first");
+    let starts: Vec<&str> = whole.iter().map(|i| i["started_at"].as_str().unwrap()).collect();
+    let mut sorted = starts.clone();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(starts, sorted, "newest first");
+    api.drop_schema().await;
+}
