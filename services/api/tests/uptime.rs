@@ -163,17 +163,43 @@ async fn incidents_days_apart_page_newest_first_as_one_page_of_them_all() {
     }
     sqlx::query(
         "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version, first_seen)
-         SELECT 'days', e, 1, 'healthy', 1, 0, 100, 0, now(), '', 0, to_timestamp($1::double precision / 1e6) FROM unnest(ARRAY['x', 'y']) e",
+         SELECT 'days', e, 1, 'healthy', 1, 0, 100, 0, now(), '', 0, to_timestamp($1::double precision / 1e6) FROM unnest(ARRAY['x', 'y', 'z']) e",
     )
     .bind(from - D)
     .execute(&api.db)
     .await
     .unwrap();
+    // z is out for 25 days: a page whose cursor is before its end reads it again for its end.
+    for (seq, (from_state, to_state, weight, code, at)) in [
+        ("healthy", "unhealthy", 0.0, "ejected", to - 30 * D),
+        ("unhealthy", "unhealthy", 0.0, "trial_failed", to - 20 * D),
+        ("unhealthy", "recovering", 0.1, "readmitted", to - 5 * D),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        vitals_testkit::uptime::insert_change(
+            &api.db,
+            "days",
+            "z",
+            seq as i64 + 1,
+            (from_state, to_state, weight),
+            code,
+            at,
+        )
+        .await;
+    }
     let range = format!("from={}&to={}", iso(from), iso(to));
     let (s, whole) = api.get(&format!("/v1/incidents?pool=days&{range}&limit=500")).await;
     assert_eq!(s, 200, "{whole}");
     let whole = whole["items"].as_array().unwrap().clone();
-    assert_eq!(whole.len(), 6, "{whole:?}");
+    assert_eq!(whole.len(), 7, "{whole:?}");
+    let z = whole.iter().find(|i| i["endpoint"] == "z").unwrap();
+    assert_eq!(z["duration_s"], 25.0 * 86_400.0, "{z}");
+    assert_eq!(
+        z["reason_codes"],
+        serde_json::json!(["ejected", "trial_failed", "readmitted"])
+    );
     let mut paged = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..10 {
