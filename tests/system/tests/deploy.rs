@@ -33,7 +33,7 @@ fn tool(program: &str, args: &[&str], dir: &PathBuf) -> String {
 #[test]
 fn the_prometheus_rules_and_the_alertmanager_configuration_check() {
     let dir = deploy("prometheus");
-    assert!(tool("promtool", &["check", "rules", "vitals-rules.yml"], &dir).contains("SUCCESS: 6 rules found"));
+    assert!(tool("promtool", &["check", "rules", "vitals-rules.yml"], &dir).contains("SUCCESS: 8 rules found"));
     assert!(tool("promtool", &["test", "rules", "vitals-rules.test.yml"], &dir).contains("SUCCESS"));
     tool(
         "promtool",
