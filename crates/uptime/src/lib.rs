@@ -459,11 +459,19 @@ fn pool_of(histories: &[History], endpoints: &[EndpointUptime], flags: &PoolFlag
 /// Worst first: lowest availability, then most incidents, then name; endpoints with nothing
 /// observed last.
 pub fn worst_first(endpoints: &mut [EndpointUptime]) {
-    endpoints.sort_by(|a, b| {
-        let key = |e: &EndpointUptime| e.availability.unwrap_or(f64::INFINITY);
-        key(a)
-            .total_cmp(&key(b))
-            .then(b.incidents.cmp(&a.incidents))
-            .then(a.endpoint.cmp(&b.endpoint))
-    });
+    endpoints.sort_by(|a, b| worst_first_order(rank(a), rank(b)));
+}
+
+/// What orders an endpoint worst first: (availability, incidents, name).
+pub type Rank<'a> = (Option<f64>, usize, &'a str);
+
+/// An endpoint's [`Rank`].
+pub fn rank(e: &EndpointUptime) -> Rank<'_> {
+    (e.availability, e.incidents, &e.endpoint)
+}
+
+/// The order of [`worst_first`]: lowest availability (none last), then most incidents, then name.
+pub fn worst_first_order(a: Rank<'_>, b: Rank<'_>) -> std::cmp::Ordering {
+    let key = |a: Option<f64>| a.unwrap_or(f64::INFINITY);
+    key(a.0).total_cmp(&key(b.0)).then(b.1.cmp(&a.1)).then(a.2.cmp(b.2))
 }

@@ -94,11 +94,7 @@ impl UptimeCursor {
 
     /// Worst first, as `vitals_uptime::worst_first` sorts.
     fn cmp(&self, other: &UptimeCursor) -> std::cmp::Ordering {
-        let key = |c: &UptimeCursor| c.a.unwrap_or(f64::INFINITY);
-        key(self)
-            .total_cmp(&key(other))
-            .then(other.i.cmp(&self.i))
-            .then(self.e.cmp(&other.e))
+        vitals_uptime::worst_first_order((self.a, self.i, &self.e), (other.a, other.i, &other.e))
     }
 }
 

@@ -148,6 +148,12 @@ impl Gen {
         });
     }
 
+    /// A pool's name and partition, and how its endpoint `ep` behaves now.
+    fn target(&self, pool: usize, ep: usize) -> (String, i32, Mode) {
+        let p = &self.pools[pool];
+        (p.name.clone(), p.partition, p.modes[ep])
+    }
+
     fn id(&mut self, prefix: &str) -> String {
         self.ids += 1;
         format!("{prefix}{}", self.ids)
@@ -170,11 +176,7 @@ impl Gen {
     }
 
     fn call(&mut self, pool: usize, ep: usize, out: &mut Vec<Rec>) {
-        let (name, partition, mode) = (
-            self.pools[pool].name.clone(),
-            self.pools[pool].partition,
-            self.pools[pool].modes[ep],
-        );
+        let (name, partition, mode) = self.target(pool, ep);
         let roll = self.rng.below(100);
         let (class, latency_ms, ttft_ms) = match mode {
             Mode::Good | Mode::Silent if roll < 2 => (OutcomeClass::ServerError, 40, None),
@@ -204,11 +206,7 @@ impl Gen {
     }
 
     fn summary(&mut self, pool: usize, ep: usize, out: &mut Vec<Rec>) {
-        let (name, partition, mode) = (
-            self.pools[pool].name.clone(),
-            self.pools[pool].partition,
-            self.pools[pool].modes[ep],
-        );
+        let (name, partition, mode) = self.target(pool, ep);
         let id = self.id("s");
         let end_us = self.ts_ms * 1000;
         let mut s = CallSummary::new(id, &name, &format!("e{ep}"), "gw-gen", end_us);
@@ -241,11 +239,7 @@ impl Gen {
     }
 
     fn probe(&mut self, pool: usize, ep: usize, out: &mut Vec<Rec>) {
-        let (name, partition, mode) = (
-            self.pools[pool].name.clone(),
-            self.pools[pool].partition,
-            self.pools[pool].modes[ep],
-        );
+        let (name, partition, mode) = self.target(pool, ep);
         let heartbeat = self.rng.pct(50);
         let ok = !matches!(mode, Mode::Failing) || self.rng.pct(10);
         let outcome = if ok {

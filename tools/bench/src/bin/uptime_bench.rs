@@ -128,27 +128,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let topics = stack::Topics::create(&stack::unique("uptb"), 1, stack::Stamp::LogAppendTime).await;
     let port = vitals_testkit::free_port();
-    let mut api_args: Vec<String> = [
-        "--http-addr",
-        &format!("127.0.0.1:{port}"),
-        "--db-schema",
-        &schema,
-        "--database-url",
-        &vitals_testkit::reader_url(),
-        "--brokers",
-        &stack::brokers(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    api_args.extend(topics.args());
-    let _api = stack::Service::start("vitals-api", "uptime-bench", &api_args);
-    vitals_testkit::wait_until("the API to be ready", Duration::from_secs(30), || async {
-        vitals_testkit::http_get(port, "/readyz")
-            .await
-            .is_some_and(|b| b.contains("ready"))
-    })
-    .await;
+    let _api = vitals_testkit::start_api(&topics, &schema, port, &[]).await;
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     let month = format!("from={}&to={}", iso(to - 31 * DAY_US), iso(to));
