@@ -5,6 +5,17 @@
 //! over every endpoint). A view that hears nothing from the processor (no change, no tick) for
 //! `stale_after` is *stale* and keeps routing as last known; after `open_after` it *fails open*
 //! and spreads over every endpoint, as in panic mode.
+//!
+//! **Trials.** An endpoint out of rotation for a fault comes back on evidence: a prober's, or the
+//! router's *trial call*, which the transition that took it out announces (`retry_at`: "the
+//! router's trial is due in 30 s"). Once it is due, the next pick of the pool is that endpoint,
+//! once; the call is reported like any other and the processor readmits the endpoint if it
+//! passed, or announces the next trial. A trial with no word after it (its report lost, or an
+//! answer that says nothing, like a 4xx) is tried again after [`TRIAL_AGAIN_AFTER_US`]. An
+//! endpoint read from the state topic (which carries no trial time) is tried
+//! [`TRIAL_UNKNOWN_AFTER_US`] after it went out. No trial while the view is not fresh (nobody
+//! would judge it) or the pool panics (every endpoint is in use then), and never for an
+//! operator's maintenance.
 
 mod follow;
 
@@ -17,7 +28,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use vitals_contracts::{EndpointState, HealthChanged, HealthState, Micros, PoolHealthChanged};
 
-#[derive(Debug, Clone)]
+/// An endpoint whose trial time the view does not know (read from the state topic) is tried this
+/// long after it went out: the shortest isolation.
+pub const TRIAL_UNKNOWN_AFTER_US: Micros = 30_000_000;
+/// A trial that brought no transition is tried again after this long.
+pub const TRIAL_AGAIN_AFTER_US: Micros = 10_000_000;
+
+#[derive(Debug)]
 struct Endpoint {
     /// Shared with every pick that returns it: a pick copies a pointer, not the name.
     name: Arc<str>,
@@ -26,9 +43,38 @@ struct Endpoint {
     ramp_ms: i64,
     since: Micros,
     seq: i64,
+    /// When the router's trial is due, as the latest transition announced.
+    retry_at: Option<Micros>,
+    /// When this view last let a trial through (0: never); claimed under the read lock.
+    trial_sent: AtomicI64,
 }
 
 impl Endpoint {
+    /// Whether its trial is due at `now` (see the module's notes).
+    fn trial_due(&self, now: Micros) -> bool {
+        if self.state != HealthState::Unhealthy {
+            return false;
+        }
+        let due = self
+            .retry_at
+            .unwrap_or(self.since.saturating_add(TRIAL_UNKNOWN_AFTER_US));
+        if now < due {
+            return false;
+        }
+        let sent = self.trial_sent.load(Ordering::Relaxed);
+        sent < due.max(self.since) || now.saturating_sub(sent) >= TRIAL_AGAIN_AFTER_US
+    }
+
+    /// Claim its due trial: true for one caller only.
+    fn claim_trial(&self, now: Micros) -> bool {
+        let sent = self.trial_sent.load(Ordering::Relaxed);
+        self.trial_due(now)
+            && self
+                .trial_sent
+                .compare_exchange(sent, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
     /// The weight now: a recovering endpoint ramps from its weight to 1 over `ramp_ms`.
     fn weight_at(&self, now: Micros) -> f64 {
         if self.ramp_ms <= 0 || self.weight >= 1.0 {
@@ -46,6 +92,18 @@ struct Pool {
     panic: bool,
     correlated_outage: bool,
     seq: i64,
+    /// Endpoints out of rotation for a fault: picks look for a due trial only when there are.
+    unhealthy: usize,
+}
+
+impl Pool {
+    fn count_unhealthy(&mut self) {
+        self.unhealthy = self
+            .endpoints
+            .iter()
+            .filter(|e| e.state == HealthState::Unhealthy)
+            .count();
+    }
 }
 
 impl Pool {
@@ -60,6 +118,8 @@ impl Pool {
                     ramp_ms: 0,
                     since: 0,
                     seq: -1,
+                    retry_at: None,
+                    trial_sent: AtomicI64::new(0),
                 });
                 self.index.insert(name.to_owned(), self.endpoints.len() - 1);
                 self.endpoints.len() - 1
@@ -80,6 +140,8 @@ pub struct Counters {
     pub gaps: AtomicU64,
     /// Times the state topic was read again after a gap.
     pub rereads: AtomicU64,
+    /// Trial calls let through to endpoints out of rotation.
+    pub trials: AtomicU64,
 }
 
 /// How current the view is.
@@ -220,20 +282,24 @@ impl HealthView {
     /// An endpoint's state from the compacted state topic (a cold start): kept only if newer.
     pub fn apply_state(&self, s: &EndpointState) {
         let mut pools = self.pools.write().expect("view lock");
-        let ep = pools.entry(s.pool.clone()).or_default().endpoint(&s.endpoint);
+        let pool = pools.entry(s.pool.clone()).or_default();
+        let ep = pool.endpoint(&s.endpoint);
         if s.seq > ep.seq || ep.seq < 0 {
             ep.state = s.state;
             ep.weight = s.weight;
             ep.ramp_ms = s.ramp_ms;
             ep.since = s.since;
             ep.seq = s.seq;
+            ep.retry_at = None; // the state topic does not carry it
+            pool.count_unhealthy();
         }
     }
 
     /// A transition from the changes topic.
     pub fn apply_change(&self, h: &HealthChanged) -> Applied {
         let mut pools = self.pools.write().expect("view lock");
-        let ep = pools.entry(h.pool.clone()).or_default().endpoint(&h.endpoint);
+        let pool = pools.entry(h.pool.clone()).or_default();
+        let ep = pool.endpoint(&h.endpoint);
         let applied = Applied::of((ep.seq >= 0).then_some(ep.seq), h.seq);
         if applied != Applied::Duplicate {
             ep.state = h.to_state;
@@ -241,6 +307,8 @@ impl HealthView {
             ep.ramp_ms = h.ramp_ms;
             ep.since = h.stream_time;
             ep.seq = h.seq;
+            ep.retry_at = h.retry_at;
+            pool.count_unhealthy();
         }
         let c = match applied {
             Applied::Next => &self.counters.applied,
@@ -290,12 +358,51 @@ impl HealthView {
             .is_some_and(|p| p.correlated_outage)
     }
 
-    /// An endpoint of `pool` chosen by weight at `now`; in panic mode, or when the view has
-    /// failed open, any endpoint, uniformly. None if the pool is unknown or every weight is 0.
+    /// Whether `pool` may have a trial now: the view fresh, the pool not panicking, and some
+    /// endpoint of it out of rotation.
+    fn may_trial(&self, p: &Pool, freshness: Freshness) -> bool {
+        p.unhealthy > 0 && !p.panic && freshness == Freshness::Fresh
+    }
+
+    /// Claim the due trial of one of `endpoints` (indices into the pool's), counted.
+    fn claim_trial(&self, p: &Pool, mut endpoints: impl Iterator<Item = (usize, usize)>, now: Micros) -> Option<usize> {
+        let found = endpoints
+            .find(|(_, j)| p.endpoints[*j].claim_trial(now))
+            .map(|(i, _)| i);
+        if found.is_some() {
+            self.counters.trials.fetch_add(1, Ordering::Relaxed);
+        }
+        found
+    }
+
+    /// Whether `endpoint` of `pool` is due its trial at `now`, claimed (true for one caller): a
+    /// gateway that steers by state rather than by picks (vitals-haproxy) lets traffic through
+    /// to it for a while. Same rules as the picks' trials.
+    pub fn claim_trial_of(&self, pool: &str, endpoint: &str, now: Micros) -> bool {
+        let freshness = self.freshness(now);
+        let pools = self.pools.read().expect("view lock");
+        let Some(p) = pools.get(pool) else {
+            return false;
+        };
+        let Some(j) = p.index.get(endpoint).copied() else {
+            return false;
+        };
+        self.may_trial(p, freshness) && self.claim_trial(p, std::iter::once((j, j)), now).is_some()
+    }
+
+    /// An endpoint of `pool` chosen by weight at `now` (or one whose trial is due: see the
+    /// module's notes); in panic mode, or when the view has failed open, any endpoint,
+    /// uniformly. None if the pool is unknown or every weight is 0.
     pub fn pick(&self, pool: &str, now: Micros) -> Option<Arc<str>> {
-        let open = self.freshness(now) == Freshness::Open;
+        let freshness = self.freshness(now);
+        let open = freshness == Freshness::Open;
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool)?;
+        if self.may_trial(p, freshness) {
+            if let Some(i) = self.claim_trial(p, (0..p.endpoints.len()).map(|i| (i, i)), now) {
+                return Some(p.endpoints[i].name.clone());
+            }
+        }
         let i = weighted(p.endpoints.len(), |i| p.endpoints[i].weight_at(now), p.panic || open)?;
         Some(p.endpoints[i].name.clone())
     }
@@ -303,9 +410,19 @@ impl HealthView {
     /// One of `candidates` (endpoints of `pool`, e.g. a router's configured upstreams) chosen
     /// the same way, as its index; one the view does not know yet weighs 1.
     pub fn choose(&self, pool: &str, candidates: &[&str], now: Micros) -> Option<usize> {
-        let open = self.freshness(now) == Freshness::Open;
+        let freshness = self.freshness(now);
+        let open = freshness == Freshness::Open;
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool);
+        if let Some(p) = p.filter(|p| self.may_trial(p, freshness)) {
+            let known = candidates
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| p.index.get(*c).map(|j| (i, *j)));
+            if let Some(i) = self.claim_trial(p, known, now) {
+                return Some(i);
+            }
+        }
         let weight = |i: usize| {
             p.and_then(|p| p.index.get(candidates[i]).map(|j| &p.endpoints[*j]))
                 .map_or(1.0, |e| e.weight_at(now))
@@ -363,6 +480,88 @@ mod tests {
             reason_code: "ejected".into(),
             ..HealthChanged::new("p", ep, seq, HealthState::Healthy, to, at)
         }
+    }
+
+    fn out(ep: &str, seq: i64, at: Micros, retry_at: Option<Micros>) -> HealthChanged {
+        HealthChanged {
+            retry_at,
+            ..change(ep, seq, HealthState::Unhealthy, 0.0, 0, at)
+        }
+    }
+
+    #[test]
+    fn a_due_trial_takes_one_pick_and_waits_for_the_next_word() {
+        let v = HealthView::new();
+        let t0 = 1_000_000_000;
+        v.apply_change(&change("a", 1, HealthState::Healthy, 1.0, 0, t0));
+        v.apply_change(&out("b", 1, t0, Some(t0 + 30_000_000)));
+        v.apply_change(&change("m", 1, HealthState::Maintenance, 0.0, 0, t0));
+        let names = ["a", "b", "m"];
+        let picks = |at: Micros, n: usize| (0..n).filter_map(|_| v.choose("p", &names, at)).collect::<Vec<_>>();
+        v.heard(t0 + 29_000_000);
+        assert!(
+            picks(t0 + 29_999_999, 200).iter().all(|i| *i == 0),
+            "not before it is due"
+        );
+        v.heard(t0 + 30_000_000);
+        let at = picks(t0 + 30_000_000, 200);
+        assert_eq!(at[0], 1, "due: the next pick is its trial");
+        assert!(at[1..].iter().all(|i| *i == 0), "one trial, not every pick");
+        v.heard(t0 + 40_000_000);
+        assert_eq!(picks(t0 + 39_999_999, 1), [0]);
+        assert_eq!(picks(t0 + 40_000_000, 1), [1], "no word on it after 10 s: tried again");
+        // The trial failed: the next one as the processor announced it; pick() too.
+        v.apply_change(&out("b", 2, t0 + 41_000_000, Some(t0 + 75_000_000)));
+        v.heard(t0 + 75_000_000);
+        assert_eq!(v.pick("p", t0 + 74_000_000).as_deref(), Some("a"));
+        assert_eq!(v.pick("p", t0 + 75_000_000).as_deref(), Some("b"));
+        v.apply_change(&change("b", 3, HealthState::Recovering, 0.1, 30_000, t0 + 76_000_000));
+        v.heard(t0 + 200_000_000);
+        assert!(!v.claim_trial_of("p", "b", t0 + 200_000_000), "back: no trial");
+        assert!(
+            !v.claim_trial_of("p", "m", t0 + 200_000_000),
+            "an operator's maintenance: never"
+        );
+        assert_eq!(v.counters.trials.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn no_trial_when_stale_or_in_panic_and_one_from_the_state_topic_after_30_s() {
+        let v = HealthView::new();
+        let t0 = 1_000_000_000;
+        v.apply_state(&EndpointState {
+            state: HealthState::Unhealthy,
+            weight: 0.0,
+            seq: 4,
+            since: t0,
+            ..EndpointState::first_seen("p", "b", t0, 0)
+        });
+        v.heard(t0 + 30_000_000);
+        assert!(!v.claim_trial_of("p", "b", t0 + 29_999_999));
+        assert!(
+            !v.claim_trial_of("p", "b", t0 + 46_000_000),
+            "stale: nobody would judge it"
+        );
+        assert!(v.claim_trial_of("p", "b", t0 + 30_000_000), "30 s after it went out");
+        assert!(!v.claim_trial_of("p", "b", t0 + 30_000_000), "claimed once");
+        v.apply_pool(&PoolHealthChanged {
+            pool: "p".into(),
+            seq: 1,
+            endpoints: 1,
+            healthy: 0,
+            ejected: 1,
+            healthy_fraction: 0.0,
+            panic: true,
+            correlated_outage: false,
+            reason: String::new(),
+            policy_version: 0,
+            stream_time: 0,
+        });
+        v.heard(t0 + 45_000_000);
+        assert!(
+            !v.claim_trial_of("p", "b", t0 + 45_000_000),
+            "panic: every endpoint in use"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 """A small OpenAI-compatible upstream on 127.0.0.1 for the plug-in's own tests: each server answers
 in one `mode` (its stream's empty role chunk at once, or with the first token when
 `role_late`) — "ok", "drop" (the stream breaks after its second token), "429" (with
-Retry-After: 7), "500", "400", "hang" (answers nothing for 30 s). The system tests use vitals'
+Retry-After: 7), "500", "503", "400", "hang" (answers nothing for 30 s). The system tests use vitals'
 upstream simulator instead."""
 import json
 import threading
@@ -39,13 +39,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        with self.server.lock:
+            self.server.requests += 1
         mode = self.server.mode
         if mode == "hang":
             time.sleep(30)
             return
         if mode == "429":
             return self._json(429, {"error": {"message": "slow down", "type": "rate_limit"}}, [("retry-after", "7")])
-        if mode in ("500", "400"):
+        if mode in ("500", "503", "400"):
             return self._json(int(mode), {"error": {"message": f"answered {mode}"}})
         if not body.get("stream"):
             return self._json(200, {"id": "c", "object": "chat.completion", "created": 1, "model": "sim",
@@ -84,8 +86,15 @@ class Upstream:
         self.server.mode = mode
         self.server.ttft_s = ttft_s
         self.server.role_late = role_late
+        self.server.requests = 0  # chat completions asked of it
+        self.server.lock = threading.Lock()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def requests(self) -> int:
+        with self.server.lock:
+            return self.server.requests
 
     def close(self):
         self.server.shutdown()

@@ -279,3 +279,183 @@ def test_settings_come_from_the_environment_and_bad_ones_are_named():
         Settings.from_env({"VITALS_QUEUE_SIZE": "many"})
     with pytest.raises(ValueError, match="VITALS_ROUTING"):
         Settings.from_env({"VITALS_ROUTING": "sometimes"})
+
+
+# -- round 2: trials, retried attempts, first content tokens, names, closing ---------------------
+
+
+def out(ep, seq, at_us, retry_at_us, state="UNHEALTHY"):
+    c = change(ep, seq, state, 0.0, at_us)
+    c["retry_at"] = retry_at_us
+    return c
+
+
+def test_a_trial_is_let_through_once_when_the_isolation_is_over():
+    from vitals_litellm.view import TRIAL_AGAIN_AFTER_US
+
+    v = HealthView()
+    t0 = 1_000_000_000
+    v.heard(t0)
+    v.apply_change(change("a", 1, "HEALTHY", 1.0, t0))
+    v.apply_change(out("b", 1, t0, t0 + 30_000_000))
+    v.apply_change(out("m", 1, t0, None, state="MAINTENANCE"))
+    names = ["a", "b", "m"]
+    v.heard(t0 + 29_000_000)
+    assert v.trial("p", names, t0 + 29_999_999) is None, "not before its isolation is over"
+    v.heard(t0 + 30_000_000)
+    assert v.trial("p", names, t0 + 30_000_000) == 1, "due: one call goes to b"
+    assert v.trial("p", names, t0 + 30_000_001) is None, "one trial, not every call"
+    assert v.trial("p", names, t0 + 30_000_000 + TRIAL_AGAIN_AFTER_US - 1) is None
+    v.heard(t0 + 40_000_000)
+    assert v.trial("p", names, t0 + 30_000_000 + TRIAL_AGAIN_AFTER_US) == 1, "no word on it: tried again"
+    # The trial failed: the processor announces the next one; none before it.
+    v.apply_change(out("b", 2, t0 + 41_000_000, t0 + 75_000_000))
+    v.heard(t0 + 74_000_000)
+    assert v.trial("p", names, t0 + 74_000_000) is None
+    assert v.trial("p", names, t0 + 75_000_000) == 1
+    # Readmitted: no more trials; an operator's maintenance never gets one.
+    v.apply_change(change("b", 3, "RECOVERING", 0.1, t0 + 76_000_000))
+    assert v.trial("p", names, t0 + 200_000_000) is None
+    assert v.trials == 3
+
+
+def test_no_trial_in_panic_or_failed_open_and_one_from_the_state_topic_after_30_s():
+    v = HealthView(stale_after_s=15, open_after_s=60)
+    t0 = 1_000_000_000
+    v.apply_state({"pool": "p", "endpoint": "b", "seq": 4, "state": "UNHEALTHY", "weight": 0.0, "ramp_ms": 0,
+                   "since": t0, "reason": ""})
+    v.heard(t0 + 29_000_000)
+    assert v.trial("p", ["b"], t0 + 29_000_000) is None
+    v.heard(t0 + 30_000_000)
+    assert v.trial("p", ["b"], t0 + 30_000_000) == 0, "the state topic has no trial time: 30 s after it went out"
+    v.apply_pool({"pool": "p", "seq": 1, "panic": True, "correlated_outage": False})
+    v.heard(t0 + 50_000_000)
+    assert v.trial("p", ["b"], t0 + 50_000_000) is None, "panic: every endpoint is in use anyway"
+    v.apply_pool({"pool": "p", "seq": 2, "panic": False, "correlated_outage": False})
+    assert v.trial("p", ["b"], t0 + 66_000_000) is None, "stale: nobody would judge the trial"
+    assert v.trial("p", ["b"], t0 + 200_000_000) is None, "failed open: every endpoint is in use anyway"
+    v.heard(t0 + 200_000_000)
+    assert v.trial("p", ["b"], t0 + 200_000_000) == 0
+
+
+def test_the_filter_sends_the_due_trial_to_the_ejected_deployment_in_both_modes():
+    for mode in ("weighted", "exclude"):
+        cb = loaded_callback(mode)
+        now = time.time_ns() // 1000
+        cb.view.heard(now)
+        cb.view.apply_change(change("a", 1, "HEALTHY", 1.0, now))
+        cb.view.apply_change(change("b", 1, "HEALTHY", 1.0, now))
+        cb.view.apply_change(out("c", 1, now - 31_000_000, now - 1_000_000))
+        picks = [[d["model_info"]["id"] for d in cb.filter("p", DEPLOYMENTS)] for _ in range(50)]
+        assert picks[0] == ["c"], (mode, picks[0])
+        assert all("c" not in p for p in picks[1:]), mode
+        assert cb.stats()["route_trials"] == 1
+
+
+def test_names_keep_apart_once_escaped():
+    assert escape_name("bad%0Aname") == "bad%250Aname"
+    assert escape_name("bad\nname") == "bad%0Aname"
+    assert escape_name("a\u200bb") == "a%u200Bb" and escape_name("a\u2028b") == "a%u2028b"
+    assert escape_name("50% off") == "50%25 off"
+
+
+def test_every_attempt_of_a_retried_call_is_reported_once_in_library_mode():
+    bad, good = Upstream("503"), Upstream("ok")
+    try:
+        cb, rec = recording_callback()
+        litellm.callbacks = [cb]
+        r = Router(model_list=[{"model_name": "g", "litellm_params": {"model": "openai/sim", "api_base": u.url,
+                                                                   "api_key": "none"},
+                                "model_info": {"id": n}} for n, u in (("bad", bad), ("good", good))],
+                   num_retries=1, disable_cooldowns=True, retry_after=0)
+
+        async def run():
+            for i in range(30):
+                await call(r, "g", stream=i % 2 == 0)
+            await settle(rec, bad.requests + good.requests)
+            await asyncio.sleep(0.3)
+
+        asyncio.run(run())
+        by = {n: sorted(x.outcome for x in rec.reports if x.endpoint == n) for n in ("bad", "good")}
+        assert set(by["bad"]) == {"SERVER_ERROR"} and set(by["good"]) == {"SUCCESS"}, by
+        assert (len(by["bad"]), len(by["good"])) == (bad.requests, good.requests), by
+        assert bad.requests > 0 and bad.requests + good.requests > 30, "some calls were retried"
+    finally:
+        bad.close()
+        good.close()
+
+
+def test_library_mode_times_the_first_content_token_not_the_empty_first_chunk():
+    up = Upstream("ok", ttft_s=0.6)  # its empty role chunk at once, the first token 0.6 s later
+    try:
+        cb, rec = recording_callback()
+        litellm.callbacks = [cb]
+        r = router([("g", "slow-first", up.url)])
+
+        async def run():
+            for _ in range(3):
+                assert await call(r, "g", stream=True)
+            await settle(rec, 3)
+
+        asyncio.run(run())
+        assert len(rec.reports) == 3
+        for rep in rec.reports:
+            assert rep.ttft_us is not None and 600_000 <= rep.ttft_us < rep.latency_us, rep
+    finally:
+        up.close()
+
+
+def test_aclose_reports_a_call_that_ended_just_before():
+    up = Upstream("ok")
+    try:
+        cb = VitalsCallback(Settings.from_env({}, kafka_brokers=refused_url()[7:-3], routing="off",
+                                              delivery_timeout_s=0.5))
+        litellm.callbacks = [cb]
+        r = router([("g", "a", up.url)])
+
+        async def run():
+            assert await call(r, "g")
+            return await cb.aclose(2.0)
+
+        final = asyncio.run(run())
+        assert final["queued"] == 1, final
+        assert final["dropped_undelivered"] == 1 and final["sent"] == 1, final
+    finally:
+        up.close()
+
+
+def test_reporter_counts_each_report_once_however_often_it_is_closed():
+    rep = Reporter(gateway="t", brokers=refused_url()[7:-3], queue_size=100, delivery_timeout_s=0.3)
+    from vitals_litellm import Report
+
+    for _ in range(40):
+        rep.report(Report("p", "e", time.time_ns() // 1000, "SUCCESS", 200, 1000, None, None, None))
+    first = rep.close(0.05)
+    time.sleep(0.5)  # the broker's refusals come in after close gave up on them
+    rep._producer.poll(0.5)
+    second = rep.close(1.0)
+    assert first == second, (first, second)
+    assert second["dropped_undelivered"] <= second["sent"] == second["queued"] == 40, second
+    assert second["delivered"] + second["dropped_undelivered"] == 40, second
+    assert not rep.report(Report("p", "e", 1, "SUCCESS", 200, 1, None, None, None))
+    assert rep.counters.snapshot()["dropped_after_close"] == 1
+
+
+def test_a_refused_name_is_logged_once_not_once_per_call(caplog):
+    up = Upstream("ok")
+    try:
+        cb, rec = recording_callback()
+        litellm.callbacks = [cb]
+        r = router([("g", "x" * 300, up.url)])
+
+        async def run():
+            for _ in range(20):
+                await call(r, "g")
+            await asyncio.sleep(0.3)
+
+        with caplog.at_level(logging.WARNING, logger="vitals_litellm"):
+            asyncio.run(run())
+        assert cb.stats()["refused_names"] == 20
+        assert sum("cannot take" in m.getMessage() for m in caplog.records) == 1
+    finally:
+        up.close()

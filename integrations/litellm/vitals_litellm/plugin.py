@@ -1,16 +1,28 @@
 """The LiteLLM callback: it reports every call attempt to vitals and narrows LiteLLM's choice of
-deployment to what vitals keeps in rotation. One object does both, through two extension points
+deployment to what vitals keeps in rotation. One object does both, through extension points
 LiteLLM supports for `CustomLogger`s registered in `litellm.callbacks` (or the proxy's
 `litellm_settings.callbacks`):
 
-* the success and failure events (`log_*_event`, `async_log_*_event`), called once per attempt,
-  retries and fallbacks included, after the attempt;
+* `async_post_call_failure_deployment_hook`, called once for every failed deployment attempt,
+  retries and fallbacks included, as the attempt fails;
+* the success and failure events (`log_*_event`, `async_log_*_event`): a success, and failures
+  the deployment hook did not see (a stream that breaks after its answer began). These are
+  request-level: the proxy shares one logging object between a call's retries, logs one failure
+  per request, and hands a retry's success the failed attempt's `exception` — so a failure is
+  taken from the deployment hook, and a success never reads `exception`;
 * `async_filter_deployments`, which the Router runs on the deployments left after its own
-  cooldowns, before its routing strategy picks one.
+  cooldowns, before its routing strategy picks one: vitals' weights, and the trial call that
+  brings an endpoint back when its isolation is over.
+
+The first content token of a streamed answer is timed where it passes: LiteLLM's stream wrapper
+(`CustomStreamWrapper`, library mode and the proxy alike) is instrumented once, at start, so
+that the time reported is the first content or tool call, not LiteLLM's first chunk (which many
+upstreams send empty, at once).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -93,6 +105,46 @@ def _has_content(chunk) -> bool:
         return False
 
 
+class _Bounded:
+    """A bounded map (the oldest entries go first), safe across threads."""
+
+    def __init__(self, cap: int = 10_000):
+        self._lock = threading.Lock()
+        self._at: OrderedDict = OrderedDict()
+        self._cap = cap
+
+    def _put(self, key, value) -> None:
+        self._at[key] = value
+        self._at.move_to_end(key)
+        while len(self._at) > self._cap:
+            self._at.popitem(last=False)
+
+    def first(self, key) -> bool:
+        """True the first time `key` is seen (it is remembered)."""
+        with self._lock:
+            if key in self._at:
+                return False
+            self._put(key, None)
+            return True
+
+    def add(self, key) -> None:
+        """Count one more of `key`."""
+        with self._lock:
+            self._put(key, self._at.get(key, 0) + 1)
+
+    def take(self, key) -> bool:
+        """Take one of `key` if there is one."""
+        with self._lock:
+            n = self._at.get(key, 0)
+            if not n:
+                return False
+            if n == 1:
+                del self._at[key]
+            else:
+                self._at[key] = n - 1
+            return True
+
+
 class _FirstTokens:
     """When each streamed call's first content token passed, by LiteLLM call id: a bounded map
     (the oldest entries go first), read once by the call's report."""
@@ -103,7 +155,10 @@ class _FirstTokens:
         self._cap = cap
 
     def put(self, call_id: str, at: float) -> None:
+        """The first content of `call_id` passed at `at` (the earliest is kept)."""
         with self._lock:
+            if call_id in self._at:
+                return
             self._at[call_id] = at
             while len(self._at) > self._cap:
                 self._at.popitem(last=False)
@@ -115,6 +170,54 @@ class _FirstTokens:
             return self._at.pop(call_id, None)
 
 
+# One map for every callback object: LiteLLM's stream class is instrumented once per process.
+FIRST_TOKENS = _FirstTokens()
+_instrumented = False
+_instrument_lock = threading.Lock()
+
+
+def instrument_streams() -> bool:
+    """Time the first content token of every streamed answer where LiteLLM's stream wrapper hands
+    it on (library mode and the proxy). Idempotent; False (and streams report no first token) if
+    this LiteLLM has no `CustomStreamWrapper` to wrap."""
+    global _instrumented
+    with _instrument_lock:
+        if _instrumented:
+            return True
+        try:
+            from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+        except ImportError as e:
+            log.warning("vitals: cannot time first tokens (no LiteLLM stream wrapper): %s", e)
+            return False
+        anext_, next_ = CustomStreamWrapper.__anext__, CustomStreamWrapper.__next__
+
+        def note(stream, chunk) -> None:
+            try:
+                if stream.__dict__.get("_vitals_first") or not _has_content(chunk):
+                    return
+                stream.__dict__["_vitals_first"] = True
+                call_id = getattr(getattr(stream, "logging_obj", None), "litellm_call_id", None)
+                if call_id:
+                    FIRST_TOKENS.put(call_id, time.time())
+            except Exception:  # noqa: BLE001 - timing never breaks a stream
+                pass
+
+        async def __anext__(self):
+            chunk = await anext_(self)
+            note(self, chunk)
+            return chunk
+
+        def __next__(self):
+            chunk = next_(self)
+            note(self, chunk)
+            return chunk
+
+        CustomStreamWrapper.__anext__ = __anext__
+        CustomStreamWrapper.__next__ = __next__
+        _instrumented = True
+        return True
+
+
 def _micros(t) -> int | None:
     if t is None:
         return None
@@ -124,6 +227,19 @@ def _micros(t) -> int | None:
         return int(t.timestamp() * 1_000_000)
     except (AttributeError, TypeError, ValueError, OverflowError):
         return None
+
+
+def _where(kwargs) -> tuple[object, object, str | None]:
+    """The model group, the deployment and the model of an attempt's kwargs (an event's, or the
+    deployment hook's request data)."""
+    slo = kwargs.get("standard_logging_object") or {}
+    lp = kwargs.get("litellm_params") or {}
+    meta = lp.get("metadata") or kwargs.get("metadata") or {}
+    info = kwargs.get("model_info") or lp.get("model_info") or meta.get("model_info") or {}
+    group = meta.get("model_group") or slo.get("model_group")
+    deployment = endpoint_name(info) or slo.get("model_id")
+    model = str(slo.get("model") or kwargs.get("model") or "")[:256] or None
+    return group, deployment, model
 
 
 def endpoint_name(deployment_or_model_info: dict | None) -> str | None:
@@ -150,7 +266,9 @@ class VitalsCallback(CustomLogger):
         self._pid: int | None = None
         self._lock = threading.Lock()
         self._failed = False
-        self._first_tokens = _FirstTokens()
+        self._seen = _Bounded()  # attempts reported from a request-level event
+        self._hooked = _Bounded()  # failures reported from the deployment hook, not yet matched
+        self._last_refusal_log = 0.0
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -175,10 +293,24 @@ class VitalsCallback(CustomLogger):
                 self._failed = True
                 log.error("vitals: disabled, could not start: %s", e)
                 return self
+            instrument_streams()
             self._pid = os.getpid()
             atexit.register(self.close)
             log.info("vitals: reporting to %s, routing %s", s.transport, s.routing)
         return self
+
+    async def aclose(self, timeout_s: float = 10.0) -> dict:
+        """`close()` after LiteLLM's logging tasks have run: the reports of calls that ended just
+        before are queued (in async code, prefer this to `close()`)."""
+        try:
+            from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
+
+            await asyncio.wait_for(GLOBAL_LOGGING_WORKER.flush(), timeout_s)
+        except (ImportError, asyncio.TimeoutError, AttributeError) as e:
+            log.warning("vitals: LiteLLM's logging tasks not all done before close: %r", e)
+        # The events LiteLLM runs as tasks of their own, not through its worker.
+        await asyncio.sleep(0)
+        return self.close(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> dict:
         """Flush the reports (waiting up to `timeout_s`) and stop following."""
@@ -202,67 +334,93 @@ class VitalsCallback(CustomLogger):
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def _report(self, kwargs: dict, exc: BaseException | None, start_time, end_time) -> None:
-        """Never raises: whatever goes wrong here is counted and logged, the call goes on."""
+    def _attempt(self, kwargs, failed: bool, exc: BaseException | None, start_time, end_time,
+                 from_event: bool) -> None:
+        """Report one attempt. Never raises: whatever goes wrong here is counted and logged, the
+        call goes on."""
         try:
-            if kwargs.get("_vitals_reported"):
-                return  # the sync and async events of one attempt
-            kwargs["_vitals_reported"] = True
+            call_id = kwargs.get("litellm_call_id")
+            if from_event:
+                key = (call_id or id(kwargs), _micros(start_time), _micros(end_time), failed)
+                if not self._seen.first(key):
+                    return  # the sync and the async event of one attempt
+                if failed and call_id and self._hooked.take(call_id):
+                    return  # the deployment hook reported this attempt as it failed
             self.start()
             if self.reporter is None:
                 return
-            slo = kwargs.get("standard_logging_object") or {}
-            lp = kwargs.get("litellm_params") or {}
-            meta = lp.get("metadata") or {}
-            info = lp.get("model_info") or meta.get("model_info") or {}
-            group = slo.get("model_group") or meta.get("model_group")
-            deployment = endpoint_name(info) or slo.get("model_id")
+            group, deployment, model = _where(kwargs)
             if not group or not deployment:
                 self.counts.add("not_routed")  # not a Router call: no deployment to report on
                 return
-            if exc is None:
-                exc = kwargs.get("exception")
-            outcome = oc.classify(exc)
+            if failed and exc is None:
+                exc = RuntimeError("LiteLLM reported a failure without an exception")
+            outcome = oc.classify(exc if failed else None)
             if outcome is None:
                 self.counts.add("not_upstream_failures")
                 return
             pool, endpoint = escape_name(group), escape_name(deployment)
             if pool is None or endpoint is None:
                 self.reporter.counters.add("refused_names")
-                log.warning("vitals: a name vitals cannot take, not reported: pool=%r endpoint=%r",
-                            str(group)[:80], str(deployment)[:80])
+                self._log_refusal(group, deployment)
                 return
-            started = _micros(start_time) or _micros(slo.get("startTime")) or time.time_ns() // 1000
-            ended = _micros(end_time) or _micros(slo.get("endTime")) or started
+            started = _micros(start_time) or time.time_ns() // 1000
+            ended = _micros(end_time) or started
             ttft = None
-            if kwargs.get("stream") or slo.get("stream"):
-                # The first content token where the proxy's stream hook saw it, else LiteLLM's
-                # completion_start_time (its first chunk).
-                first = _micros(self._first_tokens.pop(kwargs.get("litellm_call_id"))
-                                or kwargs.get("completion_start_time"))
-                if first is not None and first > started and (exc is None or first < ended):
-                    ttft = first - started
+            first = _micros(FIRST_TOKENS.pop(call_id)) if kwargs.get("stream") else None
+            if first is not None and first > started and (not failed or first < ended):
+                ttft = first - started
             self.reporter.report(Report(
                 pool=pool, endpoint=endpoint, occurred_at=started, outcome=outcome.outcome,
                 http_status=outcome.http_status, latency_us=max(0, ended - started), ttft_us=ttft,
-                model=str(slo.get("model") or kwargs.get("model") or "")[:256] or None,
-                retry_after_ms=outcome.retry_after_ms,
+                model=model, retry_after_ms=outcome.retry_after_ms,
             ))
         except Exception as e:  # noqa: BLE001
             self.counts.add("report_errors")
             log.warning("vitals: a call could not be reported: %s", e)
 
+    def _log_refusal(self, group, deployment) -> None:
+        """One warning per 10 s at most, with the count so far (a refused name is refused on every
+        call)."""
+        now = time.monotonic()
+        if now - self._last_refusal_log >= 10.0:
+            self._last_refusal_log = now
+            log.warning("vitals: a name vitals cannot take, not reported (%d so far): pool=%r endpoint=%r",
+                        self.reporter.counters.snapshot()["refused_names"], str(group)[:80], str(deployment)[:80])
+
+    def _event(self, kwargs, failed: bool, start_time, end_time) -> None:
+        slo = kwargs.get("standard_logging_object") or {}
+        start_time = start_time or slo.get("startTime")
+        end_time = end_time or slo.get("endTime")
+        exc = kwargs.get("exception") if failed else None
+        self._attempt(kwargs, failed, exc, start_time, end_time, from_event=True)
+
     def log_success_event(self, kwargs, response_obj, start_time, end_time):
-        self._report(kwargs, None, start_time, end_time)
+        self._event(kwargs, False, start_time, end_time)
 
     def log_failure_event(self, kwargs, response_obj, start_time, end_time):
-        self._report(kwargs, kwargs.get("exception"), start_time, end_time)
+        self._event(kwargs, True, start_time, end_time)
 
     async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
-        self._report(kwargs, None, start_time, end_time)
+        self._event(kwargs, False, start_time, end_time)
 
     async def async_log_failure_event(self, kwargs, response_obj, start_time, end_time):
-        self._report(kwargs, kwargs.get("exception"), start_time, end_time)
+        self._event(kwargs, True, start_time, end_time)
+
+    async def async_post_call_failure_deployment_hook(self, request_data, exception, call_type,
+                                                      fallback_depth=None):
+        """Every failed deployment attempt, as it fails (LiteLLM's request-level failure event
+        comes once per request in the proxy, and late)."""
+        try:
+            call_id = request_data.get("litellm_call_id")
+            details = getattr(request_data.get("litellm_logging_obj"), "model_call_details", None) or {}
+            started = details.get("current_attempt_api_call_start_time") or details.get("api_call_start_time")
+            if call_id:
+                self._hooked.add(call_id)
+            self._attempt(request_data, True, exception, started or time.time(), time.time(), from_event=False)
+        except Exception as e:  # noqa: BLE001
+            self.counts.add("report_errors")
+            log.warning("vitals: a failed attempt could not be reported: %s", e)
 
     async def async_post_call_streaming_iterator_hook(self, user_api_key_dict, response, request_data):
         """The proxy hands every streamed answer through this: note when its first content (or
@@ -273,7 +431,7 @@ class VitalsCallback(CustomLogger):
         async for chunk in response:
             if not seen and _has_content(chunk):
                 seen = True
-                self._first_tokens.put(call_id, time.time())
+                FIRST_TOKENS.put(call_id, time.time())
             yield chunk
 
     # -- routing ------------------------------------------------------------------------------
@@ -293,6 +451,12 @@ class VitalsCallback(CustomLogger):
                 return deployments
             pool = escape_name(model_group)
             names = [escape_name(endpoint_name(d)) or "" for d in deployments]
+            trial = self.view.trial(pool or "", names)
+            if trial is not None:
+                # Out of rotation, its isolation over: this call is its trial (reported like
+                # any other; the processor readmits it if it passed).
+                self.counts.add("route_trials")
+                return [deployments[trial]]
             weights = self.view.weights(pool or "", names)
             if weights is None:
                 self.counts.add("route_open" if self.view.freshness() == OPEN else "route_panic")

@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+import unicodedata
 import urllib.error
 import urllib.request
 import uuid
@@ -21,17 +22,25 @@ from .avro import CALL_OUTCOME
 
 log = logging.getLogger("vitals_litellm")
 
-# vitals' name rules (crates/contracts/src/validate.rs): not blank, at most 256 bytes, no control
-# characters. Control characters are escaped as %XX; a blank or longer name is refused.
+# vitals' name rules (crates/contracts/src/validate.rs): not blank, at most 256 bytes, no control,
+# format or separator characters. Those are escaped as %XX (%uXXXX above U+00FF), and so is `%`
+# itself, so that two names never meet in one (`a%0Ab` and `a\nb` stay apart); a blank or longer
+# name is refused.
 MAX_NAME_LEN = 256
 
 
+def _escaped(c: str) -> bool:
+    o = ord(c)
+    return c == "%" or o < 0x20 or 0x7F <= o <= 0x9F or unicodedata.category(c) in ("Cf", "Zl", "Zp")
+
+
 def escape_name(name: object) -> str | None:
-    """`name` as vitals accepts it: control characters written as `%XX` (their code point in hex),
-    everything else kept; None if it is blank or longer than 256 bytes once escaped."""
+    """`name` as vitals accepts it: `%`, control, format and line/paragraph separator characters
+    written as `%XX` (`%uXXXX` beyond U+00FF), everything else kept; None if it is blank or longer
+    than 256 bytes once escaped."""
     s = "" if name is None else str(name)
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in s):
-        s = "".join(f"%{ord(c):02X}" if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F else c for c in s)
+    if any(_escaped(c) for c in s):
+        s = "".join((f"%{ord(c):02X}" if ord(c) <= 0xFF else f"%u{ord(c):04X}") if _escaped(c) else c for c in s)
     if not s.strip() or len(s.encode()) > MAX_NAME_LEN:
         return None
     return s
@@ -48,6 +57,8 @@ class Counters:
     dropped_producer_full: int = 0
     dropped_undelivered: int = 0
     refused_names: int = 0
+    dropped_after_close: int = 0
+    dropped_unsendable: int = 0  # refused by the producer itself (not for a full queue)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -127,6 +138,10 @@ class Reporter:
         self._stop = threading.Event()
         self._delivery_timeout_s = delivery_timeout_s
         self._last_drop_log = 0.0
+        # Set once close() has counted what was never confirmed: later confirmations are ignored,
+        # so that every report is counted once.
+        self._settled = False
+        self._closed = False
         self._producer = None
         if transport == "kafka":
             from confluent_kafka import Producer
@@ -151,7 +166,11 @@ class Reporter:
     # -- the request path ---------------------------------------------------------------------
 
     def report(self, r: Report) -> bool:
-        """Queue one report; False (and counted) if the queue is full. Never blocks or raises."""
+        """Queue one report; False (and counted) if the queue is full or the reporter closed.
+        Never blocks or raises."""
+        if self._closed:
+            self.counters.add("dropped_after_close")
+            return False
         try:
             self._queue.put_nowait(r)
         except queue.Full:
@@ -173,6 +192,8 @@ class Reporter:
         return to_record(r, self.gateway)
 
     def _delivered(self, err, _msg) -> None:
+        if self._settled:
+            return  # counted as lost when close() gave up on it
         if err is None:
             self.counters.add("delivered")
         else:
@@ -191,7 +212,7 @@ class Reporter:
                 self.counters.add("dropped_producer_full")
                 self._log_drops()
             except Exception as e:  # noqa: BLE001 - one bad report never stops the reporter
-                self.counters.add("dropped_undelivered")
+                self.counters.add("dropped_unsendable")
                 log.warning("vitals: a report could not be sent: %s", e)
         self._producer.poll(0)
 
@@ -246,13 +267,18 @@ class Reporter:
 
     def close(self, timeout_s: float = 10.0) -> dict:
         """Send what is queued, wait up to `timeout_s` for the broker's confirmations, stop."""
+        if self._closed:
+            return self.counters.snapshot()
+        self._closed = True
         self._stop.set()
         self._thread.join(timeout_s)
         if self._producer is not None:
             self._producer.flush(timeout_s)
             # What the broker neither confirmed nor refused by now is lost with the process.
-            c = self.counters.snapshot()
-            missing = c["sent"] - c["delivered"] - c["dropped_undelivered"]
-            if missing > 0:
-                self.counters.add("dropped_undelivered", missing)
+            with self.counters._lock:
+                self._settled = True
+                c = self.counters
+                missing = c.sent - c.delivered - c.dropped_undelivered
+                if missing > 0:
+                    c.dropped_undelivered += missing
         return self.counters.snapshot()

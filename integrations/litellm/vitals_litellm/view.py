@@ -22,6 +22,12 @@ log = logging.getLogger("vitals_litellm")
 FRESH, STALE, OPEN = "fresh", "stale", "open"
 # States in which an endpoint serves no traffic (weight 0 unless the pool panics).
 OUT_OF_ROTATION = ("UNHEALTHY", "MAINTENANCE")
+# An endpoint out of rotation whose trial time the view does not know (it was read from the state
+# topic, which carries none) is tried this long after it went out: the shortest isolation.
+TRIAL_UNKNOWN_AFTER_US = 30_000_000
+# A trial whose outcome brought no transition (its report lost, or a 4xx that says nothing) is
+# tried again after this long.
+TRIAL_AGAIN_AFTER_US = 10_000_000
 
 
 @dataclass
@@ -33,6 +39,18 @@ class Endpoint:
     seq: int = -1
     reason: str = ""
     retry_at_us: int | None = None
+    # When this view last let a trial call through to it (µs; 0: never).
+    trial_sent_us: int = 0
+
+    def trial_due(self, now_us: int) -> bool:
+        """Whether the router's trial is due: out of rotation for a fault (not an operator's
+        maintenance), its isolation over, and no trial let through since the last word on it."""
+        if self.state != "UNHEALTHY":
+            return False
+        due = self.retry_at_us if self.retry_at_us is not None else self.since_us + TRIAL_UNKNOWN_AFTER_US
+        if now_us < due:
+            return False
+        return self.trial_sent_us < max(due, self.since_us) or now_us - self.trial_sent_us >= TRIAL_AGAIN_AFTER_US
 
     def weight_at(self, now_us: int) -> float:
         """The weight now: a recovering endpoint ramps from its weight to 1 over `ramp_ms`."""
@@ -65,6 +83,7 @@ class HealthView:
         self._heard_us = 0
         self.loaded = threading.Event()  # the cold start is done
         self.applied = self.duplicates = self.gaps = self.rereads = 0
+        self.trials = 0  # trial calls let through to endpoints out of rotation
         # How long after the processor's decision each of the latest changes reached the view (ms).
         self.change_lags_ms: deque = deque(maxlen=256)
 
@@ -79,6 +98,7 @@ class HealthView:
             if s["seq"] > ep.seq or ep.seq < 0:
                 ep.state, ep.weight, ep.ramp_ms = s["state"], s["weight"], s.get("ramp_ms", 0)
                 ep.since_us, ep.seq, ep.reason = _micros(s["since"]), s["seq"], s.get("reason", "")
+                ep.retry_at_us = None  # the state topic does not carry it
 
     def apply_change(self, h: dict) -> str:
         """'next', 'gap' or 'duplicate'."""
@@ -140,6 +160,29 @@ class HealthView:
                 ep = self._endpoints.get((pool, name))
                 out.append(1.0 if ep is None else ep.weight_at(t))
             return out
+
+    def trial(self, pool: str, endpoints: list[str], at_us: int | None = None) -> int | None:
+        """The index of one of `endpoints` whose trial is due, claimed (this view lets no other
+        call through to it until a transition, or `TRIAL_AGAIN_AFTER_US`); None if none is.
+        The trial is the real call that tells the processor whether the endpoint healed, as the
+        transition that took it out announced ("the router's trial is due in 30 s"): without it
+        an endpoint out of rotation comes back only on a prober's evidence. None while the view
+        is not fresh (a trial's outcome needs a processor that hears it; failed open, every
+        endpoint is in use) or the pool panics (every endpoint is in use)."""
+        t = at_us if at_us is not None else now_us()
+        if self.freshness(t) != FRESH:
+            return None  # a trial's outcome needs a processor that hears it
+        with self._lock:
+            p = self._pools.get(pool)
+            if p is not None and p.panic:
+                return None
+            for i, name in enumerate(endpoints):
+                ep = self._endpoints.get((pool, name))
+                if ep is not None and ep.trial_due(t):
+                    ep.trial_sent_us = t
+                    self.trials += 1
+                    return i
+        return None
 
     def choose(self, pool: str, endpoints: list[str], at_us: int | None = None,
                rng: random.Random | None = None) -> int | None:

@@ -44,11 +44,21 @@ pub struct Stack {
     pub schema: String,
     pub db: sqlx::PgPool,
     pub processor: Service,
-    _prober: Service,
+    _prober: Option<Service>,
 }
 
 impl Stack {
+    /// With a prober that readmits a healed deployment.
     pub async fn start(name: &str, pool: &str) -> Stack {
+        Stack::start_with(name, pool, true).await
+    }
+
+    /// With no prober: what readmits an endpoint is the gateway's own trial call.
+    pub async fn start_without_prober(name: &str, pool: &str) -> Stack {
+        Stack::start_with(name, pool, false).await
+    }
+
+    async fn start_with(name: &str, pool: &str, prober: bool) -> Stack {
         let mut sc = SimConfig::healthy(3, 7);
         for e in &mut sc.endpoints {
             e.behaviour = healthy();
@@ -63,7 +73,23 @@ impl Stack {
             &schema,
             &["--view-tick-interval-ms", "1000", "--tick-interval-ms", "1000"],
         );
-        // The prober readmits a healed deployment (health route, one a second, fast while out).
+        let prober = if prober {
+            Some(Stack::start_prober(name, pool, &sim, &topics).await)
+        } else {
+            None
+        };
+        Stack {
+            sim,
+            topics,
+            schema,
+            db,
+            processor,
+            _prober: prober,
+        }
+    }
+
+    /// A prober that readmits a healed deployment (health route, one a second, fast while out).
+    async fn start_prober(name: &str, pool: &str, sim: &Sim, topics: &Topics) -> Service {
         let cfg = std::env::temp_dir().join(format!("{}.toml", unique(name)));
         let mut targets = String::from("[defaults]\ninterval_ms = 1000\nfast_interval_ms = 200\ntimeout_ms = 150\n");
         for (ep, addr) in sim.endpoints() {
@@ -91,14 +117,7 @@ impl Stack {
             http_get(prober_port, "/readyz").await.as_deref() == Some("ready")
         })
         .await;
-        Stack {
-            sim,
-            topics,
-            schema,
-            db,
-            processor,
-            _prober: prober,
-        }
+        prober
     }
 
     pub fn set(&self, ep: &str, b: Behaviour) {

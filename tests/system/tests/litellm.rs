@@ -238,6 +238,78 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
     stack.finish().await;
 }
 
+/// With no prober at all, LiteLLM's own trial call brings a healed deployment back: the plug-in
+/// lets one real call through when the transition's trial is due, reports it, and the processor
+/// readmits the deployment on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_prober_litellm_brings_an_ejected_deployment_back_by_its_trial_call() {
+    let pool = "solo";
+    let stack = Stack::start_without_prober("litellm_trial", pool).await;
+    let gateway = unique("litellm-trial");
+    let driver = Driver::start(&stack, pool, &gateway);
+    let seen = driver.seen.clone();
+    let started = unix_now();
+    wait_until(
+        "LiteLLM choosing all three deployments",
+        Duration::from_secs(90),
+        || {
+            let all = seen.latest(started, 30).is_some_and(|l| {
+                l.iter()
+                    .map(|(d, _)| d.as_str())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len()
+                    == 3
+            });
+            let ok = all && driver.stat("view_freshness") == "fresh";
+            async move { ok }
+        },
+    )
+    .await;
+    let refuse = Behaviour {
+        refuse: true,
+        ..healthy()
+    };
+    let (out, _, _) = fault_left_out(&stack, Choices::Seen(&seen), "e2", refuse, "refused, no prober").await;
+    stack.set("e2", healthy());
+    let heal = unix_now();
+    // The isolation is 30 s (and a trial that failed before the heal announces the next one
+    // 30 to 37.5 s later): back within one trial interval of the heal, and chosen again.
+    let (back, triggers, _) = stack
+        .transition_after("e2", "recovering", heal, Duration::from_secs(120))
+        .await;
+    let chosen = seen.wait_chosen("e2", heal, Duration::from_secs(120)).await;
+    let codes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT reason_code, reason FROM transitions WHERE endpoint = 'e2' AND stream_time > to_timestamp($1) ORDER BY seq",
+    )
+    .bind(out - 1.0)
+    .fetch_all(&stack.db)
+    .await
+    .unwrap();
+    eprintln!(
+        "no prober: e2 out {:.1} s before the heal, readmitted {:.1} s after the heal, chosen again {:.1} s after it; transitions {codes:?}",
+        heal - out,
+        back - heal,
+        chosen - heal
+    );
+    assert!(
+        codes.iter().any(|(c, _)| c == "trial_succeeded"),
+        "readmitted by a trial: {codes:?}"
+    );
+    let evidence = evidence_from(&stack, &triggers, &gateway).await;
+    assert!(
+        !evidence.is_empty() && evidence.iter().all(|c| c.outcome == OutcomeClass::Success),
+        "the readmission's evidence is LiteLLM's own trial call: {triggers:?}"
+    );
+    assert!(
+        back - heal < 40.0,
+        "within one trial interval of the heal: {:.1} s",
+        back - heal
+    );
+    let stats = driver.stop();
+    assert!(stats["route_trials"].as_u64().unwrap_or(0) >= 1, "{stats}");
+    stack.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_deployment_and_takes_them_back() {
     let pool = "chat";
