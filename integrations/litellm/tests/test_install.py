@@ -39,7 +39,7 @@ def test_the_proxy_extra_installs_what_litellm_config_needs_from_a_bare_virtuale
         "litellm_settings:\n  callbacks: vitals_litellm.callback\n"
         f"general_settings:\n  master_key: {KEY}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(VITALS_TRANSPORT="http", VITALS_INGEST_URL=ingest.url, VITALS_ROUTING="off",
+    env.update(VITALS_TRANSPORT="http", VITALS_INGEST_URL=ingest.url, VITALS_ROUTING="off", VITALS_WARMUP="report",
                LITELLM_LOCAL_MODEL_COST_MAP="True")
     log = venv.parent / "proxy.log"
     proxy = subprocess.Popen([str(venv / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1",

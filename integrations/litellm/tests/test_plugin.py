@@ -52,6 +52,7 @@ class Recorder:
 
 
 def recording_callback(**overrides):
+    overrides.setdefault("warmup", "report")
     cb = VitalsCallback(Settings.from_env({}, routing="off", **overrides))
     cb.start()
     real = cb.reporter
@@ -181,7 +182,7 @@ def test_calls_go_on_when_the_broker_is_down():
     up = Upstream("ok")
     try:
         cb = VitalsCallback(Settings.from_env({}, kafka_brokers=refused_url()[7:-3], routing="off",
-                                              queue_size=50, delivery_timeout_s=1.0))
+                                              queue_size=50, delivery_timeout_s=1.0, warmup="report"))
         litellm.callbacks = [cb]
         r = router([("g", "a", up.url)])
 
@@ -409,7 +410,7 @@ def test_aclose_reports_a_call_that_ended_just_before():
     up = Upstream("ok")
     try:
         cb = VitalsCallback(Settings.from_env({}, kafka_brokers=refused_url()[7:-3], routing="off",
-                                              delivery_timeout_s=0.5))
+                                              delivery_timeout_s=0.5, warmup="report"))
         litellm.callbacks = [cb]
         r = router([("g", "a", up.url)])
 
@@ -459,3 +460,29 @@ def test_a_refused_name_is_logged_once_not_once_per_call(caplog):
         assert sum("cannot take" in m.getMessage() for m in caplog.records) == 1
     finally:
         up.close()
+
+
+def test_a_deployments_warm_up_successes_are_not_reported_its_failures_are():
+    up, bad = Upstream("ok", ttft_s=0.3), Upstream("500")
+    try:
+        cb, rec = recording_callback(warmup="skip")
+        litellm.callbacks = [cb]
+        r = router([("g", "a", up.url), ("h", "b", bad.url)])
+
+        async def run():
+            # Six at once: all begun before the first ended (LiteLLM's cold start), then four more.
+            await asyncio.gather(*(call(r, "g", stream=True) for _ in range(6)))
+            for _ in range(4):
+                await call(r, "g", stream=True)
+            for _ in range(3):
+                await call(r, "h")
+            await settle(rec, 7)
+            await asyncio.sleep(0.3)
+
+        asyncio.run(run())
+        assert [x.endpoint for x in rec.reports].count("a") == 4, rec.reports
+        assert [x.outcome for x in rec.reports if x.endpoint == "b"] == ["SERVER_ERROR"] * 3
+        assert cb.stats()["warmup_unreported"] == 6
+    finally:
+        up.close()
+        bad.close()

@@ -46,7 +46,7 @@ class Proxy:
         cfg = pathlib.Path(self.dir) / "config.yaml"
         cfg.write_text("\n".join(lines) + "\n")
         self.log = pathlib.Path(self.dir) / "proxy.log"
-        env = dict(os.environ, VITALS_TRANSPORT="http", VITALS_INGEST_URL=ingest_url, VITALS_ROUTING="off",
+        env = dict(os.environ, VITALS_TRANSPORT="http", VITALS_INGEST_URL=ingest_url, VITALS_ROUTING="off", VITALS_WARMUP="report",
                    VITALS_GATEWAY="proxy-test", LITELLM_LOCAL_MODEL_COST_MAP="True")
         litellm = pathlib.Path(sys.executable).parent / "litellm"
         self.proc = subprocess.Popen([str(litellm), "--config", str(cfg), "--host", "127.0.0.1",

@@ -64,6 +64,9 @@ class Settings:
     routing: str = "weighted"
     stale_after_s: float = 15.0
     open_after_s: float = 60.0
+    # "skip": a deployment's successes during this process's warm-up with it are not reported
+    # (their times are LiteLLM's cold start); "report": every attempt is.
+    warmup: str = "skip"
 
     @classmethod
     def from_env(cls, env=None, **overrides) -> Settings:
@@ -81,6 +84,8 @@ class Settings:
             if not hasattr(s, k):
                 raise TypeError(f"unknown setting {k!r}")
             setattr(s, k, v)
+        if s.warmup not in ("skip", "report"):
+            raise ValueError(f"VITALS_WARMUP must be skip or report, not {s.warmup!r}")
         if s.routing not in ROUTING_MODES:
             raise ValueError(f"VITALS_ROUTING must be one of {', '.join(ROUTING_MODES)}, not {s.routing!r}")
         return s
@@ -269,6 +274,9 @@ class VitalsCallback(CustomLogger):
         self._seen = _Bounded()  # attempts reported from a request-level event
         self._hooked = _Bounded()  # failures reported from the deployment hook, not yet matched
         self._last_refusal_log = 0.0
+        # Per deployment, when this process's first success with it ended (µs): successes begun
+        # before are its warm-up (see _warming_up).
+        self._warm: dict = {}
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -366,6 +374,9 @@ class VitalsCallback(CustomLogger):
                 return
             started = _micros(start_time) or time.time_ns() // 1000
             ended = _micros(end_time) or started
+            if not failed and self.settings.warmup == "skip" and self._warming_up(pool, endpoint, started, ended):
+                self.counts.add("warmup_unreported")
+                return
             ttft = None
             first = _micros(FIRST_TOKENS.pop(call_id)) if kwargs.get("stream") else None
             if first is not None and first > started and (not failed or first < ended):
@@ -378,6 +389,20 @@ class VitalsCallback(CustomLogger):
         except Exception as e:  # noqa: BLE001
             self.counts.add("report_errors")
             log.warning("vitals: a call could not be reported: %s", e)
+
+    def _warming_up(self, pool: str, endpoint: str, started: int, ended: int) -> bool:
+        """Whether a success is part of this process's warm-up with the deployment: its first
+        success, or one begun before that ended. Their times are LiteLLM's own cold start (its
+        HTTP client made, its connection opened: 1.2 to 1.7 s of first token where the next calls
+        take 50 ms), not the upstream's, and reported they made a healthy deployment look slow
+        next to its peers. Failures are always reported."""
+        key = (pool, endpoint)
+        with self._lock:
+            first_end = self._warm.get(key)
+            if first_end is None:
+                self._warm[key] = ended
+                return True
+        return started < first_end
 
     def _log_refusal(self, group, deployment) -> None:
         """One warning per 10 s at most, with the count so far (a refused name is refused on every
