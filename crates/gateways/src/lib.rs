@@ -73,6 +73,8 @@ pub enum Skip {
     /// A message of the gateway's own in the same log (a server going down, a reload), not an
     /// access-log line: syslog-framed with a tag, but not in vitals' formats.
     OtherMessage,
+    /// Its backend is not vitals' (`skip = true` in the map).
+    BackendSkipped,
 }
 
 impl Skip {
@@ -82,6 +84,7 @@ impl Skip {
             Skip::ClientAborted => "client_aborted",
             Skip::GatewayAnswered => "gateway_answered",
             Skip::OtherMessage => "other_message",
+            Skip::BackendSkipped => "backend_skipped",
         }
     }
 }

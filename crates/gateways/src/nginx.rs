@@ -92,6 +92,10 @@ pub fn parse(body: &[u8]) -> Result<Line<'_>, Bad> {
     if body.first() != Some(&b'{') {
         return Err(Bad::UnknownFormat);
     }
+    // nginx's `escape=json` passes bytes above 0x7F as they came (a client's header, say).
+    if std::str::from_utf8(body).is_err() {
+        return Err(Bad::NotUtf8);
+    }
     let r: Record<'_> = serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Eof => Bad::Truncated,
         _ if e.to_string().contains("UTF-8") => Bad::NotUtf8,

@@ -19,6 +19,7 @@ pub use timer::{CallResult, CallTimer};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -231,6 +232,9 @@ impl ProducerContext for Deliveries {
     }
 }
 
+/// How long a record waits for room in a full producer queue before it is dropped.
+const PRODUCER_FULL_WAIT: Duration = Duration::from_secs(1);
+
 /// How long the worker sleeps when the queue is empty.
 const IDLE: Duration = Duration::from_millis(1);
 
@@ -292,13 +296,28 @@ impl Sink for KafkaSink {
                 return;
             }
         };
-        let record = BaseRecord::to(&self.topic)
+        let mut record = BaseRecord::to(&self.topic)
             .key(o.pool().unwrap_or_default().as_bytes())
             .payload(&bytes);
-        if let Err((e, _)) = self.producer.send(record) {
-            // The producer's queue is full (Kafka slow or down): drop rather than grow.
-            counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
-            counters.error(format!("Kafka: {e}"));
+        // The producer's queue is full when Kafka is slower than the reports: wait a while for
+        // it to drain (the reporter's own queue takes the strain, and a source that can wait,
+        // like a file, waits with it); drop only when Kafka is down or far behind.
+        let deadline = std::time::Instant::now() + PRODUCER_FULL_WAIT;
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => {
+                    counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
+                    counters.error(format!("Kafka: {e}"));
+                    return;
+                }
+            }
         }
     }
 
@@ -380,6 +399,15 @@ impl Reporter {
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.counters.dropped_queue_full.fetch_add(1, Ordering::Relaxed)
             }
+        };
+    }
+
+    /// Queue an outcome, waiting while the queue is full (for a source that can wait, like a
+    /// file being read: back-pressure instead of loss). Returns at once if the reporter is gone.
+    pub fn report_waiting(&self, outcome: CallOutcome) {
+        match self.tx.send(Msg::Outcome(outcome)) {
+            Ok(()) => self.counters.reported.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.counters.dropped_queue_full.fetch_add(1, Ordering::Relaxed),
         };
     }
 

@@ -11,11 +11,12 @@ use vitals_contracts::{validate_name, CallOutcome};
 use vitals_gateways::map::Map;
 use vitals_gateways::{haproxy, nginx, syslog, Bad, Skip};
 
-const SKIPS: [Skip; 4] = [
+const SKIPS: [Skip; 5] = [
     Skip::NoServer,
     Skip::ClientAborted,
     Skip::GatewayAnswered,
     Skip::OtherMessage,
+    Skip::BackendSkipped,
 ];
 const BADS: [&str; 7] = [
     "unknown_format",
@@ -41,12 +42,20 @@ pub struct InputCounters {
 
 /// Where reports go: the reporter in the service, a collector in tests.
 pub trait Sink: Send + Sync {
+    /// Queue `o`, or drop it (counted) when the queue is full.
     fn report(&self, o: CallOutcome);
+    /// Queue `o`, waiting for room.
+    fn report_waiting(&self, o: CallOutcome) {
+        self.report(o)
+    }
 }
 
 impl Sink for vitals_reporter::Reporter {
     fn report(&self, o: CallOutcome) {
         vitals_reporter::Reporter::report(self, o)
+    }
+    fn report_waiting(&self, o: CallOutcome) {
+        vitals_reporter::Reporter::report_waiting(self, o)
     }
 }
 
@@ -59,7 +68,9 @@ pub struct Bridge {
     pub max_line: usize,
     sink: Arc<dyn Sink>,
     pub reports: AtomicU64,
-    skipped: [AtomicU64; 4],
+    /// Lines that gave at least one report: with the skipped and the bad ones, every line read.
+    pub reported_lines: AtomicU64,
+    skipped: [AtomicU64; 5],
     bad: [AtomicU64; 7],
     pub unattributed: AtomicU64,
     sample: Mutex<(Instant, u32)>,
@@ -82,6 +93,7 @@ impl Bridge {
             max_line,
             sink,
             reports: AtomicU64::new(0),
+            reported_lines: AtomicU64::new(0),
             skipped: Default::default(),
             bad: Default::default(),
             unattributed: AtomicU64::new(0),
@@ -90,12 +102,24 @@ impl Bridge {
         }
     }
 
-    /// Read one datagram or line from `input`.
+    /// Read one datagram or line from `input`; when the reporter's queue is full, its reports
+    /// are dropped and counted (a datagram cannot wait: the kernel drops the next ones).
     pub fn line(&self, raw: &[u8], input: &str) -> Read {
-        let read = self.read(raw);
+        self.take(raw, input, false)
+    }
+
+    /// Read one line of a file: when the reporter's queue is full, wait for room (a file can
+    /// wait, and a backlog read at full speed would otherwise be mostly dropped).
+    pub fn line_waiting(&self, raw: &[u8], input: &str) -> Read {
+        self.take(raw, input, true)
+    }
+
+    fn take(&self, raw: &[u8], input: &str, wait: bool) -> Read {
+        let read = self.read(raw, wait);
         match read {
             Read::Reported(n) => {
                 self.reports.fetch_add(n as u64, Ordering::Relaxed);
+                self.reported_lines.fetch_add(1, Ordering::Relaxed);
             }
             Read::Skipped(s) => {
                 self.skipped[SKIPS.iter().position(|k| *k == s).unwrap_or(0)].fetch_add(1, Ordering::Relaxed);
@@ -120,7 +144,7 @@ impl Bridge {
         }
     }
 
-    fn read(&self, raw: &[u8]) -> Read {
+    fn read(&self, raw: &[u8], wait: bool) -> Read {
         if raw.len() > self.max_line {
             return Read::Bad(Bad::Oversized.as_str());
         }
@@ -151,8 +175,10 @@ impl Bridge {
                 .unwrap_or(&self.gateway)
         });
         let mut n = 0;
+        let mut skipped = 0;
         for a in &line.attempts {
             let Some(o) = self.map.outcome(a, gateway) else {
+                skipped += 1;
                 continue;
             };
             if validate_name("pool", &o.pool).is_err()
@@ -161,8 +187,15 @@ impl Bridge {
             {
                 return Read::Bad("invalid_name");
             }
-            self.sink.report(o);
+            if wait {
+                self.sink.report_waiting(o);
+            } else {
+                self.sink.report(o);
+            }
             n += 1;
+        }
+        if n == 0 && skipped > 0 {
+            return Read::Skipped(Skip::BackendSkipped);
         }
         Read::Reported(n)
     }
@@ -191,8 +224,10 @@ impl Bridge {
         }
         let _ = write!(
             out,
-            "# HELP vitals_logbridge_reports_total Attempts reported.\n# TYPE vitals_logbridge_reports_total counter\nvitals_logbridge_reports_total {}\n",
-            g(&self.reports)
+            "# HELP vitals_logbridge_reports_total Attempts reported.\n# TYPE vitals_logbridge_reports_total counter\nvitals_logbridge_reports_total {}\n\
+# HELP vitals_logbridge_lines_reported_total Lines that gave reports (with the skipped and the bad ones: every line read).\n# TYPE vitals_logbridge_lines_reported_total counter\nvitals_logbridge_lines_reported_total {}\n",
+            g(&self.reports),
+            g(&self.reported_lines)
         );
         out.push_str("# HELP vitals_logbridge_skipped_total Lines with no server to blame, by reason.\n# TYPE vitals_logbridge_skipped_total counter\n");
         for (s, c) in SKIPS.iter().zip(&self.skipped) {
@@ -213,6 +248,12 @@ impl Bridge {
             g(&self.unattributed)
         );
         out
+    }
+
+    /// Lines so far that gave reports, were skipped, or were bad: every line read.
+    pub fn lines_accounted(&self) -> u64 {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        g(&self.reported_lines) + self.skipped.iter().map(g).sum::<u64>() + self.bad.iter().map(g).sum::<u64>()
     }
 
     /// Bad lines so far, by reason.
@@ -298,5 +339,36 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("vitals_logbridge_reports_total 7"), "{text}");
+    }
+
+    #[test]
+    fn every_line_is_counted_by_what_became_of_it() {
+        let (b, c) = bridge("[[backend]]\nname = \"stats\"\nskip = true\n");
+        let lines: [&[u8]; 6] = [
+            b"vitals1 1796113286.182 - be s1 200 0 0 0 1 1 ---- 0 {}",
+            b"vitals1 1796113286.182 - stats s1 200 0 0 0 1 1 ---- 0 {}",
+            b"vitals1 1796113286.182 - be <NOSRV> 503 0 0 -1 -1 0 SC-- 0 {}",
+            br#"{"v":1,"time":"1796113290.250","id":"x","upstream":"stats","addr":"127.0.0.1:1","status":"200","connect":"0.001","header":"0.002","response":"0.003","request_time":"0.004","client_status":"200"}"#,
+            b"{\"v\":1,\"time\":\"1796113290.250\",\"id\":\"\xff\xfe\",\"upstream\":\"api\"}",
+            b"garbage",
+        ];
+        let expect = [
+            Read::Reported(1),
+            Read::Skipped(Skip::BackendSkipped),
+            Read::Skipped(Skip::NoServer),
+            Read::Skipped(Skip::BackendSkipped),
+            Read::Bad("not_utf8"),
+            Read::Bad("unknown_format"),
+        ];
+        for (l, e) in lines.iter().zip(expect) {
+            assert_eq!(b.line(l, "t"), e, "{}", String::from_utf8_lossy(l));
+        }
+        assert_eq!(b.lines_accounted(), lines.len() as u64);
+        assert_eq!(c.0.lock().unwrap().len(), 1);
+        let text = b.prometheus(&[]);
+        assert!(
+            text.contains("vitals_logbridge_skipped_total{reason=\"backend_skipped\"} 2"),
+            "{text}"
+        );
     }
 }

@@ -1,7 +1,11 @@
 //! Where lines come from. Each input runs on its own thread until `stop` is set, reading with a
-//! short timeout so that it notices. Syslog inputs take one message per datagram; a followed file
-//! is read line by line from its end (or its start), and reopened when it is rotated (its inode
-//! changes) or truncated (it shrinks).
+//! short timeout so that it notices. Syslog inputs take one message per datagram (when the
+//! reporter's queue is full their reports are dropped, counted: a datagram cannot wait). A
+//! followed file is read line by line from its end (or its start), waiting for room in the
+//! reporter's queue (a backlog is read as fast as it can be sent, never dropped), and reopened
+//! when it is rotated (its inode changes: the old file is read until it has been quiet for
+//! `rotated_quiet`, since the gateway writes to it until it reopens its log) or truncated (it
+//! shrinks).
 
 use crate::bridge::{Bridge, InputCounters};
 use std::fs::File;
@@ -13,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const TICK: Duration = Duration::from_millis(200);
 
@@ -54,6 +58,9 @@ pub struct SocketOptions {
     /// The receive buffer asked of the kernel for each socket (capped by net.core.rmem_max): it
     /// absorbs bursts while the bridge is not scheduled; beyond it, datagrams are dropped.
     pub recv_buffer: usize,
+    /// A rotated file is read until it has written nothing for this long (after the new one
+    /// appeared), then the new one.
+    pub rotated_quiet: Duration,
 }
 
 /// A datagram socket bound to `addr`, with the receive buffer asked for; logs what the kernel
@@ -119,7 +126,7 @@ pub fn start(
         }
         Input::File(path) => {
             let path = path.clone();
-            let t = spawn(Box::new(move || follow(&path, opts.from_start, &bridge, &c, &n, &stop)))?;
+            let t = spawn(Box::new(move || follow(&path, &opts, &bridge, &c, &n, &stop)))?;
             (t, None)
         }
     };
@@ -159,11 +166,16 @@ fn identity(m: &std::fs::Metadata) -> (u64, u64) {
     (m.dev(), m.ino())
 }
 
-/// Follow `path` like `tail -F`: lines as they are appended; across rotation (the rest of the
-/// old file is read first, then the new one from its start) and truncation (read again from the
-/// start). A line longer than the bridge's limit is counted and skipped to its end.
-pub fn follow(path: &Path, from_start: bool, bridge: &Bridge, c: &InputCounters, name: &str, stop: &AtomicBool) {
+/// Follow `path` like `tail -F`: lines as they are appended; across rotation (the old file is
+/// read until it has been quiet for `opts.rotated_quiet` since the new one appeared, then the new
+/// one from its start) and truncation (read again from the start). A line longer than the
+/// bridge's limit is counted and skipped to its end.
+pub fn follow(path: &Path, opts: &SocketOptions, bridge: &Bridge, c: &InputCounters, name: &str, stop: &AtomicBool) {
+    let from_start = opts.from_start;
     let mut file: Option<(File, (u64, u64), u64)> = None;
+    // When the file last gave bytes, and when its rotation was first seen.
+    let mut last_data = Instant::now();
+    let mut rotated_at: Option<Instant> = None;
     let mut first = true;
     let mut pending: Vec<u8> = Vec::new();
     let mut skipping = false;
@@ -178,6 +190,7 @@ pub fn follow(path: &Path, from_start: bool, bridge: &Bridge, c: &InputCounters,
                         tracing::info!(input = name, from = at, "following");
                         c.opened.fetch_add(1, Ordering::Relaxed);
                         file = Some((f, identity(&m), at));
+                        rotated_at = None;
                         first = false;
                         missing_logged = false;
                     }
@@ -198,11 +211,18 @@ pub fn follow(path: &Path, from_start: bool, bridge: &Bridge, c: &InputCounters,
                 // At the end: rotated or truncated?
                 match std::fs::metadata(path) {
                     Ok(m) if identity(&m) != *id => {
-                        // Rotated: what is left of the old file was read; a last line without
-                        // its newline will never be finished.
+                        // Rotated. The gateway writes to the old file until it reopens its log
+                        // (nginx on USR1, after logrotate made the new one): read on until the
+                        // old file has been quiet for a while.
+                        let seen = *rotated_at.get_or_insert_with(Instant::now);
+                        if last_data.max(seen).elapsed() < opts.rotated_quiet {
+                            std::thread::sleep(TICK);
+                            continue;
+                        }
+                        // A last line without its newline will never be finished.
                         if !pending.is_empty() && !skipping {
                             c.lines.fetch_add(1, Ordering::Relaxed);
-                            bridge.line(&pending, name);
+                            bridge.line_waiting(&pending, name);
                         }
                         pending.clear();
                         skipping = false;
@@ -223,6 +243,7 @@ pub fn follow(path: &Path, from_start: bool, bridge: &Bridge, c: &InputCounters,
             }
             Ok(n) => {
                 *pos += n as u64;
+                last_data = Instant::now();
                 c.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 let mut chunk = &buf[..n];
                 while let Some(i) = chunk.iter().position(|b| *b == b'\n') {
@@ -230,11 +251,11 @@ pub fn follow(path: &Path, from_start: bool, bridge: &Bridge, c: &InputCounters,
                         skipping = false;
                     } else if pending.is_empty() {
                         c.lines.fetch_add(1, Ordering::Relaxed);
-                        bridge.line(&chunk[..i], name);
+                        bridge.line_waiting(&chunk[..i], name);
                     } else {
                         pending.extend_from_slice(&chunk[..i]);
                         c.lines.fetch_add(1, Ordering::Relaxed);
-                        bridge.line(&pending, name);
+                        bridge.line_waiting(&pending, name);
                         pending.clear();
                     }
                     chunk = &chunk[i + 1..];
@@ -326,6 +347,7 @@ mod tests {
             unix_mode: 0o600,
             from_start: false,
             recv_buffer: 0,
+            rotated_quiet: Duration::from_secs(2),
         };
         let run = start(&Input::File(path.clone()), bridge.clone(), stop.clone(), opts).unwrap();
         let servers = || {
@@ -351,11 +373,16 @@ mod tests {
         f.write_all(line("b", 3).as_bytes()).unwrap();
         wait("a and b", || servers() == ["a", "b"]);
         assert_eq!(bridge.bad_count("oversized"), 1);
-        // Rotation: the rest of the old file, then the new one from its start.
+        // Rotation as logrotate's `create` does it: the file renamed, a new one made, and the
+        // gateway writing to the old one until it reopens its log. The old file is read until it
+        // is quiet, then the new one from its start.
         f.write_all(line("c", 4).as_bytes()).unwrap();
         std::fs::rename(&path, dir.join("access.log.1")).unwrap();
         std::fs::write(&path, line("d", 5) + &line("d2", 7)).unwrap();
-        wait("c and d", || servers() == ["a", "b", "c", "d", "d2"]);
+        wait("c", || servers().len() == 3);
+        std::thread::sleep(Duration::from_millis(200));
+        f.write_all(line("c2", 8).as_bytes()).unwrap();
+        wait("c2 and d", || servers() == ["a", "b", "c", "c2", "d", "d2"]);
         // Truncation: read again from the start.
         std::fs::write(&path, line("e", 6)).unwrap();
         wait("e", || servers().last().map(String::as_str) == Some("e"));

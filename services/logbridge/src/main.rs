@@ -30,6 +30,10 @@ struct Config {
     /// Read followed files from their start (default: from their end).
     #[arg(long, env = "VITALS_LOGBRIDGE_FROM_START")]
     from_start: bool,
+    /// A rotated file is read until it has been quiet this long after the new one appeared (the
+    /// gateway writes to it until it reopens its log), then the new one.
+    #[arg(long, env = "VITALS_LOGBRIDGE_ROTATED_QUIET_MS", default_value_t = 2000)]
+    rotated_quiet_ms: u64,
     /// Mode of the Unix sockets the bridge creates (octal), so that the gateway's user can write.
     #[arg(long, env = "VITALS_LOGBRIDGE_UNIX_MODE", default_value = "660", value_parser = octal)]
     unix_mode: u32,
@@ -123,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
             unix_mode: cfg.unix_mode,
             from_start: cfg.from_start,
             recv_buffer: cfg.recv_buffer_bytes,
+            rotated_quiet: Duration::from_millis(cfg.rotated_quiet_ms),
         };
         let mut running = Vec::new();
         for i in &inputs {

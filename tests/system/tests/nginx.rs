@@ -131,3 +131,171 @@ async fn nginx_logs_over_syslog_eject_a_failing_upstream_with_each_attempt_repor
     drop(_driving);
     stack.finish().await;
 }
+
+/// nginx with one upstream (the simulator's first endpoint), its access log written to
+/// `access_log` (an nginx `access_log` directive's target and options), listening on `port`.
+fn start_nginx(dir: &std::path::Path, upstream: std::net::SocketAddr, port: u16, access_log: &str) -> Service {
+    let d = dir.display();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n    include {shipped};\n\
+         client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n fastcgi_temp_path {d}/fastcgi;\n\
+         uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+         upstream chat {{ server {upstream}; }}\n\
+         server {{\n listen 127.0.0.1:{port};\n access_log {access_log} vitals_json;\n\
+         location / {{\n proxy_pass http://chat;\n }}\n }}\n}}\n",
+        shipped = repo().join("deploy/nginx/vitals.conf").display(),
+    );
+    let conf_file = dir.join("nginx.conf");
+    std::fs::write(&conf_file, conf).unwrap();
+    Service::start_program(
+        &nginx_bin(),
+        "nginx",
+        &[
+            "-p".into(),
+            d.to_string(),
+            "-e".into(),
+            format!("{d}/error.log"),
+            "-c".into(),
+            conf_file.display().to_string(),
+        ],
+    )
+}
+
+/// `n` calls through nginx, one after another; how many it answered.
+async fn calls(port: u16, n: usize) -> usize {
+    let client = reqwest::Client::new();
+    let mut ok = 0;
+    for _ in 0..n {
+        let body = serde_json::json!({"model": "m", "max_tokens": 2, "messages": []});
+        if client
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+fn lines_in(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// A metric's value on `/metrics` of the service on `port` (the first series whose line starts
+/// with `series`).
+async fn metric(port: u16, series: &str) -> Option<u64> {
+    let text = vitals_testkit::http_get(port, "/metrics").await?;
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// logrotate's `create` renames nginx's log and makes a new one; nginx writes to the renamed file
+/// until it is told to reopen its log (USR1). Every line of both files reaches vitals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_nginx_log_is_read_to_its_end_before_the_new_one() {
+    let sim = vitals_upstream_sim::Sim::start(vitals_upstream_sim::SimConfig::healthy(1, 3))
+        .await
+        .unwrap();
+    let topics = vitals_testkit::Topics::create(&unique("nginx_rotate"), 1, vitals_testkit::Stamp::LogAppendTime).await;
+    let dir = std::env::temp_dir().join(unique("nginx-rotate"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let gateway = unique("nginx-rotate");
+    let map = format!("gateway = \"{gateway}\"\n");
+    let port = free_port();
+    let _nginx = start_nginx(&dir, sim.endpoints()[0].1, port, &log.display().to_string());
+    wait_until("nginx's log", Duration::from_secs(30), || {
+        let ok = log.exists();
+        async move { ok }
+    })
+    .await;
+    let file = log.display().to_string();
+    let (_bridge, metrics) = start_logbridge(
+        "logbridge-rotate",
+        &topics,
+        &map,
+        &["--file", &file, "--summarize-ms", "0", "--rotated-quiet-ms", "2000"],
+    )
+    .await;
+    wait_until("the bridge following", Duration::from_secs(30), || async move {
+        metric(metrics, "vitals_logbridge_lines_total").await.is_some()
+    })
+    .await;
+    let mut answered = calls(port, 100).await;
+    std::fs::rename(&log, dir.join("access.log.1")).unwrap();
+    std::fs::write(&log, "").unwrap(); // logrotate's `create`
+    answered += calls(port, 100).await; // still written to access.log.1
+    let pid = std::fs::read_to_string(dir.join("nginx.pid")).unwrap();
+    assert!(std::process::Command::new("kill")
+        .args(["-USR1", pid.trim()])
+        .status()
+        .unwrap()
+        .success());
+    wait_until("nginx reopening its log", Duration::from_secs(30), || {
+        let reopened = std::fs::read_to_string(dir.join("error.log")).is_ok_and(|t| t.contains("reopening logs"));
+        async move { reopened }
+    })
+    .await;
+    answered += calls(port, 100).await;
+    let written = lines_in(&dir.join("access.log.1")) + lines_in(&log);
+    assert_eq!(written, 300, "nginx logged every call");
+    assert_eq!(answered, 300);
+    wait_until("every line reported", Duration::from_secs(60), || async move {
+        metric(metrics, "vitals_logbridge_reports_total").await == Some(300)
+    })
+    .await;
+    let mine = reports(&topics)
+        .await
+        .into_values()
+        .filter(|c| c.gateway == gateway)
+        .count();
+    eprintln!(
+        "rotation: {} lines in the renamed file, {} in the new one, {mine} reports",
+        lines_in(&dir.join("access.log.1")),
+        lines_in(&log)
+    );
+    assert_eq!(mine, 300, "every line of both files reached vitals");
+}
+
+/// A file with a backlog (read from its start) is read as fast as the reports can be sent: with
+/// a reporter queue of 16, none is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_backlog_waits_for_the_reporter_and_loses_nothing() {
+    let topics = vitals_testkit::Topics::create(&unique("backlog"), 2, vitals_testkit::Stamp::LogAppendTime).await;
+    let dir = std::env::temp_dir().join(unique("backlog"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    const N: u64 = 60_000;
+    let mut text = String::new();
+    for i in 0..N {
+        text.push_str(&format!(
+            "{{\"v\":1,\"time\":\"{}.{:03}\",\"id\":\"req-{i}\",\"upstream\":\"chat\",\"addr\":\"127.0.0.1:{}\",\"status\":\"200\",\"connect\":\"0.001\",\"header\":\"0.002\",\"response\":\"0.003\",\"request_time\":\"0.004\",\"client_status\":\"200\"}}\n",
+            1_796_113_290 + i / 1000,
+            i % 1000,
+            9000 + i % 3
+        ));
+    }
+    std::fs::write(&log, text).unwrap();
+    let file = log.display().to_string();
+    let (_bridge, metrics) = start_logbridge(
+        "logbridge-backlog",
+        &topics,
+        "gateway = \"backlog\"\n",
+        &["--file", &file, "--from-start", "--summarize-ms", "0", "--queue", "16"],
+    )
+    .await;
+    wait_until("the backlog delivered", Duration::from_secs(240), || async move {
+        metric(metrics, "vitals_reporter_reports_total{result=\"delivered\"}").await == Some(N)
+    })
+    .await;
+    let dropped = metric(metrics, "vitals_reporter_reports_total{result=\"dropped_queue_full\"}").await;
+    let reported = metric(metrics, "vitals_logbridge_reports_total").await;
+    assert_eq!((dropped, reported), (Some(0), Some(N)));
+}
