@@ -53,6 +53,13 @@ impl Server {
     pub fn forced_out(&self) -> bool {
         self.admin_state & (admin::FMAINT | admin::FDRAIN) != 0
     }
+    /// Forced into `out` exactly (maint, or drain without maint).
+    pub fn forced_into(&self, out: OutState) -> bool {
+        match out {
+            OutState::Maint => self.admin_state & admin::FMAINT != 0,
+            OutState::Drain => self.admin_state & admin::FDRAIN != 0 && self.admin_state & admin::FMAINT == 0,
+        }
+    }
     /// Out for a reason no Runtime API caller set (configuration, tracking, DNS).
     pub fn held_by_haproxy(&self) -> bool {
         self.admin_state & (admin::IMAINT | admin::CMAINT | admin::IDRAIN | admin::RMAINT | admin::HMAINT) != 0
@@ -158,10 +165,19 @@ pub struct Command {
     pub line: String,
 }
 
+impl Command {
+    /// The weight a `weight N` command sets.
+    pub fn weight(&self) -> Option<u32> {
+        self.line.rsplit_once(" weight ").and_then(|(_, w)| w.parse().ok())
+    }
+}
+
 /// The commands that bring `servers` to what `want` says of each (None: not vitals' to steer),
 /// given the forced states vitals set itself (`ours`, updated as the commands are planned).
 /// Servers an operator forced out, and servers HAProxy holds out itself, are left alone; a
-/// server vitals wants out is taken out even if the operator had set its weight.
+/// server vitals wants out is taken out even if the operator had set its weight. A server vitals
+/// forced out that now shows the other forced state (`drain` where vitals set `maint`, or the
+/// reverse) was forced by an operator since: it is theirs from then on.
 pub fn plan(
     servers: &[Server],
     want: impl Fn(&Server) -> Option<Want>,
@@ -171,8 +187,9 @@ pub fn plan(
     let mut cmds = Vec::new();
     for s in servers {
         let key = s.key();
-        // A forced state that is no longer there is no longer ours (an operator set it ready).
-        if !s.forced_out() {
+        // A forced state that is no longer there, or not the one vitals set, is no longer ours
+        // (an operator set it ready, or forced it into the other state).
+        if !s.forced_into(out) {
             ours.remove(&key);
         }
         let Some(w) = want(s) else { continue };
@@ -327,7 +344,7 @@ mod tests {
         let mut now = s.clone();
         now[0].admin_state = admin::FMAINT;
         let want = |s: &Server| (s.name == "s1").then_some(Want::Ready(1));
-        let lines: Vec<String> = plan(&now, want, &mut ours, OutState::Drain)
+        let lines: Vec<String> = plan(&now, want, &mut ours, OutState::Maint)
             .into_iter()
             .map(|c| c.line)
             .collect();
@@ -353,6 +370,29 @@ mod tests {
             .map(|c| c.line)
             .collect();
         assert_eq!(lines, ["set server be_chat/s1 state drain"]);
+    }
+
+    #[test]
+    fn the_other_forced_state_on_a_server_vitals_holds_out_is_the_operators() {
+        let mut s = servers();
+        let mut ours = BTreeSet::new();
+        s[0].admin_state = admin::FMAINT;
+        ours.insert(s[0].key());
+        // vitals holds s1 in maint; an operator drains it (HAProxy clears maint): healed, vitals
+        // leaves it drained.
+        s[0].admin_state = admin::FDRAIN;
+        assert!(plan(&s[..1], |_| Some(Want::Ready(10)), &mut ours, OutState::Maint).is_empty());
+        assert!(ours.is_empty());
+        // The same the other way round.
+        s[0].admin_state = admin::FMAINT;
+        ours.insert(s[0].key());
+        assert!(plan(&s[..1], |_| Some(Want::Ready(10)), &mut ours, OutState::Drain).is_empty());
+        let c = Command {
+            backend: "b".into(),
+            server: "s".into(),
+            line: "set server b/s weight 42".into(),
+        };
+        assert_eq!(c.weight(), Some(42));
     }
 
     #[test]

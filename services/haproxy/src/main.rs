@@ -6,19 +6,23 @@
 //! reconciliation: at start, after HAProxy restarts, after the socket comes back. A view that
 //! hears nothing from vitals for `--fail-open-after-secs` puts every server it steers back at full
 //! weight. Servers an operator forced out are never touched (vitals' own forced states are kept
-//! in `--state-file` across restarts).
+//! in `--state-file` across restarts), and a weight an operator set is the base vitals' weight
+//! multiplies. A server out of rotation whose trial is due (the health view's rule, as vitals'
+//! router and LiteLLM follow it) is let in at a tenth of its weight for [`TRIAL_WINDOW`]: the
+//! requests HAProxy sends it are its trial, and the processor readmits it on them — no prober
+//! needed.
 
 use anyhow::Context as _;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use clap::Parser;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vitals_contracts::HealthState;
 use vitals_gateways::map::Map;
 use vitals_gateways::runtime::{plan, Client, OutState, Server, Want};
@@ -80,12 +84,21 @@ fn now_us() -> i64 {
         .map_or(0, |d| d.as_micros() as i64)
 }
 
+/// How long a server whose trial is due is let in.
+const TRIAL_WINDOW: Duration = Duration::from_secs(3);
+/// Its share of its weight meanwhile: enough calls for a trial at a few calls a second, few
+/// failed ones if it is still down.
+const TRIAL_SHARE: f64 = 0.1;
+
+type Key = (String, String);
+
 #[derive(Default)]
 struct Stats {
     commands: AtomicU64,
     failed_commands: AtomicU64,
     api_errors: AtomicU64,
     reconciles: AtomicU64,
+    trials: AtomicU64,
     connected: AtomicBool,
     operator_held: AtomicI64,
     out: AtomicI64,
@@ -101,6 +114,7 @@ impl Stats {
 vitals_haproxy_commands_total{{result=\"ok\"}} {}\nvitals_haproxy_commands_total{{result=\"refused\"}} {}\n\
 # HELP vitals_haproxy_api_errors_total Times the Runtime API could not be reached or read.\n# TYPE vitals_haproxy_api_errors_total counter\nvitals_haproxy_api_errors_total {}\n\
 # HELP vitals_haproxy_reconciles_total Times HAProxy's state was read and brought to vitals'.\n# TYPE vitals_haproxy_reconciles_total counter\nvitals_haproxy_reconciles_total {}\n\
+# HELP vitals_haproxy_trials_total Times a server out of rotation was let in for its trial.\n# TYPE vitals_haproxy_trials_total counter\nvitals_haproxy_trials_total {}\n\
 # HELP vitals_haproxy_connected Whether the last read of the Runtime API worked.\n# TYPE vitals_haproxy_connected gauge\nvitals_haproxy_connected {}\n\
 # HELP vitals_haproxy_servers_out Servers vitals holds out of rotation.\n# TYPE vitals_haproxy_servers_out gauge\nvitals_haproxy_servers_out {}\n\
 # HELP vitals_haproxy_operator_held Servers an operator forced out (left alone).\n# TYPE vitals_haproxy_operator_held gauge\nvitals_haproxy_operator_held {}\n\
@@ -109,6 +123,7 @@ vitals_haproxy_commands_total{{result=\"ok\"}} {}\nvitals_haproxy_commands_total
             g(&self.failed_commands),
             g(&self.api_errors),
             g(&self.reconciles),
+            g(&self.trials),
             u8::from(self.connected.load(Ordering::Relaxed)),
             i(&self.out),
             i(&self.operator_held),
@@ -141,6 +156,7 @@ enum Why<'a> {
     FailedOpen,
     Panic(&'a str),
     State(&'a str, &'a str, HealthState, f64),
+    Trial(&'a str, &'a str),
     Unknown(&'a str, &'a str),
 }
 
@@ -150,15 +166,24 @@ impl std::fmt::Display for Why<'_> {
             Why::FailedOpen => write!(f, "vitals silent: failed open"),
             Why::Panic(pool) => write!(f, "pool {pool} in panic: every server"),
             Why::State(pool, ep, state, w) => write!(f, "{pool}/{ep} {} at weight {w:.2}", state.as_str()),
+            Why::Trial(pool, ep) => write!(f, "{pool}/{ep} out of rotation, its trial due: let in briefly"),
             Why::Unknown(pool, ep) => write!(f, "{pool}/{ep} not known to vitals"),
         }
     }
 }
 
-/// What vitals wants of `s`, and why.
-fn want<'a>(view: &HealthView, map: &'a Map, s: &'a Server, now: i64) -> Option<(Want, Why<'a>)> {
+/// What vitals wants of `s` (its weight a share of `base`: the operator's weight, else the
+/// configured one; let in for its trial when `trial`), and why.
+fn want<'a>(
+    view: &HealthView,
+    map: &'a Map,
+    s: &'a Server,
+    now: i64,
+    base: u32,
+    trial: bool,
+) -> Option<(Want, Why<'a>)> {
     let (pool, endpoint) = map.resolve(&s.backend, &s.name)?;
-    let full = Want::Ready(s.initial_weight);
+    let full = Want::Ready(base);
     if view.freshness(now) == Freshness::Open {
         return Some((full, Why::FailedOpen));
     }
@@ -166,10 +191,10 @@ fn want<'a>(view: &HealthView, map: &'a Map, s: &'a Server, now: i64) -> Option<
         return Some((full, Why::Panic(pool)));
     }
     match (view.weight(pool, endpoint, now), view.state(pool, endpoint)) {
-        (Some(w), Some(state)) => Some((
-            Want::from_weight(w, s.initial_weight),
-            Why::State(pool, endpoint, state, w),
-        )),
+        (Some(_), Some(HealthState::Unhealthy)) if trial => {
+            Some((Want::from_weight(TRIAL_SHARE, base), Why::Trial(pool, endpoint)))
+        }
+        (Some(w), Some(state)) => Some((Want::from_weight(w, base), Why::State(pool, endpoint, state, w))),
         _ => Some((full, Why::Unknown(pool, endpoint))),
     }
 }
@@ -183,6 +208,13 @@ struct Steer {
     stats: Arc<Stats>,
     ours: BTreeSet<(String, String)>,
     last_freshness: Freshness,
+    /// The weight vitals last set (or agreed with) per server: another weight there is an
+    /// operator's.
+    commanded: HashMap<Key, u32>,
+    /// Weights operators set: the base vitals' weight multiplies.
+    bases: HashMap<Key, u32>,
+    /// Servers let in for their trial, since when.
+    trials: HashMap<Key, Instant>,
 }
 
 const API_TIMEOUT: Duration = Duration::from_secs(3);
@@ -219,8 +251,24 @@ impl Steer {
             );
         }
         self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
-        let (view, map) = (&self.view, &self.map);
+        self.operator_weights(&servers, now);
+        let in_trial = self.trials_due(&servers, now);
+        let (view, map, bases) = (&self.view, &self.map, &self.bases);
+        let base = |s: &Server| bases.get(&s.key()).copied().unwrap_or(s.initial_weight);
+        let wants: HashMap<Key, (Want, String)> = servers
+            .iter()
+            .filter_map(|s| {
+                let (w, why) = want(view, map, s, now, base(s), in_trial.contains(&s.key()))?;
+                Some((s.key(), (w, why.to_string())))
+            })
+            .collect();
         let before = self.ours.clone();
+        // Servers an operator (or HAProxy itself) holds out: vitals sets nothing on them.
+        let held_out: HashSet<Key> = servers
+            .iter()
+            .filter(|s| s.held_by_haproxy() || (s.forced_out() && !self.ours.contains(&s.key())))
+            .map(Server::key)
+            .collect();
         // Counted against the forced states vitals held when the state was read.
         let held = servers
             .iter()
@@ -229,17 +277,14 @@ impl Steer {
         self.stats.operator_held.store(held as i64, Ordering::Relaxed);
         let cmds = plan(
             &servers,
-            |s| want(view, map, s, now).map(|w| w.0),
+            |s| wants.get(&s.key()).map(|w| w.0),
             &mut self.ours,
             self.out_state,
         );
-        for c in cmds {
-            let why = servers
-                .iter()
-                .find(|s| s.backend == c.backend && s.name == c.server)
-                .and_then(|s| want(view, map, s, now))
-                .map(|w| w.1.to_string())
-                .unwrap_or_default();
+        let mut refused = HashSet::new();
+        for c in &cmds {
+            let key = (c.backend.clone(), c.server.clone());
+            let why = wants.get(&key).map_or("", |w| w.1.as_str());
             match self.client.set(&c.line, API_TIMEOUT) {
                 Ok(()) => {
                     self.stats.commands.fetch_add(1, Ordering::Relaxed);
@@ -248,13 +293,81 @@ impl Steer {
                 Err(e) => {
                     self.stats.failed_commands.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(command = %c.line, answer = %e, "HAProxy refused a command");
+                    refused.insert(key);
                 }
+            }
+        }
+        // The weights HAProxy has now from vitals (sent, or already right).
+        for s in &servers {
+            let key = s.key();
+            if refused.contains(&key) || held_out.contains(&key) {
+                continue;
+            }
+            if let Some((Want::Ready(w), _)) = wants.get(&key) {
+                self.commanded.insert(key, *w);
             }
         }
         self.stats.out.store(self.ours.len() as i64, Ordering::Relaxed);
         if self.ours != before {
             save_ours(self.state_file.as_ref(), &self.ours);
         }
+    }
+
+    /// A weight on a server that vitals did not set is an operator's: from then on the base
+    /// vitals' weight multiplies (`weight 50` stays 50 at full health, 25 at half). On first
+    /// sight (a restart of vitals-haproxy) a weight other than the configured one is taken for
+    /// the operator's unless vitals' own ramp explains it.
+    fn operator_weights(&mut self, servers: &[Server], now: i64) {
+        for s in servers {
+            let key = s.key();
+            if s.held_by_haproxy() || (s.forced_out() && !self.ours.contains(&key)) {
+                continue;
+            }
+            let operators = match self.commanded.get(&key) {
+                Some(w) => *w != s.weight,
+                None => {
+                    let ramping = self
+                        .map
+                        .resolve(&s.backend, &s.name)
+                        .and_then(|(p, e)| self.view.weight(p, e, now))
+                        .is_some_and(|w| w < 1.0);
+                    !ramping && !s.forced_out() && s.weight != s.initial_weight
+                }
+            };
+            if operators && self.bases.get(&key) != Some(&s.weight) {
+                tracing::info!(server = %format!("{}/{}", s.backend, s.name), weight = s.weight,
+                    "an operator set this weight: vitals' weight multiplies it from now on");
+                self.bases.insert(key.clone(), s.weight);
+                self.commanded.insert(key, s.weight);
+            }
+        }
+    }
+
+    /// The servers let in for their trial this round: those already in their window, and those
+    /// whose trial the view says is due now (claimed: one window per trial).
+    fn trials_due(&mut self, servers: &[Server], now: i64) -> HashSet<Key> {
+        let mut due = HashSet::new();
+        for s in servers {
+            let key = s.key();
+            let Some((pool, ep)) = self.map.resolve(&s.backend, &s.name) else {
+                continue;
+            };
+            if self.view.state(pool, ep) != Some(HealthState::Unhealthy) {
+                self.trials.remove(&key);
+                continue;
+            }
+            let open = self.trials.get(&key).is_some_and(|t| t.elapsed() < TRIAL_WINDOW);
+            if open {
+                due.insert(key);
+            } else if self.view.claim_trial_of(pool, ep, now) {
+                self.stats.trials.fetch_add(1, Ordering::Relaxed);
+                self.trials.insert(key.clone(), Instant::now());
+                due.insert(key);
+            } else {
+                self.trials.remove(&key);
+            }
+        }
+        due
     }
 }
 
@@ -299,6 +412,9 @@ async fn main() -> anyhow::Result<()> {
             stats: stats.clone(),
             ours,
             last_freshness: Freshness::Fresh,
+            commanded: HashMap::new(),
+            bases: HashMap::new(),
+            trials: HashMap::new(),
         };
         let stop = Arc::new(AtomicBool::new(false));
         let interval = Duration::from_millis(cfg.interval_ms);

@@ -33,7 +33,7 @@ fn start_haproxy(dir: &Path, stack: &Stack, port: u16, log_socket: &Path) -> (Se
     let mut proxies = format!(
         "frontend fe\n    bind 127.0.0.1:{port}\n    capture response header Retry-After len 16\n    \
          http-after-response set-header x-vitals-server %s\n    default_backend be_chat\n\
-         backend be_chat\n    balance roundrobin\n    timeout connect 200ms\n    timeout server 3s\n"
+         backend be_chat\n    balance roundrobin\n    timeout server 3s\n"
     );
     for (ep, addr) in stack.sim.endpoints() {
         proxies.push_str(&format!("    server {ep} {addr} weight 100\n"));
@@ -69,15 +69,32 @@ async fn wait_server(api: &Client, name: &str, what: &str, cond: impl Fn(&Server
     unix_now()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_fails_open() {
-    let stack = Stack::start("haproxy_loop", "chat").await;
+/// The processor (with or without the prober) and three simulated endpoints, HAProxy before them
+/// in the shipped configuration, its log to the bridge, vitals-haproxy steering it, and calls
+/// through it every 40 ms.
+struct Rig {
+    stack: Stack,
+    gateway: String,
+    api: Client,
+    seen: Seen,
+    steer_port: u16,
+    bridge_port: u16,
+    _driving: Driving,
+    _services: Vec<Service>,
+}
+
+async fn rig(name: &str, prober: bool) -> Rig {
+    let stack = if prober {
+        Stack::start(name, "chat").await
+    } else {
+        Stack::start_without_prober(name, "chat").await
+    };
     let dir = std::env::temp_dir().join(unique("haproxy"));
     std::fs::create_dir_all(&dir).unwrap();
     let gateway = unique("haproxy");
     let map = format!("gateway = \"{gateway}\"\n[[backend]]\nname = \"be_chat\"\npool = \"chat\"\n");
     let log_socket = dir.join("log.sock");
-    let (_bridge, bridge_port) = start_logbridge(
+    let (bridge, bridge_port) = start_logbridge(
         "logbridge-haproxy",
         &stack.topics,
         &map,
@@ -85,7 +102,7 @@ async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_
     )
     .await;
     let port = free_port();
-    let (_haproxy, admin_sock) = start_haproxy(&dir, &stack, port, &log_socket);
+    let (haproxy, admin_sock) = start_haproxy(&dir, &stack, port, &log_socket);
     let api = Client::parse(admin_sock.to_str().unwrap());
     wait_until("HAProxy's Runtime API", Duration::from_secs(30), || {
         let api = api.clone();
@@ -95,7 +112,7 @@ async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_
     let map_file = dir.join("map.toml");
     std::fs::write(&map_file, &map).unwrap();
     let steer_port = free_port();
-    let _steer = Service::start(
+    let steer = Service::start(
         "vitals-haproxy",
         "vitals-haproxy",
         &flags(&[
@@ -115,8 +132,7 @@ async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_
         http_get(steer_port, "/readyz").await.as_deref() == Some("ready")
     })
     .await;
-
-    let (seen, _driving) = drive(
+    let (seen, driving) = drive(
         format!("http://127.0.0.1:{port}/v1/chat/completions"),
         "x-vitals-server",
         Duration::from_millis(40),
@@ -126,6 +142,44 @@ async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_
         async move { n >= 3 }
     })
     .await;
+    Rig {
+        stack,
+        gateway,
+        api,
+        seen,
+        steer_port,
+        bridge_port,
+        _driving: driving,
+        _services: vec![bridge, haproxy, steer],
+    }
+}
+
+/// Wait for `n` more reconciles of vitals-haproxy (each reads HAProxy's state and corrects it).
+async fn reconciles(steer_port: u16, n: f64) {
+    let from = metric(steer_port, "vitals_haproxy_reconciles_total")
+        .await
+        .unwrap_or(0.0);
+    wait_until(&format!("{n} reconciles"), Duration::from_secs(30), || async move {
+        metric(steer_port, "vitals_haproxy_reconciles_total")
+            .await
+            .unwrap_or(0.0)
+            >= from + n
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_fails_open() {
+    let Rig {
+        stack,
+        gateway,
+        api,
+        seen,
+        steer_port,
+        bridge_port,
+        _driving,
+        _services,
+    } = rig("haproxy_loop", true).await;
 
     // 1. e0 refuses connections, then (once back) e1 answers 503: HAProxy's log says which is
     // which. One at a time: vitals ejects at most half of a pool.
@@ -233,6 +287,141 @@ async fn haproxy_logs_feed_vitals_and_vitals_haproxy_steers_it_out_and_back_and_
     assert_eq!(metric(steer_port, "vitals_haproxy_view_freshness").await, Some(2.0));
     assert_eq!(metric(steer_port, "vitals_haproxy_operator_held").await, Some(1.0));
     stack.processor.signal("-CONT");
+    drop(_driving);
+    stack.finish().await;
+}
+
+/// With no prober, vitals-haproxy lets a server out of rotation in for its trial when it is due,
+/// and HAProxy's own requests to it readmit it. The shipped configuration's detection of refused
+/// connections is measured here (no test override of its timeouts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_without_a_prober_brings_a_server_back_by_its_trial_requests() {
+    let Rig {
+        stack,
+        gateway,
+        api,
+        seen,
+        steer_port,
+        _driving,
+        _services,
+        ..
+    } = rig("haproxy_trial", false).await;
+    let fault = unix_now();
+    stack.set(
+        "e0",
+        Behaviour {
+            refuse: true,
+            ..healthy()
+        },
+    );
+    let (ejected, triggers, _) = stack
+        .transition_after("e0", "unhealthy", fault, Duration::from_secs(60))
+        .await;
+    let maint = wait_server(&api, "e0", "in maintenance", |s| s.admin_state & admin::FMAINT != 0).await;
+    let evidence = evidence_from(&stack, &triggers, &gateway).await;
+    assert!(
+        !evidence.is_empty()
+            && evidence
+                .iter()
+                .all(|c| c.outcome == OutcomeClass::ConnectError && c.endpoint == "e0"),
+        "e0 ejected on HAProxy's reports of refused connections: {evidence:?}"
+    );
+    let failed = seen.failed(fault);
+    eprintln!(
+        "shipped config: e0 ejected {:.2} s after it began refusing, in maint {:.2} s after that; {failed} requests failed at the client",
+        ejected - fault,
+        maint - ejected
+    );
+    stack.set("e0", healthy());
+    let heal = unix_now();
+    let (back, triggers, _) = stack
+        .transition_after("e0", "recovering", heal, Duration::from_secs(120))
+        .await;
+    let ready = wait_server(&api, "e0", "ready", |s| s.admin_state == 0).await;
+    let chosen = seen.wait_chosen("e0", heal, Duration::from_secs(60)).await;
+    let codes: Vec<String> = sqlx::query_scalar(
+        "SELECT reason_code FROM transitions WHERE endpoint = 'e0' AND stream_time > to_timestamp($1) ORDER BY seq",
+    )
+    .bind(fault)
+    .fetch_all(&stack.db)
+    .await
+    .unwrap();
+    eprintln!(
+        "no prober: e0 readmitted {:.1} s after the heal, ready in HAProxy {:.1} s, chosen {:.1} s; transitions {codes:?}; trials {:?}",
+        back - heal,
+        ready - heal,
+        chosen - heal,
+        metric(steer_port, "vitals_haproxy_trials_total").await
+    );
+    assert!(
+        codes.iter().any(|c| c == "trial_succeeded"),
+        "readmitted by its trial: {codes:?}"
+    );
+    // No prober runs: the readmission's triggers are the bridge's reports of HAProxy's requests
+    // (successes go out summed, so the ids are the summaries').
+    assert!(!triggers.is_empty(), "readmitted on evidence");
+    assert!(metric(steer_port, "vitals_haproxy_trials_total").await >= Some(1.0));
+    drop(_driving);
+    stack.finish().await;
+}
+
+/// What an operator does at HAProxy's Runtime API wins over vitals: a weight they set is the
+/// base vitals multiplies (not reset), and a server they drain while vitals holds it in
+/// maintenance stays drained after vitals readmits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_weight_and_drain_are_kept_by_vitals_haproxy() {
+    let Rig {
+        stack,
+        api,
+        steer_port,
+        _driving,
+        _services,
+        ..
+    } = rig("haproxy_operator", true).await;
+    let set = |line: &str| api.set(line, Duration::from_secs(3)).unwrap();
+    set("set server be_chat/e2 weight 50");
+    reconciles(steer_port, 4.0).await;
+    let weights: Vec<(String, u32)> = servers(&api).await.into_iter().map(|s| (s.name, s.weight)).collect();
+    assert_eq!(
+        weights,
+        [("e0".to_string(), 100), ("e1".to_string(), 100), ("e2".to_string(), 50)],
+        "the operator's weight is kept"
+    );
+    // e1 fails, vitals holds it in maintenance; the operator drains it meanwhile.
+    let at = unix_now();
+    stack.set(
+        "e1",
+        Behaviour {
+            server_errors: 1.0,
+            ..healthy()
+        },
+    );
+    stack
+        .transition_after("e1", "unhealthy", at, Duration::from_secs(60))
+        .await;
+    wait_server(&api, "e1", "in maintenance", |s| s.admin_state & admin::FMAINT != 0).await;
+    set("set server be_chat/e1 state drain");
+    stack.set("e1", healthy());
+    let heal = unix_now();
+    stack
+        .transition_after("e1", "recovering", heal, Duration::from_secs(60))
+        .await;
+    reconciles(steer_port, 4.0).await;
+    let e1 = servers(&api).await.into_iter().find(|s| s.name == "e1").unwrap();
+    assert!(
+        e1.admin_state & admin::FDRAIN != 0,
+        "readmitted by vitals, still drained by the operator: {e1:?}"
+    );
+    assert_eq!(metric(steer_port, "vitals_haproxy_operator_held").await, Some(1.0));
+    // The operator lets it go: vitals steers it again (ready, at its ramp or full weight).
+    set("set server be_chat/e1 state ready");
+    wait_server(&api, "e1", "ready", |s| s.admin_state == 0).await;
+    wait_until("vitals steering e1 again", Duration::from_secs(30), || async move {
+        metric(steer_port, "vitals_haproxy_operator_held").await == Some(0.0)
+    })
+    .await;
+    let e2 = servers(&api).await.into_iter().find(|s| s.name == "e2").unwrap();
+    assert_eq!(e2.weight, 50, "still the operator's weight: {e2:?}");
     drop(_driving);
     stack.finish().await;
 }
