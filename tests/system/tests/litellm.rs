@@ -157,11 +157,10 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
     .await;
     eprintln!("warm-up: {:.1} s", unix_now() - started);
 
-    // 1. e1 answers its first token after 2 s, behind 200 OK (its first chunk with it: LiteLLM's
-    // Router times the first chunk, see docs/components.md, "LiteLLM").
+    // 1. e1 answers its first token after 2 s, behind 200 OK and an empty role chunk sent at once
+    // (LiteLLM's own first-chunk time says 0 s: the plug-in times the first content token).
     let slow = Behaviour {
         ttft_ms: 2000,
-        role_chunk_with_first_token: true,
         ..healthy()
     };
     let (_, triggers, ttft_p50) = fault_left_out(&stack, Choices::Seen(&seen), "e1", slow, "slow first tokens").await;
