@@ -128,8 +128,12 @@ async fn streams_pass_through_calls_are_reported_and_an_ejected_endpoint_gets_no
         by_class.contains_key(&("e0".into(), OutcomeClass::ConnectError)),
         "{by_class:?}"
     );
-    // The view says e0 is out (weight 0): healed or not, it gets no calls.
-    let out = vitals_testkit::health_changed("llm", "e0", 1, HealthState::Unhealthy);
+    // The view says e0 is out (weight 0) and its trial not due: healed or not, it
+    // gets no calls (the trial call is the health view's tests').
+    let out = vitals_contracts::HealthChanged {
+        retry_at: Some(i64::MAX / 2),
+        ..vitals_testkit::health_changed("llm", "e0", 1, HealthState::Unhealthy)
+    };
     producer()
         .send(
             FutureRecord::to(&topics.changes)

@@ -28,13 +28,11 @@ async fn a_frozen_processor_makes_the_view_fail_open_and_a_thawed_one_fresh_agai
     cfg.open_after = Duration::from_secs(2);
     let f = tokio::task::spawn_blocking(move || follow(cfg)).await.unwrap().unwrap();
     let view = f.view.clone();
-    // An ejected endpoint the view knows: weight 0.
-    view.apply_change(&vitals_testkit::health_changed(
-        "p",
-        "out",
-        1,
-        vitals_contracts::HealthState::Unhealthy,
-    ));
+    // An ejected endpoint the view knows: weight 0, its trial not due.
+    view.apply_change(&vitals_contracts::HealthChanged {
+        retry_at: Some(i64::MAX / 2),
+        ..vitals_testkit::health_changed("p", "out", 1, vitals_contracts::HealthState::Unhealthy)
+    });
     let freshness = |want: Freshness| {
         let v = view.clone();
         move || {
