@@ -359,6 +359,10 @@ pub struct SummaryConfig {
     /// Most endpoints with an open summary; calls to more are reported one by one (and
     /// counted), so memory stays bounded whatever the fleet.
     pub max_open: usize,
+    /// A success whose first token came later than this (µs) is a hung stream, a hard timeout
+    /// to the engine (the policy's `slow_call_ms`, 10 s by default): it goes as a failure does —
+    /// one by one up to the cap, and summed beyond it as a timeout, in its place in the runs.
+    pub slow_call_us: i64,
 }
 
 impl Default for SummaryConfig {
@@ -367,6 +371,7 @@ impl Default for SummaryConfig {
             interval_us: 250_000,
             failure_cap: 8,
             max_open: 100_000,
+            slow_call_us: 10_000_000,
         }
     }
 }
@@ -474,7 +479,8 @@ impl Summarizer {
         }
         self.next_due = self.next_due.min(o.interval_start.saturating_add(interval));
         let mut n = n;
-        if call.outcome.is_failure() && o.failures_sent < cap {
+        let hung = call.outcome == OutcomeClass::Success && call.ttft_us.is_some_and(|t| t > self.cfg.slow_call_us);
+        if (call.outcome.is_failure() || hung) && o.failures_sent < cap {
             out.extend(o.summary.take().map(Signal::Summary));
             let one_by_one = n.min(cap - o.failures_sent);
             o.failures_sent += one_by_one;
@@ -495,7 +501,19 @@ impl Summarizer {
             o.summary = Some(CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now));
         }
         if let Some(summary) = o.summary.as_mut() {
-            summary.add_times(&call, n);
+            if hung {
+                // Beyond the cap: counted as the timeout the engine takes it for (its latency
+                // and first token are not a success's).
+                let timeout = CallOutcome {
+                    outcome: OutcomeClass::Timeout,
+                    ttft_us: None,
+                    http_status: None,
+                    ..call
+                };
+                summary.add_times(&timeout, n);
+            } else {
+                summary.add_times(&call, n);
+            }
         }
     }
 
@@ -591,6 +609,7 @@ mod tests {
             interval_us: 250_000,
             failure_cap: 2,
             max_open: 10,
+            ..SummaryConfig::default()
         };
         let mut s = Summarizer::new(cfg, "t");
         let mut out = Vec::new();
@@ -652,6 +671,42 @@ mod tests {
         // A new interval reports failures one by one again.
         s.add(call("a", 400_000, OutcomeClass::Timeout), 400_000, &mut out);
         assert!(matches!(out.last(), Some(Signal::Call(_))));
+    }
+
+    #[test]
+    fn hung_streams_go_as_failures_and_are_summed_as_timeouts_beyond_the_cap() {
+        let cfg = SummaryConfig {
+            failure_cap: 2,
+            ..SummaryConfig::default()
+        };
+        let mut s = Summarizer::new(cfg, "t");
+        let mut out = Vec::new();
+        s.add(call("a", 1_000, OutcomeClass::Success), 1_000, &mut out);
+        for i in 1..=5 {
+            let hung = CallOutcome {
+                ttft_us: Some(12_000_000),
+                ..call("a", 1_000 + i, OutcomeClass::Success)
+            };
+            s.add(hung, 1_000 + i, &mut out);
+        }
+        s.flush_all(&mut out);
+        // The success summed before the first hung stream, two hung streams one by one, three
+        // summed as timeouts: a hard run of three, as the engine counts them one by one.
+        let kinds: Vec<&str> = out
+            .iter()
+            .map(|o| match o {
+                Signal::Call(_) => "call",
+                _ => "summary",
+            })
+            .collect();
+        assert_eq!(kinds, ["summary", "call", "call", "summary"]);
+        let Signal::Summary(last) = &out[3] else { unreachable!() };
+        assert_eq!((last.calls.timeout, last.calls.success), (3, 0));
+        assert_eq!(
+            (last.leading_failures, last.longest_hard_run, last.trailing_hard),
+            (3, 3, 3)
+        );
+        assert!(last.ttft.is_empty() && last.latency.is_empty());
     }
 
     #[test]

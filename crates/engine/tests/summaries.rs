@@ -1,7 +1,8 @@
 //! The engine decides the same on call summaries as on the calls they sum.
 //!
 //! Random call streams — endpoints that are healthy, down, failing a share of their calls, slow
-//! to their first token or rate-limited, in random segments and at random rates — go into one
+//! to their first token, hanging their streams (first tokens after `slow_call_ms`, which the
+//! engine takes for timeouts) or rate-limited, in random segments and at random rates — go into one
 //! engine call by call and into another through the reporter's summarizer (the contracts'
 //! `Summarizer`, 250 ms intervals, 8 failures one by one per interval). The transitions must be
 //! the same: the same endpoints, into the same states, in the same order, each within one
@@ -20,8 +21,8 @@ const INTERVAL: Micros = 250 * MS;
 /// until it is flushed (the next call or tick), or, for a decision that follows one made on a
 /// summary, the next failure after it: a transition made at a summary's stream time takes calls
 /// begun up to an interval before it for stale (begun before it), where one by one some were not
-/// (see `pool/summary.rs`).
-const SLACK: Micros = 4 * INTERVAL;
+/// (see `pool/summary.rs`): one interval and a second.
+const SLACK: Micros = INTERVAL + SEC;
 /// A state held for less than this (an interval and its flush) may be passed over by a summary.
 const BRIEF: Micros = INTERVAL + 200 * MS;
 
@@ -35,6 +36,8 @@ enum Regime {
     Slow,
     /// Half the calls are 429s with a Retry-After.
     Limited,
+    /// 30 % of the streams hang: their first token after 12 s (over `slow_call_ms`).
+    Hung,
 }
 
 fn regime() -> impl Strategy<Value = Regime> {
@@ -50,18 +53,32 @@ fn regime() -> impl Strategy<Value = Regime> {
 
 /// Per endpoint: calls a second, and its segments (regime, seconds). Two endpoints have faults,
 /// four are healthy: two out of six never meet the max-ejection rule (50 %), where which of two
-/// faulty endpoints takes the last ejection slot is a race that one call's timing decides.
+/// faulty endpoints takes the last ejection slot is a race that one call's timing decides. Or one
+/// endpoint hangs streams beside five healthy ones: alone, because the simulated calls do not
+/// follow the engine's weights — a hanging endpoint keeps its whole rate on probation, where a
+/// router would send it 1 % of its share, and whether a second faulty endpoint is ejected then
+/// depends on how long the hanging one stays a peer on probation.
 fn fleet() -> impl Strategy<Value = Vec<(u32, Vec<(Regime, i64)>)>> {
     let faulty = (20u32..150, proptest::collection::vec((regime(), 5i64..40), 1..5));
-    let healthy = (20u32..150, Just(vec![(Regime::Healthy, 5i64)]));
-    (
+    let healthy = || (20u32..150, Just(vec![(Regime::Healthy, 5i64)]));
+    let two_faulty = (
         proptest::collection::vec(faulty, 2),
-        proptest::collection::vec(healthy, ENDPOINTS.len() - 2),
+        proptest::collection::vec(healthy(), ENDPOINTS.len() - 2),
     )
         .prop_map(|(mut f, h)| {
             f.extend(h);
             f
-        })
+        });
+    let hanging = prop_oneof![2 => Just(Regime::Healthy), 1 => Just(Regime::Down), 3 => Just(Regime::Hung)];
+    let one_hanging = (
+        (20u32..150, proptest::collection::vec((hanging, 5i64..40), 1..5)),
+        proptest::collection::vec(healthy(), ENDPOINTS.len() - 1),
+    )
+        .prop_map(|(f, mut h)| {
+            h.insert(0, f);
+            h
+        });
+    prop_oneof![3 => two_faulty, 1 => one_hanging]
 }
 
 /// splitmix64: the calls' randomness, from the case's seed.
@@ -127,6 +144,8 @@ fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], seed: u64) -> Vec<(Micros, CallOut
                     Regime::Slow => (OutcomeClass::Success, Some(3_000 + rng.below(1_000) as i64), None),
                     Regime::Limited if rng.below(2) == 0 => (OutcomeClass::RateLimited, None, Some(2_000)),
                     Regime::Limited => (OutcomeClass::Success, Some(ttft_ms), None),
+                    Regime::Hung if rng.below(100) < 30 => (OutcomeClass::Success, Some(12_000), None),
+                    Regime::Hung => (OutcomeClass::Success, Some(ttft_ms), None),
                 };
                 let latency = match (class, ttft_ms) {
                     (OutcomeClass::ConnectError, _) => MS,
@@ -254,7 +273,7 @@ fn judged(fleet: &[(u32, Vec<(Regime, i64)>)]) -> Vec<Judged> {
         .map(|(_, segments)| {
             if segments
                 .iter()
-                .any(|(r, _)| matches!(r, Regime::Limited | Regime::Failing(_)))
+                .any(|(r, _)| matches!(r, Regime::Limited | Regime::Failing(_) | Regime::Hung))
             {
                 Judged::FirstOut
             } else {

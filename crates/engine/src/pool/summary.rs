@@ -30,6 +30,19 @@
 //!   follows (a failure while recovering) may wait for the next such call;
 //! - a state held for less than one interval call by call may be passed over (the summary
 //!   shows the interval at once): degraded on the way to an ejection that comes 100 ms later.
+//!
+//! Hung streams (a success whose first token came after `slow_call_ms`) are failures to the
+//! summarizer: sent one by one up to the cap, and summed beyond it as timeouts in their place in
+//! the runs, so that three in a row eject as they do one by one (before, a summary held them as
+//! successes in its first-token histogram, applied here as a middle run of one timeout, and an
+//! endpoint hanging 30 % of its streams stayed in rotation, degraded). The summarizer's threshold
+//! is its `slow_call_us`, 10 s like the policy's default; a pool with another `slow_call_ms` still
+//! has its summed first tokens over it taken for timeouts here, but not in the runs.
+//!
+//! Not yet held (issue 38): several gateways reporting one endpoint — each sends its failures at
+//! once and its successes up to an interval late, so failures of different gateways can look
+//! consecutive while the successes between them are on their way; latency tails (a summary moves
+//! the latency EWMA to its mean, not call by call); 2 s intervals.
 
 use super::{Checks, Outcome, PoolState, Source};
 use crate::endpoint::{ttft_score, us, Run, RunKind, LATENCY_MIN_SAMPLES, TTFT_SAMPLES};
