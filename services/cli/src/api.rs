@@ -165,6 +165,21 @@ impl Api {
 }
 
 /// Print rows as an aligned table with a header.
+/// `name` as one path segment: every byte but the unreserved characters (`A–Z a–z 0–9 - . _ ~`)
+/// percent-encoded, so that a pool or endpoint named `openai/gpt-4o`, `50% off` or with spaces or
+/// letters beyond ASCII stays one segment of the API's path (the API decodes it).
+pub fn seg(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 pub fn table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {

@@ -271,7 +271,7 @@ async fn health(pool: Option<String>, endpoint: Option<String>, conn: &Connectio
         }
         (Some(pool), None) => {
             // Every endpoint of the pool, a page at a time.
-            let path = format!("/v1/pools/{pool}");
+            let path = format!("/v1/pools/{}", api::seg(&pool));
             let mut p: view::PoolHealth = api.get_as(&path, &[("limit", "1000".into())]).await?;
             while let Some(after) = p.next_after.take() {
                 let next: view::PoolHealth = api.get_as(&path, &[("limit", "1000".into()), ("after", after)]).await?;
@@ -310,7 +310,12 @@ async fn health(pool: Option<String>, endpoint: Option<String>, conn: &Connectio
             );
         }
         (Some(pool), Some(ep)) => {
-            let d: view::EndpointDetail = api.get_as(&format!("/v1/pools/{pool}/endpoints/{ep}"), &[]).await?;
+            let d: view::EndpointDetail = api
+                .get_as(
+                    &format!("/v1/pools/{}/endpoints/{}", api::seg(&pool), api::seg(&ep)),
+                    &[],
+                )
+                .await?;
             if conn.json {
                 return print_typed(&d);
             }
@@ -513,7 +518,11 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 .api()?
                 .send_accepted(
                     false,
-                    &format!("/v1/pools/{pool}/endpoints/{endpoint}/override"),
+                    &format!(
+                        "/v1/pools/{}/endpoints/{}/override",
+                        api::seg(&pool),
+                        api::seg(&endpoint)
+                    ),
                     &json!({"action": action, "reason": reason}),
                 )
                 .await?;
@@ -526,7 +535,10 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Policy {
             action: PolicyAction::Get { pool, conn },
         } => {
-            let p: view::PoolPolicy = conn.api()?.get_as(&format!("/v1/pools/{pool}/policy"), &[]).await?;
+            let p: view::PoolPolicy = conn
+                .api()?
+                .get_as(&format!("/v1/pools/{}/policy", api::seg(&pool)), &[])
+                .await?;
             if conn.json {
                 print_typed(&p)?;
             } else {
@@ -544,7 +556,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let body = read_policy(&file)?;
             let a = conn
                 .api()?
-                .send_accepted(true, &format!("/v1/pools/{pool}/policy"), &body)
+                .send_accepted(true, &format!("/v1/pools/{}/policy", api::seg(&pool)), &body)
                 .await?;
             if conn.json {
                 print_typed(&a)?;

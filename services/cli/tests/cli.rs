@@ -692,3 +692,84 @@ async fn the_report_shows_the_apis_uptime_and_incidents() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--from \"last week\" is not an RFC 3339 time"), "{err}");
 }
+
+/// Pool and endpoint names with `/`, `%`, spaces and letters beyond ASCII reach the API as one
+/// path segment in every verb that names them (they were sent raw: `openai/gpt-4o` was a 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_verb_takes_names_with_slashes_percents_spaces_and_non_ascii() {
+    let name = unique("cli_names");
+    let topics = Topics::create(&name, 1, Stamp::LogAppendTime).await;
+    let db = vitals_testkit::migrated_schema(&name).await;
+    let _processor = vitals_testkit::start_processor(&topics, &name, &name, &[]);
+    let port = free_port();
+    let _api = start_api(&topics, &name, port, &[&format!("ops:admin:{ADMIN}")]).await;
+    let url = format!("http://127.0.0.1:{port}");
+    let run = |args: Vec<String>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            vitals(&args, "", &[("VITALS_API", url.as_str()), ("VITALS_TOKEN", ADMIN)])
+        })
+    };
+    let policy = std::env::temp_dir().join(unique("policy"));
+    std::fs::write(&policy, "{\"consecutive_failures\": 6}").unwrap();
+    let policy = policy.display().to_string();
+    for (pool, ep) in [
+        ("openai/gpt-4o", "us-east/1"),
+        ("50% off", "a%2Fb"),
+        ("my pool", "end point"),
+        ("モデル", "端点"),
+    ] {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let (code, out, err) = run(s(&["override", pool, ep, "force_unhealthy", "--reason", "test"]))
+            .await
+            .unwrap();
+        assert_eq!(code, 0, "override {pool:?}/{ep:?}: {out}{err}");
+        let d = db.clone();
+        let (p, e) = (pool.to_owned(), ep.to_owned());
+        wait_until("the override in the audit log", Duration::from_secs(30), || {
+            let (d, p, e) = (d.clone(), p.clone(), e.clone());
+            async move {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM transitions WHERE pool = $1 AND endpoint = $2")
+                    .bind(p)
+                    .bind(e)
+                    .fetch_one(&d)
+                    .await
+                    .unwrap()
+                    > 0
+            }
+        })
+        .await;
+        let (code, out, err) = run(s(&["health", pool])).await.unwrap();
+        assert_eq!(code, 0, "health {pool:?}: {err}");
+        assert!(
+            out.lines().any(|l| l.starts_with(ep) && l.contains("unhealthy")),
+            "{out}"
+        );
+        let (code, out, err) = run(s(&["health", pool, ep])).await.unwrap();
+        assert_eq!(code, 0, "health {pool:?} {ep:?}: {err}");
+        assert!(out.contains("unhealthy"), "{out}");
+        let (code, out, err) = run(s(&["history", "--pool", pool])).await.unwrap();
+        assert_eq!(code, 0, "history {pool:?}: {err}");
+        assert!(out.contains(&format!("{pool}/{ep}  healthy -> unhealthy")), "{out}");
+        let (code, out, err) = run(s(&["policy", "set", pool, &policy])).await.unwrap();
+        assert_eq!(code, 0, "policy set {pool:?}: {out}{err}");
+        let mut applied = false;
+        for _ in 0..300 {
+            let (code, out, _) = run(s(&["policy", "get", pool, "--json"])).await.unwrap();
+            if code == 0
+                && serde_json::from_str::<serde_json::Value>(&out).unwrap()["policy"]["consecutive_failures"] == 6
+            {
+                applied = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(applied, "policy of {pool:?} set and read back");
+        let (code, out, err) = run(s(&["report", "--pool", pool, "--json"])).await.unwrap();
+        assert_eq!(code, 0, "report {pool:?}: {err}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(report["pools"][0]["uptime"]["pool"], pool, "{report}");
+    }
+    vitals_testkit::drop_schema(&db, &name).await;
+}
