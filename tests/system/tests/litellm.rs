@@ -113,6 +113,28 @@ impl Driver {
             .unwrap_or(serde_json::Value::Null)
     }
 
+    /// Warm-up: the view loaded and fresh, every deployment chosen.
+    async fn warmed_up(&self) {
+        let started = unix_now();
+        wait_until(
+            "LiteLLM choosing all three deployments",
+            Duration::from_secs(90),
+            || {
+                let all = self.seen.latest(started, 30).is_some_and(|l| {
+                    l.iter()
+                        .map(|(d, _)| d.as_str())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .len()
+                        == 3
+                });
+                let ok = all && self.stat("view_freshness") == "fresh";
+                async move { ok }
+            },
+        )
+        .await;
+        eprintln!("warm-up: {:.1} s", unix_now() - started);
+    }
+
     /// Close its input: it stops, flushes its reports and prints its final counters.
     fn stop(mut self) -> serde_json::Value {
         drop(self.child.stdin.take());
@@ -137,25 +159,7 @@ async fn litellm_router_leaves_out_what_vitals_ejects_from_its_reports_and_fails
     let gateway = unique("litellm-router");
     let driver = Driver::start(&stack, pool, &gateway);
     let seen = driver.seen.clone();
-    // Warm-up: the view loaded and fresh, every deployment chosen.
-    let started = unix_now();
-    wait_until(
-        "LiteLLM choosing all three deployments",
-        Duration::from_secs(90),
-        || {
-            let all = seen.latest(started, 30).is_some_and(|l| {
-                l.iter()
-                    .map(|(d, _)| d.as_str())
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len()
-                    == 3
-            });
-            let ok = all && driver.stat("view_freshness") == "fresh";
-            async move { ok }
-        },
-    )
-    .await;
-    eprintln!("warm-up: {:.1} s", unix_now() - started);
+    driver.warmed_up().await;
 
     // 1. e1 answers its first token after 2 s, behind 200 OK and an empty role chunk sent at once
     // (LiteLLM's own first-chunk time says 0 s: the plug-in times the first content token).
@@ -247,23 +251,7 @@ async fn without_a_prober_litellm_brings_an_ejected_deployment_back_by_its_trial
     let gateway = unique("litellm-trial");
     let driver = Driver::start(&stack, pool, &gateway);
     let seen = driver.seen.clone();
-    let started = unix_now();
-    wait_until(
-        "LiteLLM choosing all three deployments",
-        Duration::from_secs(90),
-        || {
-            let all = seen.latest(started, 30).is_some_and(|l| {
-                l.iter()
-                    .map(|(d, _)| d.as_str())
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len()
-                    == 3
-            });
-            let ok = all && driver.stat("view_freshness") == "fresh";
-            async move { ok }
-        },
-    )
-    .await;
+    driver.warmed_up().await;
     let refuse = Behaviour {
         refuse: true,
         ..healthy()

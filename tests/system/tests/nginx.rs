@@ -33,37 +33,13 @@ async fn nginx_logs_over_syslog_eject_a_failing_upstream_with_each_attempt_repor
     let udp = format!("127.0.0.1:{}", free_port());
     let (_bridge, _) = start_logbridge("logbridge-nginx", &stack.topics, &map, &["--udp", &udp]).await;
     let port = free_port();
-    let mut upstream = String::from("upstream chat {\n");
-    for (_, addr) in stack.sim.endpoints() {
-        upstream.push_str(&format!("    server {addr} max_fails=0;\n"));
-    }
-    upstream.push_str("}\n");
-    let d = dir.display();
-    let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
-         events {{ worker_connections 256; }}\n\
-         http {{\n    include {shipped};\n\
-         client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n fastcgi_temp_path {d}/fastcgi;\n\
-         uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
-         {upstream}\
-         server {{\n listen 127.0.0.1:{port};\n access_log syslog:server={udp},tag=nginx vitals_json;\n\
-         location / {{\n proxy_pass http://chat;\n proxy_next_upstream error timeout http_503 non_idempotent;\n\
-         add_header x-vitals-server $upstream_addr always;\n }}\n }}\n}}\n",
-        shipped = repo().join("deploy/nginx/vitals.conf").display(),
-    );
-    let conf_file = dir.join("nginx.conf");
-    std::fs::write(&conf_file, conf).unwrap();
-    let _nginx = Service::start_program(
-        &nginx_bin(),
-        "nginx",
-        &[
-            "-p".into(),
-            d.to_string(),
-            "-e".into(),
-            format!("{d}/error.log"),
-            "-c".into(),
-            conf_file.display().to_string(),
-        ],
+    let upstreams: Vec<std::net::SocketAddr> = stack.sim.endpoints().into_iter().map(|(_, a)| a).collect();
+    let _nginx = start_nginx(
+        &dir,
+        &upstreams,
+        port,
+        &format!("syslog:server={udp},tag=nginx"),
+        "proxy_next_upstream error timeout http_503 non_idempotent;\n add_header x-vitals-server $upstream_addr always;",
     );
     let (seen, _driving) = drive(
         format!("http://127.0.0.1:{port}/v1/chat/completions"),
@@ -132,9 +108,21 @@ async fn nginx_logs_over_syslog_eject_a_failing_upstream_with_each_attempt_repor
     stack.finish().await;
 }
 
-/// nginx with one upstream (the simulator's first endpoint), its access log written to
-/// `access_log` (an nginx `access_log` directive's target and options), listening on `port`.
-fn start_nginx(dir: &std::path::Path, upstream: std::net::SocketAddr, port: u16, access_log: &str) -> Service {
+/// nginx in the foreground before `upstreams` (each `max_fails=0`: vitals judges them, not nginx's
+/// passive check), its access log in the shipped JSON format written to `access_log` (an nginx
+/// `access_log` target), listening on `port`, with `location` directives beside `proxy_pass`.
+fn start_nginx(
+    dir: &std::path::Path,
+    upstreams: &[std::net::SocketAddr],
+    port: u16,
+    access_log: &str,
+    location: &str,
+) -> Service {
+    let mut upstream = String::from("upstream chat {\n");
+    for addr in upstreams {
+        upstream.push_str(&format!("    server {addr} max_fails=0;\n"));
+    }
+    upstream.push_str("}\n");
     let d = dir.display();
     let conf = format!(
         "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
@@ -142,9 +130,9 @@ fn start_nginx(dir: &std::path::Path, upstream: std::net::SocketAddr, port: u16,
          http {{\n    include {shipped};\n\
          client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n fastcgi_temp_path {d}/fastcgi;\n\
          uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
-         upstream chat {{ server {upstream}; }}\n\
+         {upstream}\
          server {{\n listen 127.0.0.1:{port};\n access_log {access_log} vitals_json;\n\
-         location / {{\n proxy_pass http://chat;\n }}\n }}\n}}\n",
+         location / {{\n proxy_pass http://chat;\n {location}\n }}\n }}\n}}\n",
         shipped = repo().join("deploy/nginx/vitals.conf").display(),
     );
     let conf_file = dir.join("nginx.conf");
@@ -210,7 +198,7 @@ async fn a_rotated_nginx_log_is_read_to_its_end_before_the_new_one() {
     let gateway = unique("nginx-rotate");
     let map = format!("gateway = \"{gateway}\"\n");
     let port = free_port();
-    let _nginx = start_nginx(&dir, sim.endpoints()[0].1, port, &log.display().to_string());
+    let _nginx = start_nginx(&dir, &[sim.endpoints()[0].1], port, &log.display().to_string(), "");
     wait_until("nginx's log", Duration::from_secs(30), || {
         let ok = log.exists();
         async move { ok }
