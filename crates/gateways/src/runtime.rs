@@ -165,11 +165,11 @@ pub struct Command {
     pub line: String,
 }
 
-impl Command {
-    /// The weight a `weight N` command sets.
-    pub fn weight(&self) -> Option<u32> {
-        self.line.rsplit_once(" weight ").and_then(|(_, w)| w.parse().ok())
-    }
+/// Whether `s` is held out by someone other than vitals: an operator's forced state (one not in
+/// `ours`, the forced states vitals set), or HAProxy's own (configuration, tracking, DNS).
+/// vitals sets nothing on such a server, weight included.
+pub fn held_by_others(s: &Server, ours: &BTreeSet<(String, String)>) -> bool {
+    s.held_by_haproxy() || (s.forced_out() && !ours.contains(&s.key()))
 }
 
 /// The commands that bring `servers` to what `want` says of each (None: not vitals' to steer),
@@ -193,7 +193,7 @@ pub fn plan(
             ours.remove(&key);
         }
         let Some(w) = want(s) else { continue };
-        if s.held_by_haproxy() || (s.forced_out() && !ours.contains(&key)) {
+        if held_by_others(s, ours) {
             continue;
         }
         let mut cmd = |what: String| {
@@ -387,12 +387,6 @@ mod tests {
         s[0].admin_state = admin::FMAINT;
         ours.insert(s[0].key());
         assert!(plan(&s[..1], |_| Some(Want::Ready(10)), &mut ours, OutState::Drain).is_empty());
-        let c = Command {
-            backend: "b".into(),
-            server: "s".into(),
-            line: "set server b/s weight 42".into(),
-        };
-        assert_eq!(c.weight(), Some(42));
     }
 
     #[test]

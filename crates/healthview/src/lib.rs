@@ -50,25 +50,17 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    /// Whether its trial is due at `now` (see the module's notes).
-    fn trial_due(&self, now: Micros) -> bool {
+    /// Claim its trial if it is due at `now` (see the module's notes): true for one caller only.
+    fn claim_trial(&self, now: Micros) -> bool {
         if self.state != HealthState::Unhealthy {
             return false;
         }
         let due = self
             .retry_at
             .unwrap_or(self.since.saturating_add(TRIAL_UNKNOWN_AFTER_US));
-        if now < due {
-            return false;
-        }
         let sent = self.trial_sent.load(Ordering::Relaxed);
-        sent < due.max(self.since) || now.saturating_sub(sent) >= TRIAL_AGAIN_AFTER_US
-    }
-
-    /// Claim its due trial: true for one caller only.
-    fn claim_trial(&self, now: Micros) -> bool {
-        let sent = self.trial_sent.load(Ordering::Relaxed);
-        self.trial_due(now)
+        let due_now = now >= due && (sent < due.max(self.since) || now.saturating_sub(sent) >= TRIAL_AGAIN_AFTER_US);
+        due_now
             && self
                 .trial_sent
                 .compare_exchange(sent, now, Ordering::AcqRel, Ordering::Relaxed)
@@ -97,12 +89,20 @@ struct Pool {
 }
 
 impl Pool {
-    fn count_unhealthy(&mut self) {
-        self.unhealthy = self
-            .endpoints
-            .iter()
-            .filter(|e| e.state == HealthState::Unhealthy)
-            .count();
+    /// Keep the count of endpoints out for a fault as one goes from `was` to `is`.
+    fn moved(&mut self, was: HealthState, is: HealthState) {
+        let out = |s| s == HealthState::Unhealthy;
+        match (out(was), out(is)) {
+            (false, true) => self.unhealthy += 1,
+            (true, false) => self.unhealthy -= 1,
+            _ => {}
+        }
+    }
+
+    /// Whether a pick may be a trial: the view fresh, the pool not panicking, and some endpoint
+    /// of it out for a fault.
+    fn may_trial(&self, freshness: Freshness) -> bool {
+        self.unhealthy > 0 && !self.panic && freshness == Freshness::Fresh
     }
 }
 
@@ -285,13 +285,14 @@ impl HealthView {
         let pool = pools.entry(s.pool.clone()).or_default();
         let ep = pool.endpoint(&s.endpoint);
         if s.seq > ep.seq || ep.seq < 0 {
+            let was = ep.state;
             ep.state = s.state;
             ep.weight = s.weight;
             ep.ramp_ms = s.ramp_ms;
             ep.since = s.since;
             ep.seq = s.seq;
             ep.retry_at = None; // the state topic does not carry it
-            pool.count_unhealthy();
+            pool.moved(was, s.state);
         }
     }
 
@@ -302,13 +303,14 @@ impl HealthView {
         let ep = pool.endpoint(&h.endpoint);
         let applied = Applied::of((ep.seq >= 0).then_some(ep.seq), h.seq);
         if applied != Applied::Duplicate {
+            let was = ep.state;
             ep.state = h.to_state;
             ep.weight = h.weight;
             ep.ramp_ms = h.ramp_ms;
             ep.since = h.stream_time;
             ep.seq = h.seq;
             ep.retry_at = h.retry_at;
-            pool.count_unhealthy();
+            pool.moved(was, h.to_state);
         }
         let c = match applied {
             Applied::Next => &self.counters.applied,
@@ -358,12 +360,6 @@ impl HealthView {
             .is_some_and(|p| p.correlated_outage)
     }
 
-    /// Whether `pool` may have a trial now: the view fresh, the pool not panicking, and some
-    /// endpoint of it out of rotation.
-    fn may_trial(&self, p: &Pool, freshness: Freshness) -> bool {
-        p.unhealthy > 0 && !p.panic && freshness == Freshness::Fresh
-    }
-
     /// Claim the due trial of one of `endpoints` (indices into the pool's), counted.
     fn claim_trial(&self, p: &Pool, mut endpoints: impl Iterator<Item = (usize, usize)>, now: Micros) -> Option<usize> {
         let found = endpoints
@@ -387,7 +383,7 @@ impl HealthView {
         let Some(j) = p.index.get(endpoint).copied() else {
             return false;
         };
-        self.may_trial(p, freshness) && self.claim_trial(p, std::iter::once((j, j)), now).is_some()
+        p.may_trial(freshness) && self.claim_trial(p, std::iter::once((j, j)), now).is_some()
     }
 
     /// An endpoint of `pool` chosen by weight at `now` (or one whose trial is due: see the
@@ -398,7 +394,7 @@ impl HealthView {
         let open = freshness == Freshness::Open;
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool)?;
-        if self.may_trial(p, freshness) {
+        if p.may_trial(freshness) {
             if let Some(i) = self.claim_trial(p, (0..p.endpoints.len()).map(|i| (i, i)), now) {
                 return Some(p.endpoints[i].name.clone());
             }
@@ -414,7 +410,7 @@ impl HealthView {
         let open = freshness == Freshness::Open;
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool);
-        if let Some(p) = p.filter(|p| self.may_trial(p, freshness)) {
+        if let Some(p) = p.filter(|p| p.may_trial(freshness)) {
             let known = candidates
                 .iter()
                 .enumerate()
@@ -482,6 +478,23 @@ mod tests {
         }
     }
 
+    /// Pool `p` of `endpoints`, one ejected, in panic mode.
+    fn panicking(endpoints: i32) -> PoolHealthChanged {
+        PoolHealthChanged {
+            pool: "p".into(),
+            seq: 1,
+            endpoints,
+            healthy: 0,
+            ejected: 1,
+            healthy_fraction: 0.0,
+            panic: true,
+            correlated_outage: false,
+            reason: String::new(),
+            policy_version: 0,
+            stream_time: 0,
+        }
+    }
+
     fn out(ep: &str, seq: i64, at: Micros, retry_at: Option<Micros>) -> HealthChanged {
         HealthChanged {
             retry_at,
@@ -544,19 +557,7 @@ mod tests {
         );
         assert!(v.claim_trial_of("p", "b", t0 + 30_000_000), "30 s after it went out");
         assert!(!v.claim_trial_of("p", "b", t0 + 30_000_000), "claimed once");
-        v.apply_pool(&PoolHealthChanged {
-            pool: "p".into(),
-            seq: 1,
-            endpoints: 1,
-            healthy: 0,
-            ejected: 1,
-            healthy_fraction: 0.0,
-            panic: true,
-            correlated_outage: false,
-            reason: String::new(),
-            policy_version: 0,
-            stream_time: 0,
-        });
+        v.apply_pool(&panicking(1));
         v.heard(t0 + 45_000_000);
         assert!(
             !v.claim_trial_of("p", "b", t0 + 45_000_000),
@@ -611,19 +612,7 @@ mod tests {
         assert!((share("a") - 0.8).abs() < 0.02, "{counts:?}");
         assert!((share("b") - 0.2).abs() < 0.02, "{counts:?}");
         assert_eq!(share("c"), 0.0);
-        v.apply_pool(&PoolHealthChanged {
-            pool: "p".into(),
-            seq: 1,
-            endpoints: 3,
-            healthy: 0,
-            ejected: 1,
-            healthy_fraction: 0.0,
-            panic: true,
-            correlated_outage: false,
-            reason: String::new(),
-            policy_version: 0,
-            stream_time: 0,
-        });
+        v.apply_pool(&panicking(3));
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..1_000 {
             seen.insert(v.pick("p", 0).unwrap());

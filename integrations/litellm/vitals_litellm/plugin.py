@@ -124,13 +124,21 @@ class _Bounded:
         while len(self._at) > self._cap:
             self._at.popitem(last=False)
 
-    def first(self, key) -> bool:
-        """True the first time `key` is seen (it is remembered)."""
+    def first(self, key, value=None) -> bool:
+        """True the first time `key` is seen (it is remembered, with `value`); a later one keeps
+        the first value."""
         with self._lock:
             if key in self._at:
                 return False
-            self._put(key, None)
+            self._put(key, value)
             return True
+
+    def pop(self, key):
+        """The value of `key`, forgotten; None if there is none."""
+        if key is None:
+            return None
+        with self._lock:
+            return self._at.pop(key, None)
 
     def add(self, key) -> None:
         """Count one more of `key`."""
@@ -150,33 +158,10 @@ class _Bounded:
             return True
 
 
-class _FirstTokens:
-    """When each streamed call's first content token passed, by LiteLLM call id: a bounded map
-    (the oldest entries go first), read once by the call's report."""
-
-    def __init__(self, cap: int = 10_000):
-        self._lock = threading.Lock()
-        self._at: OrderedDict = OrderedDict()
-        self._cap = cap
-
-    def put(self, call_id: str, at: float) -> None:
-        """The first content of `call_id` passed at `at` (the earliest is kept)."""
-        with self._lock:
-            if call_id in self._at:
-                return
-            self._at[call_id] = at
-            while len(self._at) > self._cap:
-                self._at.popitem(last=False)
-
-    def pop(self, call_id) -> float | None:
-        if call_id is None:
-            return None
-        with self._lock:
-            return self._at.pop(call_id, None)
-
-
-# One map for every callback object: LiteLLM's stream class is instrumented once per process.
-FIRST_TOKENS = _FirstTokens()
+# When each streamed call's first content token passed, by LiteLLM call id, read once by the
+# call's report. One map for every callback object: LiteLLM's stream class is instrumented once
+# per process.
+FIRST_TOKENS = _Bounded()
 _instrumented = False
 _instrument_lock = threading.Lock()
 
@@ -203,7 +188,7 @@ def instrument_streams() -> bool:
                 stream.__dict__["_vitals_first"] = True
                 call_id = getattr(getattr(stream, "logging_obj", None), "litellm_call_id", None)
                 if call_id:
-                    FIRST_TOKENS.put(call_id, time.time())
+                    FIRST_TOKENS.first(call_id, time.time())
             except Exception:  # noqa: BLE001 - timing never breaks a stream
                 pass
 
@@ -446,18 +431,6 @@ class VitalsCallback(CustomLogger):
         except Exception as e:  # noqa: BLE001
             self.counts.add("report_errors")
             log.warning("vitals: a failed attempt could not be reported: %s", e)
-
-    async def async_post_call_streaming_iterator_hook(self, user_api_key_dict, response, request_data):
-        """The proxy hands every streamed answer through this: note when its first content (or
-        tool call) passed, for the report of the attempt (LiteLLM's own completion_start_time is
-        its first chunk, which many upstreams send empty, before the first token)."""
-        call_id = request_data.get("litellm_call_id") if isinstance(request_data, dict) else None
-        seen = call_id is None
-        async for chunk in response:
-            if not seen and _has_content(chunk):
-                seen = True
-                FIRST_TOKENS.put(call_id, time.time())
-            yield chunk
 
     # -- routing ------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ counts it; nothing is queued without bound and no exception reaches the caller."
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -38,9 +39,14 @@ def escape_name(name: object) -> str | None:
     """`name` as vitals accepts it: `%`, control, format and line/paragraph separator characters
     written as `%XX` (`%uXXXX` beyond U+00FF), everything else kept; None if it is blank or longer
     than 256 bytes once escaped."""
-    s = "" if name is None else str(name)
-    if any(_escaped(c) for c in s):
-        s = "".join((f"%{ord(c):02X}" if ord(c) <= 0xFF else f"%u{ord(c):04X}") if _escaped(c) else c for c in s)
+    return _escape("" if name is None else str(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _escape(s: str) -> str | None:
+    # Cached: the same few group and deployment names are escaped for every call and every
+    # routing decision, a character class looked up per character.
+    s = "".join((f"%{ord(c):02X}" if ord(c) <= 0xFF else f"%u{ord(c):04X}") if _escaped(c) else c for c in s)
     if not s.strip() or len(s.encode()) > MAX_NAME_LEN:
         return None
     return s

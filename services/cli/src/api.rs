@@ -169,12 +169,13 @@ impl Api {
 /// percent-encoded, so that a pool or endpoint named `openai/gpt-4o`, `50% off` or with spaces or
 /// letters beyond ASCII stays one segment of the API's path (the API decodes it).
 pub fn seg(name: &str) -> String {
+    use std::fmt::Write as _;
     let mut out = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            let _ = write!(out, "%{b:02X}");
         }
     }
     out

@@ -70,15 +70,12 @@ pub async fn read(api: &Api, from: &str, to: &str, pool: Option<String>) -> anyh
         let mut q = range.to_vec();
         q.push(("bucket", bucket(from, to).to_owned()));
         // Every endpoint, a page at a time (a page is bounded by its buckets).
-        let mut uptime: PoolUptime = api
-            .get_as(&format!("/v1/pools/{}/uptime", crate::api::seg(name)), &q)
-            .await?;
+        let path = format!("/v1/pools/{}/uptime", crate::api::seg(name));
+        let mut uptime: PoolUptime = api.get_as(&path, &q).await?;
         while let Some(c) = uptime.next_cursor.take() {
             let mut q = q.clone();
             q.push(("cursor", c));
-            let page: PoolUptime = api
-                .get_as(&format!("/v1/pools/{}/uptime", crate::api::seg(name)), &q)
-                .await?;
+            let page: PoolUptime = api.get_as(&path, &q).await?;
             uptime.endpoints.extend(page.endpoints);
             uptime.next_cursor = page.next_cursor;
         }

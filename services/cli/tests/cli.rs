@@ -8,7 +8,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use vitals_contracts::{encode, CallOutcome, OutcomeClass, Tick};
-use vitals_testkit::{binary, free_port, produce, producer, start_api, unique, wait_until, Input, Stamp, Topics};
+use vitals_testkit::{
+    binary, free_port, produce, producer, start_api, unique, wait_until, Input, Service, Stamp, Topics,
+};
 
 /// Run `vitals` with `args` and `stdin`: (exit code, stdout, stderr).
 fn vitals(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> (i32, String, String) {
@@ -339,15 +341,41 @@ fn help_usage_errors_and_bad_input_have_their_exit_codes() {
 
 const ADMIN: &str = "cli-admin-secret-000001";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_verbs_read_and_act_through_the_api() {
-    let name = unique("cli_api");
+/// What the verbs act through: a processor and an API (with the `ADMIN` token) on topics and a
+/// schema of their own.
+struct Live {
+    name: String,
+    db: sqlx::PgPool,
+    url: String,
+    _processor: Service,
+    _api: Service,
+}
+
+async fn live(prefix: &str) -> Live {
+    let name = unique(prefix);
     let topics = Topics::create(&name, 1, Stamp::LogAppendTime).await;
     let db = vitals_testkit::migrated_schema(&name).await;
     let _processor = vitals_testkit::start_processor(&topics, &name, &name, &[]);
     let port = free_port();
     let _api = start_api(&topics, &name, port, &[&format!("ops:admin:{ADMIN}")]).await;
-    let url = format!("http://127.0.0.1:{port}");
+    Live {
+        name,
+        db,
+        url: format!("http://127.0.0.1:{port}"),
+        _processor,
+        _api,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verbs_read_and_act_through_the_api() {
+    let Live {
+        name,
+        db,
+        url,
+        _processor,
+        _api,
+    } = live("cli_api").await;
     let env = [("VITALS_API", url.as_str()), ("VITALS_TOKEN", ADMIN)];
     let blocking = |args: Vec<&'static str>| {
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -697,13 +725,13 @@ async fn the_report_shows_the_apis_uptime_and_incidents() {
 /// path segment in every verb that names them (they were sent raw: `openai/gpt-4o` was a 404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_verb_takes_names_with_slashes_percents_spaces_and_non_ascii() {
-    let name = unique("cli_names");
-    let topics = Topics::create(&name, 1, Stamp::LogAppendTime).await;
-    let db = vitals_testkit::migrated_schema(&name).await;
-    let _processor = vitals_testkit::start_processor(&topics, &name, &name, &[]);
-    let port = free_port();
-    let _api = start_api(&topics, &name, port, &[&format!("ops:admin:{ADMIN}")]).await;
-    let url = format!("http://127.0.0.1:{port}");
+    let Live {
+        name,
+        db,
+        url,
+        _processor,
+        _api,
+    } = live("cli_names").await;
     let run = |args: Vec<String>| {
         let url = url.clone();
         tokio::task::spawn_blocking(move || {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vitals_contracts::HealthState;
 use vitals_gateways::map::Map;
-use vitals_gateways::runtime::{plan, Client, OutState, Server, Want};
+use vitals_gateways::runtime::{held_by_others, plan, Client, OutState, Server, Want};
 use vitals_healthview::{Freshness, HealthView};
 use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::shell;
@@ -255,18 +255,15 @@ impl Steer {
         let in_trial = self.trials_due(&servers, now);
         let (view, map, bases) = (&self.view, &self.map, &self.bases);
         let base = |s: &Server| bases.get(&s.key()).copied().unwrap_or(s.initial_weight);
-        let wants: HashMap<Key, (Want, String)> = servers
+        let wants: HashMap<Key, (Want, Why<'_>)> = servers
             .iter()
-            .filter_map(|s| {
-                let (w, why) = want(view, map, s, now, base(s), in_trial.contains(&s.key()))?;
-                Some((s.key(), (w, why.to_string())))
-            })
+            .filter_map(|s| Some((s.key(), want(view, map, s, now, base(s), in_trial.contains(&s.key()))?)))
             .collect();
         let before = self.ours.clone();
         // Servers an operator (or HAProxy itself) holds out: vitals sets nothing on them.
         let held_out: HashSet<Key> = servers
             .iter()
-            .filter(|s| s.held_by_haproxy() || (s.forced_out() && !self.ours.contains(&s.key())))
+            .filter(|s| held_by_others(s, &self.ours))
             .map(Server::key)
             .collect();
         // Counted against the forced states vitals held when the state was read.
@@ -284,7 +281,8 @@ impl Steer {
         let mut refused = HashSet::new();
         for c in &cmds {
             let key = (c.backend.clone(), c.server.clone());
-            let why = wants.get(&key).map_or("", |w| w.1.as_str());
+            // Formatted only when a command is sent.
+            let why = wants.get(&key).map(|w| w.1.to_string()).unwrap_or_default();
             match self.client.set(&c.line, API_TIMEOUT) {
                 Ok(()) => {
                     self.stats.commands.fetch_add(1, Ordering::Relaxed);
@@ -320,7 +318,7 @@ impl Steer {
     fn operator_weights(&mut self, servers: &[Server], now: i64) {
         for s in servers {
             let key = s.key();
-            if s.held_by_haproxy() || (s.forced_out() && !self.ours.contains(&key)) {
+            if held_by_others(s, &self.ours) {
                 continue;
             }
             let operators = match self.commanded.get(&key) {

@@ -412,7 +412,7 @@ async fn the_litellm_proxy_with_a_yaml_config_leaves_out_a_slow_and_a_refusing_d
     };
 
     // 1. e1's first token comes 5 s after an empty role chunk sent at once: the proxy's reports
-    // carry the first content token (the callback wraps the proxy's stream), so vitals ejects it
+    // carry the first content token (the plug-in times it in LiteLLM's stream wrapper), so vitals ejects it
     // on them and the proxy stops serving from it. 5 s, not 2: an outlier is three times its
     // peers' median first token, and a proxy starved of CPU puts its peers' near 1 s.
     let slow = Behaviour {
