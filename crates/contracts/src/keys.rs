@@ -6,6 +6,7 @@
 //! | `vitals.health-changes.v1` | `HealthChanged`: the endpoint key; `PoolHealthChanged`: the pool name |
 //! | `vitals.health-state.v1` (compacted) | the endpoint key |
 //! | `vitals.signals.dlq.v1` | the key of the original record |
+//! | `vitals.gateway-signals.v1` (a merge stage's input) | the endpoint key (a record about no endpoint: the pool name) |
 //!
 //! The **endpoint key** is `escape(pool) "/" escape(endpoint)`, where `escape` writes `%` as
 //! `%25` and `/` as `%2F` and leaves every other character as it is. A pool `kc1/a` with an

@@ -35,4 +35,8 @@ pub mod topics {
     pub const HEALTH_CHANGES: &str = "vitals.health-changes.v1";
     pub const HEALTH_STATE: &str = "vitals.health-state.v1";
     pub const SIGNALS_DLQ: &str = "vitals.signals.dlq.v1";
+    /// What gateways report to when a merge stage (`vitals-merger`) stands between them and
+    /// the processor: the same records as the signals topic, keyed by endpoint, merged per
+    /// endpoint across the fleet onto the signals topic (docs/fleet.md).
+    pub const GATEWAY_SIGNALS: &str = "vitals.gateway-signals.v1";
 }

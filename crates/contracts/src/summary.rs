@@ -339,6 +339,67 @@ impl CallSummary {
         }
     }
 
+    /// Add the calls of `other` (the same endpoint's, from another gateway or a later interval)
+    /// as if they came after this summary's: what a merge stage does with the summaries of a
+    /// fleet. Counts and histograms add up exactly; runs join where one summary's end meets the
+    /// other's start (a hard run joins only when `other` held hard failures and nothing that
+    /// breaks a run, as a summary does not keep its leading hard run).
+    pub fn append(&mut self, other: &CallSummary) {
+        if other.calls.total() == 0 {
+            return;
+        }
+        if self.calls.total() == 0 {
+            self.started_at = other.started_at;
+            self.ended_at = other.ended_at;
+        }
+        self.started_at = self.started_at.min(other.started_at);
+        self.ended_at = self.ended_at.max(other.ended_at);
+        let (b_failures, b_successes) = (other.failures(), other.calls.success);
+        if self.calls.success == 0 {
+            self.leading_failures = self.leading_failures.saturating_add(other.leading_failures);
+        }
+        let joined = self.trailing_failures.saturating_add(other.leading_failures);
+        self.longest_failure_run = self.longest_failure_run.max(other.longest_failure_run).max(joined);
+        let all_hard = b_successes == 0 && i64::from(other.trailing_hard) == b_failures;
+        self.trailing_hard = if all_hard {
+            self.trailing_hard.saturating_add(other.trailing_hard)
+        } else {
+            other.trailing_hard
+        };
+        self.longest_hard_run = self
+            .longest_hard_run
+            .max(other.longest_hard_run)
+            .max(self.trailing_hard);
+        self.trailing_failures = if b_successes > 0 {
+            other.trailing_failures
+        } else {
+            self.trailing_failures.saturating_add(other.trailing_failures)
+        };
+        self.trailing_successes = if b_failures > 0 {
+            other.trailing_successes
+        } else {
+            self.trailing_successes.saturating_add(other.trailing_successes)
+        };
+        self.trailing_rate_limited = if b_failures + b_successes == 0 {
+            self.trailing_rate_limited.saturating_add(other.trailing_rate_limited)
+        } else {
+            other.trailing_rate_limited
+        };
+        for (c, n) in other.calls.iter() {
+            self.calls.add(c, n);
+        }
+        self.latency.merge(&other.latency);
+        self.ttft.merge(&other.ttft);
+        if let Some(r) = other.max_retry_after_ms {
+            self.max_retry_after_ms = Some(self.max_retry_after_ms.map_or(r, |m| m.max(r)));
+        }
+        for m in &other.models {
+            if self.models.len() < MAX_SUMMARY_MODELS && !self.models.contains(m) {
+                self.models.push(m.clone());
+            }
+        }
+    }
+
     /// Calls that count as failures of the endpoint (not 429s, 4xx or cancelled calls).
     pub fn failures(&self) -> i64 {
         self.calls
@@ -386,11 +447,13 @@ struct Open {
     summary: Option<CallSummary>,
 }
 
-/// The hash an endpoint's interval is kept under.
-fn key_of(call: &CallOutcome) -> u64 {
-    Fnv64::new()
-        .parts(&[call.pool.as_bytes(), call.endpoint.as_bytes(), call.gateway.as_bytes()])
-        .finish()
+/// The hash an endpoint's interval is kept under (a merging summarizer's: without the gateway).
+fn key_of(pool: &str, endpoint: &str, gateway: Option<&str>) -> u64 {
+    match gateway {
+        Some(g) => Fnv64::new().parts(&[pool.as_bytes(), endpoint.as_bytes(), g.as_bytes()]),
+        None => Fnv64::new().parts(&[pool.as_bytes(), endpoint.as_bytes()]),
+    }
+    .finish()
 }
 
 /// Sums calls into [`CallSummary`] records (see the module docs). Pure: the caller gives the
@@ -407,6 +470,9 @@ pub struct Summarizer {
     /// Calls reported one by one (or, added together, in a summary of their own) because
     /// `max_open` endpoints were open, or because two endpoints' names hashed alike.
     pub overflowed: u64,
+    /// A merge stage's summarizer: the gateway its summaries carry. It keeps one interval per
+    /// endpoint whatever gateway a call or a summary came from.
+    merged_as: Option<String>,
 }
 
 impl Summarizer {
@@ -420,6 +486,79 @@ impl Summarizer {
             open: HashMap::new(),
             next_due: Micros::MAX,
             overflowed: 0,
+            merged_as: None,
+        }
+    }
+
+    /// A merge stage's summarizer: the calls and summaries of every gateway that reports an
+    /// endpoint go into one interval of that endpoint ([`Summarizer::add_summary`] for
+    /// summaries), its summaries carry `gateway`, and the failure cap holds per endpoint for the
+    /// whole fleet. Failures sent one by one keep the gateway that reported them.
+    pub fn merging(cfg: SummaryConfig, instance: &str, gateway: &str) -> Summarizer {
+        Summarizer {
+            merged_as: Some(gateway.to_owned()),
+            ..Summarizer::new(cfg, instance)
+        }
+    }
+
+    /// The key of an endpoint's interval, and its names as kept (a merging summarizer keeps no
+    /// gateway).
+    fn key(&self, pool: &str, endpoint: &str, gateway: &str) -> u64 {
+        key_of(pool, endpoint, self.merged_as.is_none().then_some(gateway))
+    }
+
+    fn fits(&self, key: u64, pool: &str, endpoint: &str, gateway: &str) -> bool {
+        match self.open.get(&key) {
+            Some(o) => {
+                o.names[0] == pool && o.names[1] == endpoint && (self.merged_as.is_some() || o.names[2] == gateway)
+            }
+            None => self.open.len() < self.cfg.max_open,
+        }
+    }
+
+    /// The endpoint's open interval, begun at `now` if none is or the last has ended (what it
+    /// held goes to `out` first).
+    fn slot(&mut self, key: u64, names: [&str; 3], now: Micros, out: &mut Vec<Signal>) -> &mut Open {
+        let interval = self.cfg.interval_us;
+        let gateway = self.merged_as.as_deref().unwrap_or(names[2]);
+        let o = self.open.entry(key).or_insert_with(|| Open {
+            names: [names[0].to_owned(), names[1].to_owned(), gateway.to_owned()],
+            interval_start: now,
+            failures_sent: 0,
+            summary: None,
+        });
+        if now >= o.interval_start.saturating_add(interval) {
+            // A new interval: what is open goes first.
+            out.extend(o.summary.take().map(Signal::Summary));
+            o.interval_start = now;
+            o.failures_sent = 0;
+        }
+        self.next_due = self.next_due.min(o.interval_start.saturating_add(interval));
+        o
+    }
+
+    /// Take a summary a gateway made (a merging summarizer): its calls join the endpoint's open
+    /// interval, after the calls already in it. Without room for the endpoint it goes on as it
+    /// came.
+    pub fn add_summary(&mut self, summary: CallSummary, now: Micros, out: &mut Vec<Signal>) {
+        let key = self.key(&summary.pool, &summary.endpoint, &summary.gateway);
+        if !self.fits(key, &summary.pool, &summary.endpoint, &summary.gateway) {
+            self.overflowed += u64::try_from(summary.calls.total()).unwrap_or(0);
+            out.push(Signal::Summary(summary));
+            return;
+        }
+        let names = [
+            summary.pool.as_str(),
+            summary.endpoint.as_str(),
+            summary.gateway.as_str(),
+        ];
+        if self.slot(key, names, now, out).summary.is_none() {
+            let id = Summarizer::next_id(&mut self.next, &self.instance, key);
+            let o = self.open.get_mut(&key).expect("opened above");
+            o.summary = Some(CallSummary::new(id, &o.names[0], &o.names[1], &o.names[2], now));
+        }
+        if let Some(open) = self.open.get_mut(&key).and_then(|o| o.summary.as_mut()) {
+            open.append(&summary);
         }
     }
 
@@ -446,40 +585,24 @@ impl Summarizer {
         if n == 0 {
             return;
         }
-        let key = key_of(&call);
-        let fits = match self.open.get(&key) {
-            Some(o) => o.names[0] == call.pool && o.names[1] == call.endpoint && o.names[2] == call.gateway,
-            None => self.open.len() < self.cfg.max_open,
-        };
-        if !fits {
+        let key = self.key(&call.pool, &call.endpoint, &call.gateway);
+        if !self.fits(key, &call.pool, &call.endpoint, &call.gateway) {
             self.overflowed += u64::from(n);
             if n == 1 {
                 out.push(Signal::Call(call));
             } else {
-                let id = self.summary_id(&call);
+                let id = Summarizer::next_id(&mut self.next, &self.instance, key);
                 let mut alone = CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now);
                 alone.add_times(&call, n);
                 out.push(Signal::Summary(alone));
             }
             return;
         }
-        let interval = self.cfg.interval_us;
-        let cap = self.cfg.failure_cap;
-        let o = self.open.entry(key).or_insert_with(|| Open {
-            names: [call.pool.clone(), call.endpoint.clone(), call.gateway.clone()],
-            interval_start: now,
-            failures_sent: 0,
-            summary: None,
-        });
-        if now >= o.interval_start.saturating_add(interval) {
-            // A new interval: what is open goes first.
-            out.extend(o.summary.take().map(Signal::Summary));
-            o.interval_start = now;
-            o.failures_sent = 0;
-        }
-        self.next_due = self.next_due.min(o.interval_start.saturating_add(interval));
+        let (cap, slow_call_us) = (self.cfg.failure_cap, self.cfg.slow_call_us);
+        let names = [call.pool.as_str(), call.endpoint.as_str(), call.gateway.as_str()];
+        let o = self.slot(key, names, now, out);
         let mut n = n;
-        let hung = call.outcome == OutcomeClass::Success && call.ttft_us.is_some_and(|t| t > self.cfg.slow_call_us);
+        let hung = call.outcome == OutcomeClass::Success && call.ttft_us.is_some_and(|t| t > slow_call_us);
         if (call.outcome.is_failure() || hung) && o.failures_sent < cap {
             out.extend(o.summary.take().map(Signal::Summary));
             let one_by_one = n.min(cap - o.failures_sent);
@@ -496,10 +619,15 @@ impl Summarizer {
                 return;
             }
         }
-        if o.summary.is_none() {
+        let o = if o.summary.is_none() {
+            // Once an interval: a new summary's id.
             let id = Summarizer::next_id(&mut self.next, &self.instance, key);
-            o.summary = Some(CallSummary::new(id, &call.pool, &call.endpoint, &call.gateway, now));
-        }
+            let o = self.open.get_mut(&key).expect("opened above");
+            o.summary = Some(CallSummary::new(id, &o.names[0], &o.names[1], &o.names[2], now));
+            o
+        } else {
+            o
+        };
         if let Some(summary) = o.summary.as_mut() {
             if hung {
                 // Beyond the cap: counted as the timeout the engine takes it for (its latency
@@ -515,10 +643,6 @@ impl Summarizer {
                 summary.add_times(&call, n);
             }
         }
-    }
-
-    fn summary_id(&mut self, call: &CallOutcome) -> String {
-        Summarizer::next_id(&mut self.next, &self.instance, key_of(call))
     }
 
     fn next_id(next: &mut u64, instance: &str, key: u64) -> String {
@@ -784,5 +908,119 @@ mod tests {
         };
         assert_eq!(shape(&by_count), shape(&by_one));
         assert!(by_count.len() < 30, "{} records", by_count.len());
+    }
+
+    /// Calls of random classes and timings.
+    fn random_calls() -> impl proptest::strategy::Strategy<Value = Vec<(OutcomeClass, i64)>> {
+        use proptest::prelude::*;
+        let class = prop_oneof![
+            6 => Just(OutcomeClass::Success),
+            2 => Just(OutcomeClass::ServerError),
+            1 => Just(OutcomeClass::Timeout),
+            1 => Just(OutcomeClass::ConnectionDropped),
+            1 => Just(OutcomeClass::RateLimited),
+            1 => Just(OutcomeClass::ClientError),
+        ];
+        proptest::collection::vec((class, 1i64..5_000_000), 0..60)
+    }
+
+    /// The calls summed, the first of them the `first`-th of the stream (it sets their times).
+    fn summed(calls: &[(OutcomeClass, i64)], first: usize) -> CallSummary {
+        let mut s = CallSummary::new("s".into(), "p", "a", "gw", 0);
+        for (i, (c, t)) in calls.iter().enumerate().map(|(i, c)| (i + first, c)) {
+            s.add(&CallOutcome {
+                latency_us: *t,
+                ttft_us: (*c == OutcomeClass::Success).then_some(t / 2),
+                retry_after_ms: (*c == OutcomeClass::RateLimited).then_some(t / 1000),
+                ..CallOutcome::new(format!("c{i}"), "p", "a", "gw", i as Micros * 1000, *c)
+            });
+        }
+        s
+    }
+
+    proptest::proptest! {
+        /// Two summaries appended are the summary of their calls in a row: counts, histograms
+        /// and every run the engine reads (a hard run that `other` begins with joins only when
+        /// `other` holds nothing else, so it may be shorter, never longer).
+        #[test]
+        fn appended_summaries_are_the_summary_of_the_calls_in_a_row(calls in random_calls(), cut in 0usize..60) {
+            let cut = cut.min(calls.len());
+            let whole = summed(&calls, 0);
+            let mut a = summed(&calls[..cut], 0);
+            a.append(&summed(&calls[cut..], cut));
+            proptest::prop_assert_eq!(a.longest_hard_run.min(whole.longest_hard_run), a.longest_hard_run);
+            proptest::prop_assert!(a.trailing_hard <= whole.trailing_hard);
+            let runs_aside = |s: &CallSummary| CallSummary {
+                summary_id: String::new(),
+                longest_hard_run: 0,
+                trailing_hard: 0,
+                ..s.clone()
+            };
+            proptest::prop_assert_eq!(runs_aside(&a), runs_aside(&whole));
+            if calls[cut..].iter().all(|(c, _)| c.is_hard() || c.is_neutral() || *c == OutcomeClass::RateLimited) {
+                proptest::prop_assert_eq!((a.longest_hard_run, a.trailing_hard), (whole.longest_hard_run, whole.trailing_hard));
+            }
+        }
+    }
+
+    #[test]
+    fn a_merging_summarizer_sends_one_summary_per_endpoint_and_caps_failures_for_the_fleet() {
+        let cfg = SummaryConfig::default();
+        let mut merge = Summarizer::merging(cfg, "m1", "merge-1");
+        let mut out = Vec::new();
+        // Four gateways: each sends its own summary of 100 successes and 3 failures one by one.
+        for g in 0..4 {
+            let gw = format!("gw-{g}");
+            for i in 0..3 {
+                let f = CallOutcome::new(format!("f{g}-{i}"), "p", "a", &gw, 1_000, OutcomeClass::ServerError);
+                merge.add(f, 10_000 + g * 10 + i, &mut out);
+            }
+            let mut s = CallSummary::new(format!("s-{g}"), "p", "a", &gw, 1_000);
+            s.add_times(
+                &CallOutcome {
+                    latency_us: 20_000,
+                    ..CallOutcome::new("x", "p", "a", &gw, 1_000, OutcomeClass::Success)
+                },
+                100,
+            );
+            merge.add_summary(s, 20_000 + g, &mut out);
+        }
+        merge.flush_all(&mut out);
+        let calls: Vec<&CallOutcome> = out
+            .iter()
+            .filter_map(|s| match s {
+                Signal::Call(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        let summaries: Vec<&CallSummary> = out
+            .iter()
+            .filter_map(|s| match s {
+                Signal::Summary(x) => Some(x),
+                _ => None,
+            })
+            .collect();
+        // The cap (8) holds for the endpoint, not per gateway; failures keep their gateway.
+        assert_eq!(calls.len(), 8);
+        assert_eq!(calls[3].gateway, "gw-1");
+        // The 4 over the cap and the 400 successes: in the summaries, which carry the merger.
+        let total: i64 = summaries.iter().map(|s| s.calls.total()).sum();
+        assert_eq!(total, 404);
+        assert!(summaries.iter().all(|s| s.gateway == "merge-1"));
+        // Cut where a failure goes one by one (the order of calls holds): gw-0's, gw-1's, then
+        // the rest (gw-2's and gw-3's failures over the cap among them).
+        let successes: Vec<i64> = summaries.iter().map(|s| s.calls.success).collect();
+        assert_eq!(successes, [100, 100, 200], "{summaries:#?}");
+        assert_eq!(summaries[2].latency.count(), 200);
+        assert_eq!(summaries[2].calls.server_error, 4);
+        // A summary from an endpoint beyond max_open goes on as it came.
+        let mut small = Summarizer::merging(SummaryConfig { max_open: 1, ..cfg }, "m2", "merge-2");
+        let mut out = Vec::new();
+        small.add_summary(CallSummary::new("s-x".into(), "p", "a", "gw", 0), 0, &mut out);
+        let mut other = CallSummary::new("s-y".into(), "p", "b", "gw", 0);
+        other.add(&CallOutcome::new("y", "p", "b", "gw", 0, OutcomeClass::Success));
+        small.add_summary(other, 0, &mut out);
+        assert!(matches!(&out[..], [Signal::Summary(s)] if s.summary_id == "s-y"));
+        assert_eq!(small.overflowed, 1);
     }
 }

@@ -27,7 +27,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use vitals_contracts::{encode_signal, CallOutcome, Micros, OutcomeClass, Signal, Summarizer, SummaryConfig};
+use vitals_contracts::{encode_signal, keys, CallOutcome, Micros, OutcomeClass, Signal, Summarizer, SummaryConfig};
 
 /// How a reporter connects and how much it may hold.
 #[derive(Debug, Clone)]
@@ -36,8 +36,12 @@ pub struct Config {
     pub brokers: String,
     /// Extra librdkafka settings (security, tuning); they win over the defaults.
     pub kafka_options: Vec<(String, String)>,
-    /// The signals topic.
+    /// The signals topic, or a merge stage's input (see `keyed_by_endpoint`).
     pub topic: String,
+    /// Key records by endpoint (the endpoint key) instead of by pool: what a merge stage's
+    /// input topic (`vitals.gateway-signals.v1`, read by `vitals-merger`) wants, so that one
+    /// merger sees every gateway's calls to an endpoint. See [`Config::through_merger`].
+    pub keyed_by_endpoint: bool,
     /// Outcomes waiting to be encoded; beyond, `report` drops and counts.
     pub queue_capacity: usize,
     /// Encoded outcomes the producer (or the HTTP sender) may hold while the transport is slow
@@ -83,10 +87,20 @@ impl Config {
             brokers: brokers.into(),
             kafka_options: Vec::new(),
             topic: vitals_contracts::topics::SIGNALS.to_owned(),
+            keyed_by_endpoint: false,
             queue_capacity: 65_536,
             producer_queue_messages: 100_000,
             http: None,
             summarize: summaries_every_ms(250),
+        }
+    }
+
+    /// Report to a merge stage at `brokers`: the gateway-signals topic, keyed by endpoint.
+    pub fn through_merger(brokers: impl Into<String>) -> Config {
+        Config {
+            topic: vitals_contracts::topics::GATEWAY_SIGNALS.to_owned(),
+            keyed_by_endpoint: true,
+            ..Config::new(brokers)
         }
     }
 
@@ -285,6 +299,7 @@ trait Sink: Send {
 struct KafkaSink {
     producer: ThreadedProducer<Deliveries>,
     topic: String,
+    keyed_by_endpoint: bool,
 }
 
 impl Sink for KafkaSink {
@@ -296,9 +311,11 @@ impl Sink for KafkaSink {
                 return;
             }
         };
-        let mut record = BaseRecord::to(&self.topic)
-            .key(o.pool().unwrap_or_default().as_bytes())
-            .payload(&bytes);
+        let key = match (self.keyed_by_endpoint, o.pool(), o.endpoint()) {
+            (true, Some(pool), Some(endpoint)) => std::borrow::Cow::Owned(keys::endpoint_key(pool, endpoint)),
+            (_, pool, _) => std::borrow::Cow::Borrowed(pool.unwrap_or_default()),
+        };
+        let mut record = BaseRecord::to(&self.topic).key(key.as_bytes()).payload(&bytes);
         // The producer's queue is full when Kafka is slower than the reports: wait a while for
         // it to drain (the reporter's own queue takes the strain, and a source that can wait,
         // like a file, waits with it); drop only when Kafka is down or far behind.
@@ -362,6 +379,7 @@ impl Reporter {
                 Box::new(KafkaSink {
                     producer: c.create_with_context(Deliveries(counters.clone()))?,
                     topic: cfg.topic.clone(),
+                    keyed_by_endpoint: cfg.keyed_by_endpoint,
                 })
             }
         };

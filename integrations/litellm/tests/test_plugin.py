@@ -486,3 +486,30 @@ def test_a_deployments_warm_up_successes_are_not_reported_its_failures_are():
     finally:
         up.close()
         bad.close()
+
+
+def test_a_fleet_behind_a_merge_stage_keys_reports_by_endpoint():
+    # The merge stage (docs/fleet.md) needs every replica's calls to one endpoint on one
+    # partition: the endpoint key, `%` and `/` escaped as the contracts' keys.rs does.
+    from vitals_litellm.reporter import Report
+
+    s = Settings.from_env({"VITALS_KEY": "endpoint", "VITALS_SIGNALS_TOPIC": "vitals.gateway-signals.v1"})
+    assert s.key == "endpoint"
+    with pytest.raises(ValueError, match="VITALS_KEY"):
+        Settings.from_env({"VITALS_KEY": "gateway"})
+    keys = {}
+    for key in ("pool", "endpoint"):
+        r = Reporter("gw", brokers=refused_url()[7:-3], topic="t", key=key)
+        sent = []
+
+        class Capture:
+            def produce(self, topic, key, value, on_delivery):
+                sent.append((topic, key))
+
+            def poll(self, _timeout):
+                return 0
+
+        r._producer = Capture()
+        r._send_kafka([Report("openai/gpt-4o", "eu%1", 1, "SUCCESS", 200, 10, None, None, None)])
+        keys[key] = sent
+    assert keys == {"pool": [("t", b"openai/gpt-4o")], "endpoint": [("t", b"openai%2Fgpt-4o/eu%251")]}

@@ -55,6 +55,9 @@ class Settings:
     token: str = ""
     gateway: str = field(default_factory=lambda: f"litellm-{socket.gethostname()}")
     signals_topic: str = "vitals.signals.v1"
+    # "pool" (the signals topic's key) or "endpoint": for a fleet of replicas reporting through
+    # a merge stage (`VITALS_SIGNALS_TOPIC=vitals.gateway-signals.v1`, docs/fleet.md).
+    key: str = "pool"
     state_topic: str = "vitals.health-state.v1"
     changes_topic: str = "vitals.health-changes.v1"
     queue_size: int = 10_000
@@ -86,6 +89,8 @@ class Settings:
             setattr(s, k, v)
         if s.warmup not in ("skip", "report"):
             raise ValueError(f"VITALS_WARMUP must be skip or report, not {s.warmup!r}")
+        if s.key not in ("pool", "endpoint"):
+            raise ValueError(f"VITALS_KEY must be pool or endpoint, not {s.key!r}")
         if s.routing not in ROUTING_MODES:
             raise ValueError(f"VITALS_ROUTING must be one of {', '.join(ROUTING_MODES)}, not {s.routing!r}")
         return s
@@ -278,7 +283,7 @@ class VitalsCallback(CustomLogger):
                 self.reporter = Reporter(
                     gateway=s.gateway, transport=s.transport, brokers=s.kafka_brokers, topic=s.signals_topic,
                     ingest_url=s.ingest_url, token=s.token or None, queue_size=s.queue_size,
-                    delivery_timeout_s=s.delivery_timeout_s,
+                    delivery_timeout_s=s.delivery_timeout_s, key=s.key,
                 )
                 if s.routing != "off":
                     self.follower = Follower(self.view, s.kafka_brokers, s.state_topic, s.changes_topic).start()

@@ -35,6 +35,13 @@ def _escaped(c: str) -> bool:
     return c == "%" or o < 0x20 or 0x7F <= o <= 0x9F or unicodedata.category(c) in ("Cf", "Zl", "Zp")
 
 
+def endpoint_key(pool: str, endpoint: str) -> str:
+    """The endpoint key (crates/contracts keys.rs): `pool/endpoint`, `%` and `/` escaped in each."""
+    def esc(s: str) -> str:
+        return s.replace("%", "%25").replace("/", "%2F")
+    return f"{esc(pool)}/{esc(endpoint)}"
+
+
 def escape_name(name: object) -> str | None:
     """`name` as vitals accepts it: `%`, control, format and line/paragraph separator characters
     written as `%XX` (`%uXXXX` beyond U+00FF), everything else kept; None if it is blank or longer
@@ -129,6 +136,7 @@ class Reporter:
         token: str | None = None,
         queue_size: int = 10_000,
         delivery_timeout_s: float = 30.0,
+        key: str = "pool",
     ):
         if transport not in ("kafka", "http"):
             raise ValueError(f"transport must be 'kafka' or 'http', not {transport!r}")
@@ -136,6 +144,9 @@ class Reporter:
             raise ValueError("the Kafka transport needs brokers (VITALS_KAFKA_BROKERS)")
         if transport == "http" and not ingest_url:
             raise ValueError("the HTTP transport needs the API's URL (VITALS_INGEST_URL)")
+        if key not in ("pool", "endpoint"):
+            raise ValueError(f"key must be 'pool' or 'endpoint' (a merge stage's input), not {key!r}")
+        self.key_by_endpoint = key == "endpoint"
         self.gateway = escape_name(gateway) or "litellm"
         self.transport = transport
         self.topic = topic
@@ -210,7 +221,9 @@ class Reporter:
         for r in batch:
             try:
                 self._producer.produce(
-                    self.topic, key=r.pool.encode(), value=CALL_OUTCOME.encode(self.record(r)),
+                    self.topic,
+                    key=(endpoint_key(r.pool, r.endpoint) if self.key_by_endpoint else r.pool).encode(),
+                    value=CALL_OUTCOME.encode(self.record(r)),
                     on_delivery=self._delivered,
                 )
                 self.counters.add("sent")

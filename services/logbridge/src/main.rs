@@ -73,6 +73,11 @@ struct Config {
     /// one, up to 8 an interval); 0 sends one record per call.
     #[arg(long, env = "VITALS_LOGBRIDGE_SUMMARIZE_MS", default_value_t = 250)]
     summarize_ms: u64,
+    /// Report to a merge stage on this topic (vitals.gateway-signals.v1), keyed by endpoint,
+    /// instead of to the signals topic: for a fleet where every replica calls every endpoint
+    /// (docs/fleet.md).
+    #[arg(long, env = "VITALS_MERGER_TOPIC")]
+    merger_topic: Option<String>,
 }
 
 fn octal(s: &str) -> Result<u32, String> {
@@ -113,6 +118,14 @@ async fn main() -> anyhow::Result<()> {
         rc.topic = cfg.signals_topic.clone();
         rc.queue_capacity = cfg.queue;
         rc.summarize = vitals_reporter::summaries_every_ms(cfg.summarize_ms);
+        if let Some(topic) = &cfg.merger_topic {
+            anyhow::ensure!(
+                cfg.ingest_url.is_none(),
+                "--merger-topic and --ingest-url cannot go together"
+            );
+            rc.topic = topic.clone();
+            rc.keyed_by_endpoint = true;
+        }
         rc.kafka_options = cfg.kafka.pairs().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
         let reporter = Arc::new(vitals_reporter::Reporter::new(rc)?);
         let bridge = Arc::new(Bridge::new(

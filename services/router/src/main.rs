@@ -35,6 +35,11 @@ struct Config {
     /// one, up to 8 an interval); 0 sends one record per call.
     #[arg(long, env = "VITALS_ROUTER_SUMMARIZE_MS", default_value_t = 250)]
     summarize_ms: u64,
+    /// Report to a merge stage on this topic (vitals.gateway-signals.v1), keyed by endpoint,
+    /// instead of to the signals topic: for a fleet where every replica calls every endpoint
+    /// (docs/fleet.md).
+    #[arg(long, env = "VITALS_MERGER_TOPIC")]
+    merger_topic: Option<String>,
 }
 
 #[tokio::main]
@@ -49,6 +54,10 @@ async fn main() -> anyhow::Result<()> {
         rc.topic = cfg.signals_topic.clone();
         rc.kafka_options = options.clone();
         rc.summarize = vitals_reporter::summaries_every_ms(cfg.summarize_ms);
+        if let Some(topic) = &cfg.merger_topic {
+            rc.topic = topic.clone();
+            rc.keyed_by_endpoint = true;
+        }
         let reporter = Arc::new(vitals_reporter::Reporter::new(rc)?);
         let mut vc = vitals_healthview::Config::new(cfg.kafka.brokers.clone());
         vc.kafka_options = options;

@@ -1,28 +1,36 @@
-//! A fleet at ten million calls a second, on this machine: simulated gateways hand their calls,
-//! counted, to the reporter's summary code (`Summarizer::add_times`); every summary and every
-//! failure sent one by one is a real record on the real broker, read by the real processor,
-//! decided and written to Postgres. (Ten million `report` calls a second would not fit beside
+//! A fleet at millions of calls a second, on this machine: simulated gateways hand their calls,
+//! counted, to the reporter's summary code — one `Summarizer` per gateway, as each gateway runs
+//! its own reporter — and every summary and every failure sent one by one is a real record on the
+//! real broker, read by the real processor (through the real `vitals-merger` with `--merge`),
+//! decided and written to Postgres. (Millions of `report` calls a second would not fit beside
 //! the broker on two cores; the reporter's own cost per call is reporter-bench's.)
 //!
-//! The fleet: `--gateways` gateway instances, each serving one pool (a gateway is deployed per
-//! model group, as a mesh shards them): `--hot-share` of the traffic and of the gateways on
-//! one pool, the rest spread over the other pools; every gateway calls each endpoint of its pool.
-//! After a warm-up, faults start one at a time in distinct pools (the hot pool's first):
-//! alternately an endpoint that refuses every call and one that fails `--failure-share` of them.
+//! The fleet's shape (`--shape`): `sharded`, each gateway serves one pool (a gateway deployed per
+//! model group); `mesh`, every gateway calls every endpoint of every pool (LiteLLM proxy
+//! replicas, HAProxy or nginx behind one load balancer). `--hot-share` of the traffic goes to one
+//! pool (and, sharded, that share of the gateways).
 //!
-//! Prints: calls represented per second, records per second on the topic, CPU per million calls
-//! represented (processor, Postgres, broker, the simulated gateways), Postgres' writes, detection
-//! delay p50/p99 of each kind of fault (from the fault's first calls to the health change on the
-//! changes topic, read_committed), transitions of endpoints that had no fault, and the hot
-//! pool's partition: its records per second and its lag behind the processor.
+//! The calls: each gateway hands each endpoint's calls over every `--tick-ms` in two groups at
+//! their own times (so summaries cover 250 ms and a little, as the reporter's do), successes with
+//! latencies and first tokens drawn from a long-tailed spread; every endpoint has noise — 1 %
+//! 5xx, 2 % 4xx, 0.5 % 429s — placed at random among the calls. Faults come one endpoint per pool
+//! at a time (`--fault-secs` long, `--heal-secs` apart, the hot pool's too), cycling through five
+//! kinds: refusing every call, failing 15 %, 30 % of streams hanging (first token after 12 s),
+//! first tokens slow (3–4 s), and a 429 storm (40 % of calls, Retry-After 2 s).
 //!
-//!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
-//!   target/release/fleet-bench [--calls-per-sec 10000000] [--secs 90]
+//! Prints: calls represented per second, records per second the gateways send, on the signals
+//! topic and on the hot pool's partition, CPU per million calls per process (processor, merger,
+//! Postgres, broker, the simulated gateways), Postgres' writes, detection p50/p99 per fault kind
+//! (from the fault's first calls to the first change out of healthy, read_committed), missed
+//! faults, ejections of endpoints without a fault, and the hot partition's lag.
+//!
+//!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-merger -p vitals-bench
+//!   target/release/fleet-bench [--shape mesh] [--merge] [--calls-per-sec 1000000] [--gateways 100] [--secs 120]
 
-use clap::Parser;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use clap::{Parser, ValueEnum};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::ClientConfig;
+use rdkafka::{ClientConfig, Message};
 use sqlx::postgres::PgPoolOptions;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -31,47 +39,124 @@ use std::time::{Duration, Instant};
 use vitals_bench::{cpu, now_us, stack, workload::Rng};
 use vitals_contracts::*;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Shape {
+    /// Each gateway serves one pool.
+    Sharded,
+    /// Every gateway calls every endpoint of every pool.
+    Mesh,
+}
+
 #[derive(Parser, Clone)]
 struct Args {
     /// Calls per second the fleet represents.
-    #[arg(long, default_value_t = 10_000_000.0)]
+    #[arg(long, default_value_t = 1_000_000.0)]
     calls_per_sec: f64,
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 100)]
     gateways: usize,
+    #[arg(long, value_enum, default_value_t = Shape::Mesh)]
+    shape: Shape,
+    /// Gateways report to the gateway-signals topic, keyed by endpoint, and a `vitals-merger`
+    /// merges them onto the signals topic.
+    #[arg(long)]
+    merge: bool,
     #[arg(long, default_value_t = 100)]
     pools: usize,
     #[arg(long, default_value_t = 5)]
     endpoints_per_pool: usize,
-    /// Share of the traffic (and of the gateways) on the hot pool.
+    /// Share of the traffic (and, sharded, of the gateways) on the hot pool.
     #[arg(long, default_value_t = 0.30)]
     hot_share: f64,
     /// Seconds of traffic in all (warm-up included).
-    #[arg(long, default_value_t = 90)]
+    #[arg(long, default_value_t = 120)]
     secs: u64,
     #[arg(long, default_value_t = 15)]
     warmup_secs: u64,
-    /// Seconds between one fault's start and the next's.
-    #[arg(long, default_value_t = 2.0)]
-    fault_gap_secs: f64,
-    /// Share of calls the failing endpoints fail.
-    #[arg(long, default_value_t = 0.15)]
-    failure_share: f64,
-    /// How often the gateways hand their counted calls over (ms).
-    #[arg(long, default_value_t = 125)]
+    /// How long each fault lasts.
+    #[arg(long, default_value_t = 20.0)]
+    fault_secs: f64,
+    /// Healthy time between two faults of a pool.
+    #[arg(long, default_value_t = 20.0)]
+    heal_secs: f64,
+    /// How often the gateways hand their counted calls over (ms); each pair's calls go in two
+    /// groups at their own times.
+    #[arg(long, default_value_t = 50)]
     tick_ms: u64,
     #[arg(long, default_value_t = 16)]
     partitions: i32,
+    /// Partitions of the gateway-signals topic (`--merge`).
+    #[arg(long, default_value_t = 16)]
+    input_partitions: i32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Fault {
     Dead,
     Failing,
+    Hung,
+    SlowTtft,
+    RateLimited,
+}
+
+const KINDS: [Fault; 5] = [
+    Fault::Dead,
+    Fault::Failing,
+    Fault::Hung,
+    Fault::SlowTtft,
+    Fault::RateLimited,
+];
+
+impl Fault {
+    fn describe(self) -> &'static str {
+        match self {
+            Fault::Dead => "refusing every call (target p99 ≤ 1 s)",
+            Fault::Failing => "failing 15 % of calls (target ≤ 10 s)",
+            Fault::Hung => "30 % of streams hung (target ≤ 10 s)",
+            Fault::SlowTtft => "first tokens 3–4 s",
+            Fault::RateLimited => "429 storm, 40 % of calls",
+        }
+    }
+}
+
+/// One fault: an endpoint, its kind, when it starts and ends (from the run's start).
+#[derive(Clone, Debug)]
+struct Episode {
+    pool: u32,
+    endpoint: u32,
+    kind: Fault,
+    start: Duration,
+    end: Duration,
+}
+
+/// One fault per pool at a time, cycling through the kinds and the endpoints; the pools' first
+/// faults are spread over one fault-and-heal period.
+fn schedule(a: &Args) -> Vec<Episode> {
+    let period = a.fault_secs + a.heal_secs;
+    let mut v = Vec::new();
+    for p in 0..a.pools as u32 {
+        let offset = period * f64::from(p) / a.pools as f64;
+        let mut k = 0u32;
+        loop {
+            let start = a.warmup_secs as f64 + offset + period * f64::from(k);
+            // A fault must end, and have 5 s to be seen, before the traffic does.
+            if start + a.fault_secs + 5.0 > a.secs as f64 {
+                break;
+            }
+            v.push(Episode {
+                pool: p,
+                endpoint: k % a.endpoints_per_pool as u32,
+                kind: KINDS[((p + k) % KINDS.len() as u32) as usize],
+                start: Duration::from_secs_f64(start),
+                end: Duration::from_secs_f64(start + a.fault_secs),
+            });
+            k += 1;
+        }
+    }
+    v
 }
 
 /// One gateway's calls to one endpoint.
 struct Pair {
-    gateway: u32,
     pool: u32,
     endpoint: u32,
     rate: f64,
@@ -80,13 +165,13 @@ struct Pair {
 
 struct Shared {
     calls: AtomicU64,
+    /// Records the gateways sent (to the signals topic, or to the merger's input).
     records: AtomicU64,
     /// Bytes of the records (encoded, before the producer's compression).
     bytes: AtomicU64,
     one_by_one: AtomicU64,
     late_ticks: AtomicU64,
-    /// When each fault began (endpoint name → kind, start).
-    faults: Mutex<HashMap<String, (Fault, Instant)>>,
+    started: Mutex<Option<Instant>>,
     stop: AtomicBool,
 }
 
@@ -98,15 +183,8 @@ fn endpoint_name(p: u32, e: u32) -> String {
     format!("ep-{p}-{e}")
 }
 
-/// Gateways per pool: the hot pool's share, the rest round-robin over the others.
-fn fleet(a: &Args) -> Vec<Pair> {
-    let hot_gateways = ((a.gateways as f64 * a.hot_share).round() as usize).max(1);
-    let mut pool_of_gateway: Vec<u32> = vec![0; hot_gateways];
-    pool_of_gateway.extend((0..a.gateways - hot_gateways).map(|g| 1 + (g % (a.pools - 1)) as u32));
-    let mut gateways_in = vec![0usize; a.pools];
-    for &p in &pool_of_gateway {
-        gateways_in[p as usize] += 1;
-    }
+/// The gateways and the endpoints each calls, with its share of the traffic.
+fn fleet(a: &Args) -> Vec<Vec<Pair>> {
     let pool_rate = |p: u32| {
         if p == 0 {
             a.calls_per_sec * a.hot_share
@@ -114,24 +192,185 @@ fn fleet(a: &Args) -> Vec<Pair> {
             a.calls_per_sec * (1.0 - a.hot_share) / (a.pools - 1) as f64
         }
     };
-    let mut pairs = Vec::new();
-    for (g, &p) in pool_of_gateway.iter().enumerate() {
-        for e in 0..a.endpoints_per_pool as u32 {
-            pairs.push(Pair {
-                gateway: g as u32,
-                pool: p,
-                endpoint: e,
-                rate: pool_rate(p) / (gateways_in[p as usize] * a.endpoints_per_pool) as f64,
-                carry: 0.0,
-            });
+    let eps = a.endpoints_per_pool;
+    match a.shape {
+        Shape::Mesh => (0..a.gateways)
+            .map(|_| {
+                (0..a.pools as u32)
+                    .flat_map(|p| {
+                        (0..eps as u32).map(move |e| Pair {
+                            pool: p,
+                            endpoint: e,
+                            rate: pool_rate(p) / (a.gateways * eps) as f64,
+                            carry: 0.0,
+                        })
+                    })
+                    .collect()
+            })
+            .collect(),
+        Shape::Sharded => {
+            let hot_gateways = ((a.gateways as f64 * a.hot_share).round() as usize).max(1);
+            let mut pool_of_gateway: Vec<u32> = vec![0; hot_gateways];
+            pool_of_gateway.extend((0..a.gateways - hot_gateways).map(|g| 1 + (g % (a.pools - 1)) as u32));
+            let mut gateways_in = vec![0usize; a.pools];
+            for &p in &pool_of_gateway {
+                gateways_in[p as usize] += 1;
+            }
+            pool_of_gateway
+                .iter()
+                .map(|&p| {
+                    (0..eps as u32)
+                        .map(|e| Pair {
+                            pool: p,
+                            endpoint: e,
+                            rate: pool_rate(p) / (gateways_in[p as usize] * eps) as f64,
+                            carry: 0.0,
+                        })
+                        .collect()
+                })
+                .collect()
         }
     }
-    pairs
 }
 
-/// The simulated gateways: every tick, each pair's calls since the last one, counted, through
-/// the summarizer; what it sends goes to the topic keyed by pool, stamped with the time.
-fn generate(a: Args, topic: String, hot_partition: i32, shared: Arc<Shared>) -> anyhow::Result<()> {
+/// CRC-32 (IEEE), librdkafka's default partitioner's hash of a key.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 == 1 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// A draw of `n × p` calls: the whole part and, by chance, one more.
+fn share(rng: &mut Rng, n: u32, p: f64) -> u32 {
+    let f = f64::from(n) * p;
+    (f.floor() + f64::from(u8::from((rng.below(1_000_000) as f64) < f.fract() * 1e6))) as u32
+}
+
+/// A latency from a long-tailed spread around `median_ms` (µs): a log-uniform draw over a
+/// factor of 4 either side, most of it near the median.
+fn spread(rng: &mut Rng, median_ms: f64) -> i64 {
+    let u = (rng.below(1_000_000) as f64 / 1e6 + rng.below(1_000_000) as f64 / 1e6) / 2.0 - 0.5;
+    (median_ms * 1000.0 * 4f64.powf(u * 2.0)) as i64
+}
+
+/// One group of a pair's calls at one time, placed in random order: successes, noise and the
+/// fault's failures.
+struct Group<'a> {
+    pool: &'a str,
+    endpoint: &'a str,
+    gateway: &'a str,
+    now: Micros,
+}
+
+/// Calls alike, in the order they came: (class, calls, latency µs, first token µs, Retry-After ms).
+type Piece = (OutcomeClass, u32, i64, Option<i64>, Option<i64>);
+
+fn hand_over(
+    g: &Group<'_>,
+    n: u32,
+    fault: Option<Fault>,
+    rng: &mut Rng,
+    event: &mut u64,
+    summarizer: &mut Summarizer,
+    out: &mut Vec<Signal>,
+) {
+    if n == 0 {
+        return;
+    }
+    let mut pieces: Vec<Piece> = Vec::with_capacity(8);
+    if fault == Some(Fault::Dead) {
+        pieces.push((OutcomeClass::ConnectError, n, 1_000, None, None));
+    } else {
+        let mut left = n;
+        let mut take = |p: f64, rng: &mut Rng| {
+            let k = share(rng, left, p).min(left);
+            left -= k;
+            k
+        };
+        let failing = if fault == Some(Fault::Failing) {
+            take(0.15, rng)
+        } else {
+            0
+        };
+        let limited = if fault == Some(Fault::RateLimited) {
+            take(0.40, rng)
+        } else {
+            0
+        };
+        let hung = if fault == Some(Fault::Hung) { take(0.30, rng) } else { 0 };
+        let noise_5xx = take(0.01, rng);
+        let noise_4xx = take(0.02, rng);
+        let noise_429 = take(0.005, rng);
+        // The rest succeed, split at a random point with the failures between: their place
+        // among the calls is at random, as each group's time is.
+        let cut = rng.below(u64::from(left) + 1) as u32;
+        let success = |k: u32, rng: &mut Rng| {
+            let ttft = if fault == Some(Fault::SlowTtft) {
+                3_000_000 + rng.below(1_000_000) as i64
+            } else {
+                spread(rng, 250.0)
+            };
+            (OutcomeClass::Success, k, ttft + spread(rng, 400.0), Some(ttft), None)
+        };
+        pieces.push(success(cut, rng));
+        let failures = [
+            (OutcomeClass::ServerError, failing + noise_5xx, 40_000, None, None),
+            (OutcomeClass::RateLimited, limited, 5_000, None, Some(2_000)),
+            (OutcomeClass::RateLimited, noise_429, 5_000, None, Some(1_000)),
+            (OutcomeClass::ClientError, noise_4xx, 20_000, None, None),
+            (OutcomeClass::Success, hung, 13_000_000, Some(12_000_000), None),
+        ];
+        let first = rng.below(failures.len() as u64) as usize;
+        for i in 0..failures.len() {
+            pieces.push(failures[(first + i) % failures.len()]);
+        }
+        pieces.push(success(left - cut, rng));
+    }
+    for (class, k, latency_us, ttft_us, retry) in pieces {
+        if k == 0 {
+            continue;
+        }
+        *event += 1;
+        let c = CallOutcome {
+            latency_us,
+            ttft_us,
+            retry_after_ms: retry,
+            http_status: match class {
+                OutcomeClass::Success => Some(200),
+                OutcomeClass::ServerError => Some(503),
+                OutcomeClass::ClientError => Some(400),
+                OutcomeClass::RateLimited => Some(429),
+                _ => None,
+            },
+            ..CallOutcome::new(
+                format!("f{event}"),
+                g.pool,
+                g.endpoint,
+                g.gateway,
+                g.now - latency_us,
+                class,
+            )
+        };
+        summarizer.add_times(c, k, g.now, out);
+    }
+}
+
+/// Where a gateway's record goes: the topic, its key and partition.
+struct Route {
+    topic: String,
+    partitions: i32,
+    by_endpoint: bool,
+}
+
+/// The simulated gateways: every tick, each gateway's calls to each endpoint since the last
+/// one, counted, through that gateway's summarizer; what it sends goes to the signals topic
+/// keyed by pool (or, with `--merge`, to the gateway-signals topic keyed by endpoint).
+fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) -> anyhow::Result<()> {
     let producer: ThreadedProducer<_> = ClientConfig::new()
         .set("bootstrap.servers", stack::brokers())
         .set("linger.ms", "20")
@@ -140,7 +379,7 @@ fn generate(a: Args, topic: String, hot_partition: i32, shared: Arc<Shared>) -> 
         .set("queue.buffering.max.messages", "2000000")
         .set("queue.buffering.max.kbytes", "1048576")
         .create()?;
-    let mut pairs = fleet(&a);
+    let mut gateways = fleet(&a);
     let names: Vec<(String, Vec<String>)> = (0..a.pools as u32)
         .map(|p| {
             (
@@ -149,133 +388,50 @@ fn generate(a: Args, topic: String, hot_partition: i32, shared: Arc<Shared>) -> 
             )
         })
         .collect();
-    let gateway_names: Vec<String> = (0..a.gateways).map(|g| format!("gw-{g}")).collect();
-    let partitions: Vec<i32> = names
+    let keys: Vec<Vec<(String, i32)>> = names
         .iter()
-        .map(|(p, _)| stack::partition_of(p, a.partitions))
+        .map(|(p, eps)| {
+            eps.iter()
+                .map(|e| {
+                    if route.by_endpoint {
+                        let k = keys::endpoint_key(p, e);
+                        let part = stack::partition_of(&k, route.partitions);
+                        (k, part)
+                    } else {
+                        (p.clone(), stack::partition_of(p, route.partitions))
+                    }
+                })
+                .collect()
+        })
         .collect();
-    assert_eq!(partitions[0], hot_partition);
-    let mut summarizer = Summarizer::new(SummaryConfig::default(), "fleet");
+    let gateway_names: Vec<String> = (0..a.gateways).map(|g| format!("gw-{g}")).collect();
+    let mut summarizers: Vec<Summarizer> = (0..a.gateways)
+        .map(|g| Summarizer::new(SummaryConfig::default(), &format!("fleet{g}")))
+        .collect();
     let mut rng = Rng::new(11);
     let mut out: Vec<Signal> = Vec::new();
     let start = Instant::now();
+    *shared.started.lock().unwrap() = Some(start);
     let tick = Duration::from_millis(a.tick_ms);
     let mut last = start;
     let mut next = start + tick;
     let mut event = 0u64;
-    // The fault schedule: (when, pool, kind); pool 0 is the hot one.
-    let mut schedule: Vec<(Duration, u32, Fault)> = Vec::new();
-    let mut t = a.warmup_secs as f64;
-    let mut k = 0u32;
-    while t + 12.0 <= a.secs as f64 && (k as usize) < a.pools {
-        schedule.push((
-            Duration::from_secs_f64(t),
-            k,
-            if k.is_multiple_of(2) {
-                Fault::Dead
-            } else {
-                Fault::Failing
-            },
-        ));
-        t += a.fault_gap_secs;
-        k += 1;
-    }
     let mut faulty: HashMap<(u32, u32), Fault> = HashMap::new();
-    while start.elapsed() < Duration::from_secs(a.secs) {
-        let now_i = Instant::now();
-        if now_i < next {
-            std::thread::sleep(next - now_i);
-        } else if now_i > next + tick {
-            shared.late_ticks.fetch_add(1, Relaxed);
-        }
-        let now_i = Instant::now();
-        let dt = (now_i - last).as_secs_f64();
-        last = now_i;
-        next += tick;
-        let elapsed = now_i - start;
-        while let Some(&(at, pool, kind)) = schedule.first() {
-            if at > elapsed {
-                break;
-            }
-            schedule.remove(0);
-            faulty.insert((pool, 0), kind);
-            shared
-                .faults
-                .lock()
-                .unwrap()
-                .insert(endpoint_name(pool, 0), (kind, now_i));
-        }
-        let now = now_us();
-        let mut calls = 0u64;
-        for pair in &mut pairs {
-            let want = pair.rate * dt + pair.carry;
-            let n = want.floor();
-            pair.carry = want - n;
-            let n = n as u32;
-            if n == 0 {
-                continue;
-            }
-            calls += u64::from(n);
-            let (pool, eps) = &names[pair.pool as usize];
-            let gateway = &gateway_names[pair.gateway as usize];
-            let mut hand = |class: OutcomeClass, count: u32, latency_ms: i64, out: &mut Vec<Signal>| {
-                if count == 0 {
-                    return;
-                }
-                event += 1;
-                let success = class == OutcomeClass::Success;
-                let call = CallOutcome {
-                    latency_us: latency_ms * 1000,
-                    ttft_us: success.then_some(latency_ms * 600),
-                    http_status: Some(if success { 200 } else { 503 }),
-                    ..CallOutcome::new(
-                        format!("f{event}"),
-                        pool.as_str(),
-                        eps[pair.endpoint as usize].as_str(),
-                        gateway.as_str(),
-                        now - latency_ms * 1000,
-                        class,
-                    )
-                };
-                summarizer.add_times(call, count, now, out);
-            };
-            match faulty.get(&(pair.pool, pair.endpoint)) {
-                Some(Fault::Dead) => hand(OutcomeClass::ConnectError, n, 1, &mut out),
-                fault => {
-                    let failures = if fault == Some(&Fault::Failing) {
-                        let f = f64::from(n) * a.failure_share;
-                        (f.floor()
-                            + if (rng.below(1000) as f64) < f.fract() * 1000.0 {
-                                1.0
-                            } else {
-                                0.0
-                            }) as u32
-                    } else {
-                        0
-                    };
-                    let ok = n - failures;
-                    let first = ok / 2;
-                    hand(OutcomeClass::Success, first, 150 + rng.below(250) as i64, &mut out);
-                    hand(OutcomeClass::ServerError, failures, 40, &mut out);
-                    hand(OutcomeClass::Success, ok - first, 150 + rng.below(250) as i64, &mut out);
-                }
-            }
-        }
-        summarizer.flush_due(now, &mut out);
-        shared.calls.fetch_add(calls, Relaxed);
-        let ts = now / 1000;
+    let send = |out: &mut Vec<Signal>, ts_ms: i64| -> anyhow::Result<()> {
         for s in out.drain(..) {
             if matches!(s, Signal::Call(_)) {
                 shared.one_by_one.fetch_add(1, Relaxed);
             }
-            let pool = s.pool().unwrap_or_default().to_owned();
+            let (pool, ep) = (s.pool().unwrap_or_default(), s.endpoint().unwrap_or_default());
+            let p: usize = pool[5..].parse().unwrap_or(0);
+            let e: usize = ep.rsplit('-').next().and_then(|e| e.parse().ok()).unwrap_or(0);
+            let (key, partition) = &keys[p][e];
             let bytes = encode_signal(&s)?;
-            let partition = partitions[pool[5..].parse::<usize>().unwrap_or(0)];
-            let mut record = BaseRecord::to(&topic)
-                .key(&pool)
+            let mut record = BaseRecord::to(&route.topic)
+                .key(key)
                 .payload(&bytes)
-                .partition(partition)
-                .timestamp(ts);
+                .partition(*partition)
+                .timestamp(ts_ms);
             loop {
                 match producer.send(record) {
                     Ok(()) => break,
@@ -292,34 +448,122 @@ fn generate(a: Args, topic: String, hot_partition: i32, shared: Arc<Shared>) -> 
             shared.records.fetch_add(1, Relaxed);
             shared.bytes.fetch_add(bytes.len() as u64, Relaxed);
         }
+        Ok(())
+    };
+    while start.elapsed() < Duration::from_secs(a.secs) {
+        let now_i = Instant::now();
+        if now_i < next {
+            std::thread::sleep(next - now_i);
+        } else if now_i > next + tick {
+            shared.late_ticks.fetch_add(1, Relaxed);
+        }
+        let now_i = Instant::now();
+        let dt = (now_i - last).as_secs_f64();
+        last = now_i;
+        next += tick;
+        let elapsed = now_i - start;
+        faulty.clear();
+        for e in &episodes {
+            if e.start <= elapsed && elapsed < e.end {
+                faulty.insert((e.pool, e.endpoint), e.kind);
+            }
+        }
+        let now = now_us();
+        let half = (dt * 500_000.0) as i64;
+        let mut calls = 0u64;
+        for (g, pairs) in gateways.iter_mut().enumerate() {
+            let summarizer = &mut summarizers[g];
+            for pair in pairs.iter_mut() {
+                let want = pair.rate * dt + pair.carry;
+                let n = want.floor();
+                pair.carry = want - n;
+                let n = n as u32;
+                if n == 0 {
+                    continue;
+                }
+                calls += u64::from(n);
+                let (pool, eps) = &names[pair.pool as usize];
+                let fault = faulty.get(&(pair.pool, pair.endpoint)).copied();
+                let first = n / 2 + share(&mut rng, n % 2, 0.5);
+                for (k, at) in [(first, now - half), (n - first, now)] {
+                    let group = Group {
+                        pool,
+                        endpoint: &eps[pair.endpoint as usize],
+                        gateway: &gateway_names[g],
+                        now: at,
+                    };
+                    hand_over(&group, k, fault, &mut rng, &mut event, summarizer, &mut out);
+                }
+            }
+            summarizer.flush_due(now, &mut out);
+            send(&mut out, now / 1000)?;
+        }
+        shared.calls.fetch_add(calls, Relaxed);
     }
-    summarizer.flush_all(&mut out);
-    producer.flush(Duration::from_secs(30))?;
+    for s in &mut summarizers {
+        s.flush_all(&mut out);
+    }
+    send(&mut out, now_us() / 1000)?;
+    producer.flush(Duration::from_secs(60))?;
     shared.stop.store(true, Relaxed);
     Ok(())
 }
 
-/// The counters at one instant: calls and records sent, CPU seconds (processor, Postgres,
-/// broker, this program), Postgres commits, the hot partition's end offset and the WAL position.
+/// Every health change of an endpoint as a read_committed consumer (a router) sees it: (to
+/// state, when).
+type Changes = Arc<Mutex<HashMap<String, Vec<(HealthState, Instant)>>>>;
+
+fn watch_changes(topic: &str, group: &str) -> anyhow::Result<Changes> {
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", stack::brokers())
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "10")
+        .create()?;
+    c.subscribe(&[topic])?;
+    let seen: Changes = Default::default();
+    let filled = seen.clone();
+    tokio::spawn(async move {
+        while let Ok(m) = c.recv().await {
+            let at = Instant::now();
+            if let Ok(h) = decode::<HealthChanged>(m.payload().unwrap_or_default()) {
+                filled
+                    .lock()
+                    .expect("changes")
+                    .entry(h.endpoint.clone())
+                    .or_default()
+                    .push((h.to_state, at));
+            }
+        }
+    });
+    Ok(seen)
+}
+
+/// The counters at one instant: calls and gateway records sent, CPU seconds (processor, merger,
+/// Postgres, broker, this program), Postgres commits, the signals topic's and the hot
+/// partition's end offsets and the WAL position.
 struct Mark {
     at: Instant,
     calls: u64,
     records: u64,
     bytes: u64,
-    cpu: [f64; 4],
+    cpu: [f64; 5],
     commits: i64,
+    signals_end: i64,
     hot_end: i64,
     wal: String,
 }
 
-async fn mark(db: &sqlx::PgPool, shared: &Shared, processor: u32, hot_end: i64) -> anyhow::Result<Mark> {
+async fn mark(db: &sqlx::PgPool, shared: &Shared, pids: (u32, Option<u32>), ends: (i64, i64)) -> anyhow::Result<Mark> {
     Ok(Mark {
         at: Instant::now(),
         calls: shared.calls.load(Relaxed),
         records: shared.records.load(Relaxed),
         bytes: shared.bytes.load(Relaxed),
         cpu: [
-            cpu::of_pid(processor),
+            cpu::of_pid(pids.0),
+            pids.1.map_or(0.0, cpu::of_pid),
             cpu::of_command("postgres"),
             cpu::of_command("java"),
             vitals_bench::cpu_seconds(),
@@ -327,7 +571,8 @@ async fn mark(db: &sqlx::PgPool, shared: &Shared, processor: u32, hot_end: i64) 
         commits: sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
             .fetch_one(db)
             .await?,
-        hot_end,
+        signals_end: ends.0,
+        hot_end: ends.1,
         wal: sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
             .fetch_one(db)
             .await?,
@@ -342,16 +587,51 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The end offsets of a topic's partitions, and the committed offsets of `group` on them.
+fn ends_and_committed(c: &BaseConsumer, topic: &str, partitions: i32) -> anyhow::Result<Vec<(i64, i64)>> {
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = c.committed_offsets(tpl, Duration::from_secs(5))?;
+    (0..partitions)
+        .map(|p| {
+            let (_, high) = c.fetch_watermarks(topic, p, Duration::from_secs(5))?;
+            let done = committed
+                .find_partition(topic, p)
+                .and_then(|e| e.offset().to_raw())
+                .unwrap_or(0)
+                .max(0);
+            Ok((high, done))
+        })
+        .collect()
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
-        args.pools >= 2 && args.gateways >= args.pools,
-        "at least 2 pools and a gateway per pool"
+        args.pools >= 2 && args.gateways >= 1 && (args.shape == Shape::Mesh || args.gateways >= args.pools),
+        "at least 2 pools and (sharded) a gateway per pool"
     );
     let name = stack::unique("fleet");
     let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::CreateTime).await;
-    let hot_partition = stack::partition_of(&pool_name(0), args.partitions);
+    let input = if args.merge {
+        Some(
+            stack::Topics::create(&format!("{name}_in"), args.input_partitions, stack::Stamp::CreateTime)
+                .await
+                .signals,
+        )
+    } else {
+        None
+    };
+    // The hot pool's partition: the bench's own hash when it writes the signals topic, the
+    // producer's default (CRC-32 of the key) when the merger does.
+    let hot_partition = if args.merge {
+        (crc32(pool_name(0).as_bytes()) % args.partitions as u32) as i32
+    } else {
+        stack::partition_of(&pool_name(0), args.partitions)
+    };
     let db = PgPoolOptions::new()
         .max_connections(2)
         .connect(&stack::database_url())
@@ -359,52 +639,83 @@ async fn main() -> anyhow::Result<()> {
     let port = vitals_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut processor = stack::start_processor(&topics, &name, &name, &["--http-addr", &addr]);
+    let merger_group = format!("{name}-merger");
+    let mut merger = input.as_ref().map(|input| {
+        let args: Vec<String> = [
+            "--brokers",
+            &stack::brokers(),
+            "--input-topic",
+            input,
+            "--signals-topic",
+            &topics.signals,
+            "--group",
+            &merger_group,
+            "--transactional-id",
+            &format!("{name}-txn"),
+            "--create-topic",
+            "false",
+            "--http-addr",
+            &format!("127.0.0.1:{}", vitals_testkit::free_port()),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        stack::Service::start("vitals-merger", "fleet-merger", &args)
+    });
     let shared = Arc::new(Shared {
         calls: AtomicU64::new(0),
         records: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         one_by_one: AtomicU64::new(0),
         late_ticks: AtomicU64::new(0),
-        faults: Mutex::default(),
+        started: Mutex::new(None),
         stop: AtomicBool::new(false),
     });
-
-    // The changes topic, read_committed: when each endpoint first left healthy.
-    let unhealthy = stack::first_changes(&topics.changes, &format!("{name}-watch"), |h| {
-        h.to_state != HealthState::Healthy
-    })?;
-
-    let pairs = fleet(&args).len();
+    let changes = watch_changes(&topics.changes, &format!("{name}-watch"))?;
+    let episodes = schedule(&args);
+    let pairs: usize = fleet(&args).iter().map(Vec::len).sum();
     eprintln!(
-        "fleet: {} gateways ({} on the hot pool), {} pools × {} endpoints, {pairs} gateway-endpoint pairs, {:.0} calls/s; {} s ({} s warm-up)",
+        "fleet: {} gateways, {:?}, {} pools × {} endpoints, {pairs} gateway-endpoint pairs, {:.0} calls/s{}; {} s ({} s warm-up), {} faults",
         args.gateways,
-        ((args.gateways as f64 * args.hot_share).round() as usize).max(1),
+        args.shape,
         args.pools,
         args.endpoints_per_pool,
         args.calls_per_sec,
+        if args.merge { ", through vitals-merger" } else { "" },
         args.secs,
-        args.warmup_secs
+        args.warmup_secs,
+        episodes.len()
     );
     let generator = {
-        let (a, topic, shared) = (args.clone(), topics.signals.clone(), shared.clone());
-        std::thread::spawn(move || generate(a, topic, hot_partition, shared))
+        let route = Route {
+            topic: input.clone().unwrap_or_else(|| topics.signals.clone()),
+            partitions: if args.merge {
+                args.input_partitions
+            } else {
+                args.partitions
+            },
+            by_endpoint: args.merge,
+        };
+        let (a, shared, episodes) = (args.clone(), shared.clone(), episodes.clone());
+        std::thread::spawn(move || generate(a, route, episodes, shared))
     };
 
-    // Every second: progress, and the hot partition's lag (its end offset against the
-    // processor's committed offset in Postgres).
+    // Every half second: progress, the processor's lag (end offsets against its committed
+    // offsets in Postgres) and the merger's (against its group's committed offsets).
     let offsets: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", stack::brokers())
-        .set("group.id", format!("{name}-offsets"))
+        .set("group.id", &merger_group)
         .create()?;
     let committed_q =
         format!("SELECT partition, next_offset FROM \"{name}\".consumer_offsets WHERE consumer_group = $1");
     let started = Instant::now();
     let warm = Duration::from_secs(args.warmup_secs);
     let mut window: Option<Mark> = None;
-    let (mut max_hot_lag, mut max_lag) = (0i64, 0i64);
+    let (mut max_hot_lag, mut max_lag, mut max_merge_lag) = (0i64, 0i64, 0i64);
     let mut hot_lags: Vec<f64> = Vec::new();
     let mut end_of_window = None;
     let mut last_print = Instant::now();
+    let pids = (processor.child.id(), merger.as_ref().map(|m| m.child.id()));
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let generating = !shared.stop.load(Relaxed);
@@ -415,64 +726,64 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or_default()
             .into_iter()
             .collect();
-        let mut lag = 0;
-        let mut hot_lag = 0;
-        let mut hot_end = 0;
-        for p in 0..args.partitions {
-            let (_, high) =
-                tokio::task::block_in_place(|| offsets.fetch_watermarks(&topics.signals, p, Duration::from_secs(5)))?;
-            let l = high - committed.get(&p).copied().unwrap_or(0).max(0);
+        let ends = tokio::task::block_in_place(|| ends_and_committed(&offsets, &topics.signals, args.partitions))?;
+        let (mut lag, mut hot_lag, mut hot_end, mut signals_end) = (0, 0, 0, 0);
+        for (p, (high, _)) in ends.iter().enumerate() {
+            let l = high - committed.get(&(p as i32)).copied().unwrap_or(0).max(0);
             lag += l;
-            if p == hot_partition {
+            signals_end += high;
+            if p as i32 == hot_partition {
                 hot_lag = l;
-                hot_end = high;
+                hot_end = *high;
             }
         }
+        let merge_lag: i64 = match &input {
+            Some(input) => tokio::task::block_in_place(|| ends_and_committed(&offsets, input, args.input_partitions))?
+                .iter()
+                .map(|(high, done)| high - done)
+                .sum(),
+            None => 0,
+        };
         let in_window = started.elapsed() >= warm && generating;
         if in_window {
             if window.is_none() {
-                window = Some(mark(&db, &shared, processor.child.id(), hot_end).await?);
+                window = Some(mark(&db, &shared, pids, (signals_end, hot_end)).await?);
             }
             max_hot_lag = max_hot_lag.max(hot_lag);
             max_lag = max_lag.max(lag);
+            max_merge_lag = max_merge_lag.max(merge_lag);
             hot_lags.push(hot_lag as f64);
         }
         if !generating && end_of_window.is_none() {
-            end_of_window = Some(mark(&db, &shared, processor.child.id(), hot_end).await?);
+            end_of_window = Some(mark(&db, &shared, pids, (signals_end, hot_end)).await?);
         }
         if last_print.elapsed() >= Duration::from_secs(5) {
             eprintln!(
-                "  {:>3.0} s: {:.1} M calls, {} records, lag {lag} (hot partition {hot_lag}), {} changes seen",
+                "  {:>3.0} s: {:.1} M calls, {} gateway records, processor lag {lag} (hot partition {hot_lag}), merger lag {merge_lag}, {} endpoints changed",
                 started.elapsed().as_secs_f64(),
                 shared.calls.load(Relaxed) as f64 / 1e6,
                 shared.records.load(Relaxed),
-                unhealthy.lock().unwrap().len()
+                changes.lock().unwrap().len()
             );
             last_print = Instant::now();
         }
-        if !generating && lag == 0 {
+        if !generating && lag == 0 && merge_lag == 0 {
             break;
         }
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(args.secs + 300),
-            "the processor did not catch up within 300 s of the end"
+            "the pipeline did not catch up within 300 s of the end"
         );
     }
     let caught_up = started.elapsed().as_secs_f64() - args.secs as f64;
     generator
         .join()
         .map_err(|_| anyhow::anyhow!("the generator panicked"))??;
-    // Changes of the last faults may still be on their way.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline && {
-        let f = shared.faults.lock().unwrap();
-        let u = unhealthy.lock().unwrap();
-        f.keys().any(|e| !u.contains_key(e))
-    } {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let metrics = vitals_testkit::http_get(port, "/metrics").await.unwrap_or_default();
     processor.terminate();
+    if let Some(m) = merger.as_mut() {
+        m.terminate();
+    }
 
     let (w0, w1) = (window.expect("a measured window"), end_of_window.expect("an end"));
     let secs = (w1.at - w0.at).as_secs_f64();
@@ -487,45 +798,74 @@ async fn main() -> anyhow::Result<()> {
     ))
     .fetch_one(&db)
     .await?;
-    let bytes_per_transition: f64 = sqlx::query_scalar(&format!(
-        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::float8 / greatest((SELECT count(*) FROM \"{name}\".transitions), 1)
-         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '\"{name}\".transitions'::regclass"
-    ))
-    .fetch_one(&db)
-    .await?;
 
-    let faults = shared.faults.lock().unwrap().clone();
-    let unhealthy = unhealthy.lock().unwrap().clone();
+    // Detection: from a fault's start to its endpoint's first change out of healthy (a
+    // slow first token: degraded is the decision; the others: out of rotation, or for a 429
+    // storm any change) before the fault ended and 5 s more.
+    let start = shared.started.lock().unwrap().expect("the generator started");
+    let changes = changes.lock().unwrap().clone();
     let mut delays: HashMap<Fault, Vec<f64>> = HashMap::new();
-    let mut missed = Vec::new();
-    let mut early = Vec::new();
-    for (ep, (kind, at)) in &faults {
-        match unhealthy.get(ep) {
-            Some(seen) if seen >= at => delays
-                .entry(*kind)
+    let mut missed: HashMap<Fault, Vec<String>> = HashMap::new();
+    let mut counted: HashMap<Fault, usize> = HashMap::new();
+    for e in &episodes {
+        *counted.entry(e.kind).or_default() += 1;
+        let ep = endpoint_name(e.pool, e.endpoint);
+        let (from, to) = (start + e.start, start + e.end + Duration::from_secs(5));
+        let decided = |s: HealthState| match e.kind {
+            Fault::SlowTtft | Fault::RateLimited => s != HealthState::Healthy,
+            _ => matches!(s, HealthState::Unhealthy),
+        };
+        let seen = changes
+            .get(&ep)
+            .and_then(|v| v.iter().find(|(s, at)| *at >= from && *at < to && decided(*s)));
+        match seen {
+            Some((_, at)) => delays
+                .entry(e.kind)
                 .or_default()
-                .push((*seen - *at).as_secs_f64() * 1000.0),
-            Some(_) => early.push(ep.clone()),
-            None => missed.push(ep.clone()),
+                .push((*at - from).as_secs_f64() * 1000.0),
+            None => missed
+                .entry(e.kind)
+                .or_default()
+                .push(format!("{ep}@{:.0}s", e.start.as_secs_f64())),
         }
     }
-    let false_changes = unhealthy.keys().filter(|e| !faults.contains_key(*e)).count();
+    // Ejections of an endpoint with no fault then (nor in the 60 s after one, its recovery).
+    let false_ejections: Vec<String> = changes
+        .iter()
+        .flat_map(|(ep, v)| v.iter().map(move |(s, at)| (ep, *s, *at)))
+        .filter(|(_, s, _)| *s == HealthState::Unhealthy)
+        .filter(|(ep, _, at)| {
+            !episodes.iter().any(|e| {
+                endpoint_name(e.pool, e.endpoint) == **ep
+                    && *at >= start + e.start
+                    && *at < start + e.end + Duration::from_secs(60)
+            })
+        })
+        .map(|(ep, _, at)| format!("{ep}@{:.0}s", (at - start).as_secs_f64()))
+        .collect();
     let signals_metric: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("vitals_processor_signals") && !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.trim().parse::<f64>().ok()))
         .sum();
 
+    let on_topic = (w1.signals_end - w0.signals_end) as f64;
+    let hot = (w1.hot_end - w0.hot_end) as f64;
     println!(
-        "fleet-bench: {} gateways × {} endpoints each ({} pools of {}, {:.0} % of the traffic on one pool), summaries every 250 ms, up to 8 failures one by one",
+        "fleet-bench: {:?}, {} gateways, {} pools × {} endpoints ({pairs} gateway-endpoint pairs), {:.0} % of the traffic on one pool, {}; each gateway's own summarizer (250 ms, 8 failures one by one)",
+        args.shape,
         args.gateways,
-        args.endpoints_per_pool,
         args.pools,
         args.endpoints_per_pool,
-        args.hot_share * 100.0
+        args.hot_share * 100.0,
+        if args.merge {
+            format!("gateways → {} partitions keyed by endpoint → vitals-merger → signals", args.input_partitions)
+        } else {
+            "gateways → signals topic keyed by pool".to_owned()
+        }
     );
     println!(
-        "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M), {:.0} records/s on the topic, {:.2} MB/s before compression ({:.0} calls a record; {} failures sent one by one), {} late ticks",
+        "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M); gateways sent {:.0} records/s ({:.2} MB/s before compression, {:.0} calls a record, {} failures one by one in all); {} late ticks",
         calls / secs / 1e6,
         args.calls_per_sec / 1e6,
         records / secs,
@@ -535,47 +875,57 @@ async fn main() -> anyhow::Result<()> {
         shared.late_ticks.load(Relaxed)
     );
     println!(
-        "  CPU s per million calls represented: processor {:.4}, Postgres {:.4}, broker {:.4}, simulated gateways (summarizing + producing) {:.4}",
+        "  signals topic: {:.0} records/s; the hot pool's partition {hot_partition}: {:.0} records/s ({:.0} % of the topic)",
+        on_topic / secs,
+        hot / secs,
+        100.0 * hot / on_topic.max(1.0),
+    );
+    println!(
+        "  CPU s per million calls represented: processor {:.4}, merger {:.4}, Postgres {:.4}, broker {:.4}, simulated gateways (summarizing + producing) {:.4}",
         per_m(0),
         per_m(1),
         per_m(2),
-        per_m(3)
+        per_m(3),
+        per_m(4)
     );
     println!(
-        "  Postgres: {:.0} commits/s, {:.2} MB/s of WAL; {transitions} transitions and {pool_events} pool events in the log, {:.0} bytes per transition on disk (table and indexes)",
+        "  Postgres: {:.0} commits/s, {:.2} MB/s of WAL; {transitions} transitions and {pool_events} pool events in the log",
         (w1.commits - w0.commits) as f64 / secs,
         wal_bytes / secs / 1e6,
-        bytes_per_transition
     );
-    for (kind, target) in [
-        (Fault::Dead, "target p99 ≤ 1 s"),
-        (Fault::Failing, "target ≤ 10 s + 250 ms"),
-    ] {
+    for kind in KINDS {
         let mut d = delays.get(&kind).cloned().unwrap_or_default();
+        let miss = missed.get(&kind).cloned().unwrap_or_default();
         println!(
-            "  detection, {}: {} faults, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({target})",
-            match kind {
-                Fault::Dead => "endpoint refusing every call".to_owned(),
-                Fault::Failing => format!("endpoint failing {:.0} % of calls", args.failure_share * 100.0),
-            },
-            d.len(),
+            "  detection, {}: {} faults, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; missed {}{}",
+            kind.describe(),
+            counted.get(&kind).copied().unwrap_or(0),
             percentile(&mut d, 0.5),
             percentile(&mut d, 0.99),
-            percentile(&mut d, 1.0)
+            percentile(&mut d, 1.0),
+            miss.len(),
+            if miss.is_empty() {
+                String::new()
+            } else {
+                format!(" {:?}", &miss[..miss.len().min(5)])
+            }
         );
     }
     println!(
-        "  missed faults {missed:?}, changes before their fault {early:?}, endpoints without a fault that left healthy: {false_changes}"
+        "  ejections without a fault: {}{}",
+        false_ejections.len(),
+        if false_ejections.is_empty() {
+            String::new()
+        } else {
+            format!(" {:?}", &false_ejections[..false_ejections.len().min(5)])
+        }
     );
     println!(
-        "  hot pool's partition {hot_partition}: {:.0} records/s ({:.0} % of the topic); lag p50 {:.0}, max {max_hot_lag} records (all partitions: max {max_lag}); caught up {caught_up:.1} s after the traffic stopped; processor read {signals_metric:.0} signals",
-        (w1.hot_end - w0.hot_end) as f64 / secs,
-        100.0 * (w1.hot_end - w0.hot_end) as f64 / records.max(1.0),
+        "  lag: hot partition p50 {:.0}, max {max_hot_lag} records (all partitions: max {max_lag}; merger input: max {max_merge_lag}); caught up {caught_up:.1} s after the traffic stopped; processor read {signals_metric:.0} signals",
         percentile(&mut hot_lags, 0.5)
     );
     let _ = sqlx::query(&format!("DROP SCHEMA \"{name}\" CASCADE"))
         .execute(&db)
         .await;
-    anyhow::ensure!(missed.is_empty(), "faults not detected: {missed:?}");
     Ok(())
 }

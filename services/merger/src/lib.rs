@@ -1,0 +1,203 @@
+//! `vitals-merger`: the merge stage between a fleet of gateways and the processor
+//! (docs/fleet.md).
+//!
+//! Gateways report to the gateway-signals topic keyed by endpoint
+//! (`vitals_reporter::Config::through_merger`), so every gateway's calls and summaries of one
+//! endpoint reach one merger. A merger sums them with a merging `Summarizer`: failures go on one
+//! by one up to a cap per endpoint per interval *for the whole fleet*, everything else becomes
+//! one summary per endpoint per interval, onto the signals topic keyed by pool. What reaches a
+//! pool's partition then grows with its endpoints and their faults, not with the number of
+//! gateways.
+//!
+//! Exactly once: each interval is one Kafka transaction — the merged records and the input
+//! offsets they consumed commit together (KIP-447: the consumer's group metadata fences a
+//! merger that lost its partitions), and nothing is held across a commit (every open summary is
+//! flushed into the transaction that consumed its calls). A merger that dies mid-interval
+//! leaves an open transaction, which its successor's `init_transactions` (same transactional id)
+//! or the transaction timeout aborts; the successor reads from the committed offsets. The
+//! processor reads `read_committed` and replays the signals topic as before: the engine is
+//! unchanged and replay stays deterministic (the merge's own cut points depend on arrival, and
+//! are what the log records).
+
+pub mod run;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use vitals_contracts::{Micros, Signal, Summarizer, SummaryConfig};
+
+/// One merger's sums for one transaction.
+pub struct Merge {
+    summarizer: Summarizer,
+}
+
+impl Merge {
+    /// `instance` keeps the merged summaries' ids apart from every other merger's (and run's);
+    /// `gateway` is the name the merged summaries carry.
+    pub fn new(failure_cap: u32, max_open: usize, instance: &str, gateway: &str) -> Merge {
+        let cfg = SummaryConfig {
+            // One interval per transaction: `flush` ends it.
+            interval_us: Micros::MAX / 4,
+            failure_cap,
+            max_open,
+            ..SummaryConfig::default()
+        };
+        Merge {
+            summarizer: Summarizer::merging(cfg, instance, gateway),
+        }
+    }
+
+    /// One record read from the gateway-signals topic; what to send goes to `out`, in order.
+    /// Calls and summaries are merged; anything else (a probe, an override, a policy change
+    /// sent there by mistake) goes on as it came.
+    pub fn take(&mut self, signal: Signal, now: Micros, out: &mut Vec<Signal>) {
+        match signal {
+            Signal::Call(c) => self.summarizer.add(c, now, out),
+            Signal::Summary(s) => self.summarizer.add_summary(s, now, out),
+            other => out.push(other),
+        }
+    }
+
+    /// End the interval: every open summary to `out`.
+    pub fn flush(&mut self, out: &mut Vec<Signal>) {
+        self.summarizer.flush_all(out);
+    }
+
+    /// Endpoints with an open summary.
+    pub fn open(&self) -> usize {
+        self.summarizer.open()
+    }
+}
+
+/// Calls a record stands for: 1 for a call, its calls for a summary, 0 for anything else.
+pub fn calls_in(s: &Signal) -> u64 {
+    match s {
+        Signal::Call(_) => 1,
+        Signal::Summary(x) => u64::try_from(x.calls.total()).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// What a merger has done, for `/metrics`.
+#[derive(Default)]
+pub struct Counters {
+    pub records_in: AtomicU64,
+    pub calls_in: AtomicU64,
+    /// Records that are not a signal of the contracts (skipped, their offsets committed).
+    pub undecodable: AtomicU64,
+    pub records_out: AtomicU64,
+    pub calls_out: AtomicU64,
+    pub summaries_out: AtomicU64,
+    pub transactions: AtomicU64,
+    pub aborted: AtomicU64,
+    pub open_endpoints: AtomicU64,
+    /// The last committed transaction's wall time (µs since the epoch), 0 before the first.
+    pub last_commit_us: AtomicU64,
+}
+
+impl Counters {
+    pub fn prometheus(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        let rows = [
+            (
+                "vitals_merger_records_in_total",
+                "counter",
+                "Records read from the gateway-signals topic.",
+                g(&self.records_in),
+            ),
+            (
+                "vitals_merger_calls_in_total",
+                "counter",
+                "Calls those records stand for.",
+                g(&self.calls_in),
+            ),
+            (
+                "vitals_merger_undecodable_total",
+                "counter",
+                "Records read that are no signal of the contracts (skipped).",
+                g(&self.undecodable),
+            ),
+            (
+                "vitals_merger_records_out_total",
+                "counter",
+                "Records written to the signals topic (committed or not).",
+                g(&self.records_out),
+            ),
+            (
+                "vitals_merger_calls_out_total",
+                "counter",
+                "Calls those records stand for.",
+                g(&self.calls_out),
+            ),
+            (
+                "vitals_merger_summaries_out_total",
+                "counter",
+                "Merged summaries written.",
+                g(&self.summaries_out),
+            ),
+            (
+                "vitals_merger_transactions_total",
+                "counter",
+                "Transactions committed.",
+                g(&self.transactions),
+            ),
+            (
+                "vitals_merger_transactions_aborted_total",
+                "counter",
+                "Transactions aborted (a rebalance, a broker error); their input is read again.",
+                g(&self.aborted),
+            ),
+            (
+                "vitals_merger_open_endpoints",
+                "gauge",
+                "Endpoints with an open summary in the last interval.",
+                g(&self.open_endpoints),
+            ),
+            (
+                "vitals_merger_last_commit_seconds",
+                "gauge",
+                "When the last transaction committed (Unix time).",
+                g(&self.last_commit_us) / 1_000_000,
+            ),
+        ];
+        let mut s = String::new();
+        for (name, kind, help, v) in rows {
+            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vitals_contracts::{CallOutcome, CallSummary, OutcomeClass};
+
+    #[test]
+    fn a_fleets_records_become_one_summary_per_endpoint_and_lose_no_call() {
+        let mut m = Merge::new(8, 1000, "t", "merger");
+        let mut out = Vec::new();
+        let mut calls = 0;
+        for g in 0..50 {
+            let gw = format!("gw-{g}");
+            for ep in ["a", "b"] {
+                let mut s = CallSummary::new(format!("s-{g}-{ep}"), "p", ep, &gw, 0);
+                let ok = CallOutcome::new("x", "p", ep, &gw, 0, OutcomeClass::Success);
+                s.add_times(&ok, 40);
+                calls += 40;
+                m.take(Signal::Summary(s), 1, &mut out);
+            }
+        }
+        m.flush(&mut out);
+        assert_eq!(out.len(), 2, "one summary per endpoint, not per gateway");
+        assert_eq!(out.iter().map(calls_in).sum::<u64>(), calls);
+        assert!(out
+            .iter()
+            .all(|s| matches!(s, Signal::Summary(x) if x.gateway == "merger")));
+        let tick = Signal::Tick(vitals_contracts::Tick {
+            ticker: "t".into(),
+            emitted_at: 5,
+        });
+        out.clear();
+        m.take(tick.clone(), 2, &mut out);
+        assert_eq!(out, [tick]);
+    }
+}

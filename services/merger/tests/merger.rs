@@ -1,0 +1,217 @@
+//! The merge stage on the real broker: a fleet of gateways (the real reporter, keyed by
+//! endpoint) → the real `vitals-merger` binary, killed with SIGKILL mid-run and restarted →
+//! the signals topic read `read_committed`, as the processor reads it.
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::Message;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use vitals_contracts::{decode_signal, CallOutcome, OutcomeClass, Signal};
+use vitals_testkit::*;
+
+const GATEWAYS: usize = 8;
+
+fn merger(input: &str, output: &str, group: &str, txn: &str, port: u16) -> Service {
+    let args: Vec<String> = [
+        "--brokers",
+        &brokers(),
+        "--input-topic",
+        input,
+        "--signals-topic",
+        output,
+        "--group",
+        group,
+        "--transactional-id",
+        txn,
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Service::start("vitals-merger", "merger", &args)
+}
+
+fn reporter(topic: &str) -> vitals_reporter::Reporter {
+    let mut c = vitals_reporter::Config::through_merger(brokers());
+    c.topic = topic.to_owned();
+    vitals_reporter::Reporter::new(c).expect("a reporter")
+}
+
+/// Per endpoint: (records, calls they stand for, summaries, failures one by one, gateways seen).
+#[derive(Default, Debug)]
+struct Seen {
+    records: u64,
+    calls: u64,
+    summaries: u64,
+    failures_alone: u64,
+}
+
+fn tally(seen: &mut HashMap<String, Seen>, sig: &Signal) {
+    let (ep, calls, summary) = match sig {
+        Signal::Call(c) => (c.endpoint.clone(), 1, false),
+        Signal::Summary(s) => (s.endpoint.clone(), s.calls.total() as u64, true),
+        _ => return,
+    };
+    let e = seen.entry(ep).or_default();
+    e.records += 1;
+    e.calls += calls;
+    if summary {
+        e.summaries += 1;
+    } else {
+        e.failures_alone += 1;
+    }
+}
+
+/// Read `topic` (committed records only) until `want` calls per endpoint are counted, then on
+/// until it has been quiet for 2 s (a duplicate would come after).
+async fn read_all(
+    topic: &str,
+    want: &HashMap<String, u64>,
+    deadline: Duration,
+) -> (HashMap<String, Seen>, Vec<Signal>) {
+    let c: StreamConsumer = consumer(&unique("reader"));
+    c.subscribe(&[topic]).expect("subscribe");
+    let mut seen: HashMap<String, Seen> = HashMap::new();
+    let mut all = Vec::new();
+    let end = Instant::now() + deadline;
+    let done = |seen: &HashMap<String, Seen>| want.iter().all(|(ep, n)| seen.get(ep).is_some_and(|s| s.calls >= *n));
+    loop {
+        let wait = if done(&seen) {
+            Duration::from_secs(2)
+        } else {
+            end.saturating_duration_since(Instant::now())
+        };
+        match tokio::time::timeout(wait, c.recv()).await {
+            Ok(Ok(m)) => {
+                let sig = decode_signal(m.payload().expect("a payload")).expect("a signal");
+                tally(&mut seen, &sig);
+                all.push(sig);
+            }
+            Ok(Err(e)) => panic!("reading {topic}: {e}"),
+            Err(_) if done(&seen) => return (seen, all),
+            Err(_) => panic!("{topic}: only {seen:#?} of {want:?} within {deadline:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_merged_loses_and_duplicates_no_call_when_the_merger_is_killed_and_its_output_does_not_grow_with_the_fleet(
+) {
+    let input = Topics::create(&unique("merge_in"), 4, Stamp::LogAppendTime).await;
+    let output = Topics::create(&unique("merge_out"), 2, Stamp::LogAppendTime).await;
+    let (group, txn) = (unique("merger"), unique("merger_txn"));
+    let port = free_port();
+    let mut first = merger(&input.signals, &output.signals, &group, &txn, port);
+    wait_until("the merger's transactions ready", Duration::from_secs(60), || async {
+        http_get(port, "/readyz").await.is_some_and(|b| b.contains("ready"))
+    })
+    .await;
+    let gateways: Vec<_> = (0..GATEWAYS).map(|_| reporter(&input.signals)).collect();
+    // Three endpoints: a healthy, b failing one call in ten, c refusing every call.
+    let mut want: HashMap<String, u64> = HashMap::new();
+    let mut n = 0u64;
+    let mut send_round = |round: u64| {
+        for (g, r) in gateways.iter().enumerate() {
+            for i in 0..20u64 {
+                for ep in ["a", "b", "c"] {
+                    let class = match ep {
+                        "b" if i % 10 == 3 => OutcomeClass::ServerError,
+                        "c" => OutcomeClass::ConnectError,
+                        _ => OutcomeClass::Success,
+                    };
+                    n += 1;
+                    let call = CallOutcome {
+                        latency_us: 20_000 + (i as i64) * 1_000,
+                        ttft_us: (class == OutcomeClass::Success).then_some(100_000),
+                        ..CallOutcome::new(
+                            format!("r{round}-g{g}-{i}-{ep}-{n}"),
+                            "pool",
+                            ep,
+                            format!("gw-{g}"),
+                            vitals_testkit_now(),
+                            class,
+                        )
+                    };
+                    r.report(call);
+                    *want.entry(ep.to_owned()).or_default() += 1;
+                }
+            }
+        }
+    };
+    // Rounds 40 ms apart for 2 s; the merger is killed once it has committed some of them.
+    let started = Instant::now();
+    let mut round = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        send_round(round);
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    wait_until("a transaction committed", Duration::from_secs(60), || async {
+        metric(port, "vitals_merger_transactions_total")
+            .await
+            .is_some_and(|v| v >= 2.0)
+    })
+    .await;
+    first.kill9();
+    // The gateways go on while no merger runs; a new one (same transactional id) takes over.
+    for _ in 0..10 {
+        send_round(round);
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let port2 = free_port();
+    let _second = merger(&input.signals, &output.signals, &group, &txn, port2);
+    for _ in 0..20 {
+        send_round(round);
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for r in gateways {
+        let c = r.counters();
+        assert!(r.close(Duration::from_secs(30)), "the reporter delivered everything");
+        assert_eq!(
+            c.dropped_queue_full + c.dropped_producer_full + c.dropped_invalid + c.delivery_failed,
+            0,
+            "{c:?}"
+        );
+    }
+    let (out, records) = read_all(&output.signals, &want, Duration::from_secs(120)).await;
+    // Every call once: none lost with the killed merger's open transaction, none twice.
+    for (ep, n) in &want {
+        assert_eq!(out[ep].calls, *n, "{ep}: {out:#?}");
+    }
+    // The merged summaries carry the merger, and failures went on one by one (the dead c's
+    // first failures of each interval), keeping the gateway that saw them.
+    assert!(records.iter().all(|s| match s {
+        Signal::Summary(x) => x.gateway == "vitals-merger",
+        Signal::Call(c) => c.gateway.starts_with("gw-") && c.outcome != OutcomeClass::Success,
+        _ => false,
+    }));
+    assert!(out["c"].failures_alone > 0 && out["b"].failures_alone > 0, "{out:#?}");
+    // What the gateways sent for a: a summary per gateway per interval; what reached the
+    // signals topic: about one per interval — it does not grow with the gateways.
+    let (ins, _) = read_all(&input.signals, &want, Duration::from_secs(60)).await;
+    eprintln!("gateways sent {ins:?}\nthe merger wrote {out:?}");
+    assert!(
+        out["a"].summaries * 3 < ins["a"].summaries,
+        "a: {} merged summaries from {} the gateways sent",
+        out["a"].summaries,
+        ins["a"].summaries
+    );
+    // The cap holds for the fleet: c's failures one by one are at most 8 an interval, where
+    // the gateways sent up to 8 each.
+    assert!(
+        out["c"].failures_alone * 3 < ins["c"].failures_alone,
+        "c: {} failures one by one from {}",
+        out["c"].failures_alone,
+        ins["c"].failures_alone
+    );
+}
+
+fn vitals_testkit_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as i64
+}
