@@ -258,6 +258,7 @@ proptest! {
         model in proptest::option::of("\\PC{0,10}"), interval in proptest::option::of(any::<i64>()), retry in proptest::option::of(any::<i64>()),
         deps in proptest::collection::vec(("\\PC{1,6}", any::<bool>(), 0..3usize), 0..4), detail in "\\PC{0,20}",
     ) {
+        let models: Vec<String> = attrs.keys().cloned().collect();
         let call = Signal::Call(CallOutcome { event_id: id.clone(), pool: "p".into(), endpoint: "e".into(), gateway: "g".into(),
             occurred_at: at, outcome: oc, http_status: status, latency_us: lat, ttft_us: ttft, tpot_us: tpot,
             attributes: attrs, model, retry_after_ms: retry });
@@ -267,8 +268,19 @@ proptest! {
             ttft_us: ttft, http_status: status, interval_ms: interval,
             dependencies: deps.into_iter().map(|(name, critical, s)| DependencyReport { name, critical, status: statuses[s] }).collect(),
             detail });
+        let mut sum = CallSummary::new(id.clone(), "p", "e", "g", at);
+        sum.calls.success = lat;
+        sum.calls.cancelled = at;
+        for (i, v) in [lat, at, 7, 1_000_000].into_iter().enumerate() {
+            sum.latency.record(v.rem_euclid(1 << 40));
+            sum.ttft.record_times(v.rem_euclid(1 << 30), i as i64 + 1);
+        }
+        sum.leading_failures = status.unwrap_or(-3);
+        sum.trailing_rate_limited = 5;
+        sum.max_retry_after_ms = retry;
+        sum.models = models;
         let tick = Signal::Tick(Tick { ticker: id, emitted_at: at });
-        for s in [call, probe, tick] {
+        for s in [call, probe, tick, Signal::Summary(sum)] {
             let bytes = encode_signal(&s).unwrap();
             prop_assert_eq!(decode_signal(&bytes).unwrap(), s.clone());
             prop_assert_eq!(codec::decode_signal_generic(&bytes).unwrap(), s);
@@ -309,9 +321,9 @@ proptest! {
 
     #[test]
     fn the_fast_decoders_accept_nothing_the_generic_path_rejects(
-        body in proptest::collection::vec(any::<u8>(), 0..120), which in 0..3usize,
+        body in proptest::collection::vec(any::<u8>(), 0..120), which in 0..4usize,
     ) {
-        let kind = [SchemaKind::CallOutcome, SchemaKind::ProbeResult, SchemaKind::Tick][which];
+        let kind = [SchemaKind::CallOutcome, SchemaKind::ProbeResult, SchemaKind::Tick, SchemaKind::CallSummary][which];
         let (_, fp) = codec::current_schema(kind);
         let mut bytes = vec![0xC3, 0x01];
         bytes.extend_from_slice(&fp.to_le_bytes());

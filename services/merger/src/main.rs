@@ -1,3 +1,7 @@
+// mimalloc, as the processor: the merger allocates per record (names, histograms).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::Context as _;
 use axum::http::StatusCode;
 use axum::routing::get;

@@ -511,7 +511,7 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
 
 /// Every health change of an endpoint as a read_committed consumer (a router) sees it: (to
 /// state, when).
-type Changes = Arc<Mutex<HashMap<String, Vec<(HealthState, Instant)>>>>;
+type Changes = Arc<Mutex<HashMap<String, Vec<(HealthState, Instant, String)>>>>;
 
 fn watch_changes(topic: &str, group: &str) -> anyhow::Result<Changes> {
     let c: StreamConsumer = ClientConfig::new()
@@ -533,7 +533,7 @@ fn watch_changes(topic: &str, group: &str) -> anyhow::Result<Changes> {
                     .expect("changes")
                     .entry(h.endpoint.clone())
                     .or_default()
-                    .push((h.to_state, at));
+                    .push((h.to_state, at, h.reason.clone()));
             }
         }
     });
@@ -638,7 +638,14 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let port = vitals_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut processor = stack::start_processor(&topics, &name, &name, &["--http-addr", &addr]);
+    // Ticks as in production (every second): they also carry the processor past a merger's
+    // last transaction marker, which a partition's high watermark counts.
+    let mut processor = stack::start_processor(
+        &topics,
+        &name,
+        &name,
+        &["--http-addr", &addr, "--tick-interval-ms", "1000"],
+    );
     let merger_group = format!("{name}-merger");
     let mut merger = input.as_ref().map(|input| {
         let args: Vec<String> = [
@@ -806,6 +813,7 @@ async fn main() -> anyhow::Result<()> {
     let changes = changes.lock().unwrap().clone();
     let mut delays: HashMap<Fault, Vec<f64>> = HashMap::new();
     let mut missed: HashMap<Fault, Vec<String>> = HashMap::new();
+    let mut already_out: HashMap<Fault, usize> = HashMap::new();
     let mut counted: HashMap<Fault, usize> = HashMap::new();
     for e in &episodes {
         *counted.entry(e.kind).or_default() += 1;
@@ -817,9 +825,16 @@ async fn main() -> anyhow::Result<()> {
         };
         let seen = changes
             .get(&ep)
-            .and_then(|v| v.iter().find(|(s, at)| *at >= from && *at < to && decided(*s)));
+            .and_then(|v| v.iter().find(|(s, at, _)| *at >= from && *at < to && decided(*s)));
+        // Out of rotation when the fault began (a cooldown or an isolation before it): nothing
+        // to detect, counted apart.
+        let out_at_start = changes
+            .get(&ep)
+            .and_then(|v| v.iter().rev().find(|(_, at, _)| *at < from))
+            .is_some_and(|(s, _, _)| *s == HealthState::Unhealthy);
         match seen {
-            Some((_, at)) => delays
+            None if out_at_start => *already_out.entry(e.kind).or_default() += 1,
+            Some((_, at, _)) => delays
                 .entry(e.kind)
                 .or_default()
                 .push((*at - from).as_secs_f64() * 1000.0),
@@ -832,16 +847,16 @@ async fn main() -> anyhow::Result<()> {
     // Ejections of an endpoint with no fault then (nor in the 60 s after one, its recovery).
     let false_ejections: Vec<String> = changes
         .iter()
-        .flat_map(|(ep, v)| v.iter().map(move |(s, at)| (ep, *s, *at)))
-        .filter(|(_, s, _)| *s == HealthState::Unhealthy)
-        .filter(|(ep, _, at)| {
+        .flat_map(|(ep, v)| v.iter().map(move |(s, at, why)| (ep, *s, *at, why)))
+        .filter(|(_, s, _, _)| *s == HealthState::Unhealthy)
+        .filter(|(ep, _, at, _)| {
             !episodes.iter().any(|e| {
                 endpoint_name(e.pool, e.endpoint) == **ep
                     && *at >= start + e.start
                     && *at < start + e.end + Duration::from_secs(60)
             })
         })
-        .map(|(ep, _, at)| format!("{ep}@{:.0}s", (at - start).as_secs_f64()))
+        .map(|(ep, _, at, why)| format!("{ep}@{:.0}s: {why}", (at - start).as_secs_f64()))
         .collect();
     let signals_metric: f64 = metrics
         .lines()
@@ -897,9 +912,10 @@ async fn main() -> anyhow::Result<()> {
         let mut d = delays.get(&kind).cloned().unwrap_or_default();
         let miss = missed.get(&kind).cloned().unwrap_or_default();
         println!(
-            "  detection, {}: {} faults, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; missed {}{}",
+            "  detection, {}: {} faults ({} out of rotation when it began), p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; missed {}{}",
             kind.describe(),
             counted.get(&kind).copied().unwrap_or(0),
+            already_out.get(&kind).copied().unwrap_or(0),
             percentile(&mut d, 0.5),
             percentile(&mut d, 0.99),
             percentile(&mut d, 1.0),
@@ -911,13 +927,16 @@ async fn main() -> anyhow::Result<()> {
             }
         );
     }
+    let cooled = false_ejections.iter().filter(|e| e.contains("rate limited")).count();
+    let others: Vec<&String> = false_ejections.iter().filter(|e| !e.contains("rate limited")).collect();
     println!(
-        "  ejections without a fault: {}{}",
-        false_ejections.len(),
-        if false_ejections.is_empty() {
+        "  out of rotation without a fault: {} cooldowns (429s among the noise, the upstream's Retry-After), {} ejections{}",
+        cooled,
+        others.len(),
+        if others.is_empty() {
             String::new()
         } else {
-            format!(" {:?}", &false_ejections[..false_ejections.len().min(5)])
+            format!(" {:?}", &others[..others.len().min(4)])
         }
     );
     println!(
