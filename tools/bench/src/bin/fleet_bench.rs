@@ -84,6 +84,10 @@ struct Args {
     tick_ms: u64,
     #[arg(long, default_value_t = 16)]
     partitions: i32,
+    /// Noise on every endpoint, as a multiple of 1 % 5xx, 2 % 4xx and 0.5 % 429s (0: none, as
+    /// the benchmark of issue 29 had).
+    #[arg(long, default_value_t = 1.0)]
+    noise: f64,
     /// Partitions of the gateway-signals topic (`--merge`).
     #[arg(long, default_value_t = 16)]
     input_partitions: i32,
@@ -265,6 +269,8 @@ struct Group<'a> {
     endpoint: &'a str,
     gateway: &'a str,
     now: Micros,
+    /// The noise's multiple (`--noise`).
+    noise: f64,
 }
 
 /// Calls alike, in the order they came: (class, calls, latency µs, first token µs, Retry-After ms).
@@ -303,9 +309,9 @@ fn hand_over(
             0
         };
         let hung = if fault == Some(Fault::Hung) { take(0.30, rng) } else { 0 };
-        let noise_5xx = take(0.01, rng);
-        let noise_4xx = take(0.02, rng);
-        let noise_429 = take(0.005, rng);
+        let noise_5xx = take(0.01 * g.noise, rng);
+        let noise_4xx = take(0.02 * g.noise, rng);
+        let noise_429 = take(0.005 * g.noise, rng);
         // The rest succeed, split at a random point with the failures between: their place
         // among the calls is at random, as each group's time is.
         let cut = rng.below(u64::from(left) + 1) as u32;
@@ -491,6 +497,7 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
                         endpoint: &eps[pair.endpoint as usize],
                         gateway: &gateway_names[g],
                         now: at,
+                        noise: a.noise,
                     };
                     hand_over(&group, k, fault, &mut rng, &mut event, summarizer, &mut out);
                 }
@@ -867,7 +874,7 @@ async fn main() -> anyhow::Result<()> {
     let on_topic = (w1.signals_end - w0.signals_end) as f64;
     let hot = (w1.hot_end - w0.hot_end) as f64;
     println!(
-        "fleet-bench: {:?}, {} gateways, {} pools × {} endpoints ({pairs} gateway-endpoint pairs), {:.0} % of the traffic on one pool, {}; each gateway's own summarizer (250 ms, 8 failures one by one)",
+        "fleet-bench: {:?}, {} gateways, {} pools × {} endpoints ({pairs} gateway-endpoint pairs), {:.0} % of the traffic on one pool, {}; each gateway's own summarizer (250 ms, 8 failures one by one); noise × {}",
         args.shape,
         args.gateways,
         args.pools,
@@ -877,7 +884,8 @@ async fn main() -> anyhow::Result<()> {
             format!("gateways → {} partitions keyed by endpoint → vitals-merger → signals", args.input_partitions)
         } else {
             "gateways → signals topic keyed by pool".to_owned()
-        }
+        },
+        args.noise
     );
     println!(
         "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M); gateways sent {:.0} records/s ({:.2} MB/s before compression, {:.0} calls a record, {} failures one by one in all); {} late ticks",
