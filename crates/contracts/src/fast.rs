@@ -97,6 +97,19 @@ impl<'a> Reader<'a> {
             .ok_or_else(|| self.err(format!("block of {n} items")))
     }
 
+    /// An array or a map: `each` reads one item, for every item of every block.
+    fn items(&mut self, mut each: impl FnMut(&mut Self) -> Result<(), CodecError>) -> Result<(), CodecError> {
+        loop {
+            let n = self.block()?;
+            if n == 0 {
+                return Ok(());
+            }
+            for _ in 0..n {
+                each(self)?;
+            }
+        }
+    }
+
     fn outcome(&mut self) -> Result<OutcomeClass, CodecError> {
         Ok(OutcomeClass::ALL[self.index(OutcomeClass::ALL.len(), "OutcomeClass")?])
     }
@@ -137,16 +150,12 @@ fn call(r: &mut Reader<'_>) -> Result<CallOutcome, CodecError> {
         tpot_us: r.optional(Reader::long)?,
         attributes: {
             let mut m = BTreeMap::new();
-            loop {
-                let n = r.block()?;
-                if n == 0 {
-                    break m;
-                }
-                for _ in 0..n {
-                    let k = r.string()?;
-                    m.insert(k, r.string()?);
-                }
-            }
+            r.items(|r| {
+                let k = r.string()?;
+                m.insert(k, r.string()?);
+                Ok(())
+            })?;
+            m
         },
         model: r.optional(Reader::string)?,
         retry_after_ms: r.optional(Reader::long)?,
@@ -175,19 +184,15 @@ fn probe(r: &mut Reader<'_>) -> Result<ProbeResult, CodecError> {
         interval_ms: r.optional(Reader::long)?,
         dependencies: {
             let mut v = Vec::new();
-            loop {
-                let n = r.block()?;
-                if n == 0 {
-                    break v;
-                }
-                for _ in 0..n {
-                    v.push(DependencyReport {
-                        name: r.string()?,
-                        critical: r.boolean()?,
-                        status: STATUS[r.index(STATUS.len(), "DependencyStatus")?],
-                    });
-                }
-            }
+            r.items(|r| {
+                v.push(DependencyReport {
+                    name: r.string()?,
+                    critical: r.boolean()?,
+                    status: STATUS[r.index(STATUS.len(), "DependencyStatus")?],
+                });
+                Ok(())
+            })?;
+            v
         },
         detail: r.string()?,
     })
@@ -203,19 +208,13 @@ fn tick(r: &mut Reader<'_>) -> Result<Tick, CodecError> {
 fn histogram(r: &mut Reader<'_>) -> Result<Histogram, CodecError> {
     let sum_us = r.long()?;
     let mut buckets = Vec::new();
-    loop {
-        let n = r.block()?;
-        if n == 0 {
-            break;
-        }
-        buckets.reserve(n);
-        for _ in 0..n {
-            buckets.push(HistogramBucket {
-                index: r.int()?,
-                count: r.long()?,
-            });
-        }
-    }
+    r.items(|r| {
+        buckets.push(HistogramBucket {
+            index: r.int()?,
+            count: r.long()?,
+        });
+        Ok(())
+    })?;
     Ok(Histogram { sum_us, buckets })
 }
 
@@ -250,15 +249,11 @@ fn summary(r: &mut Reader<'_>) -> Result<CallSummary, CodecError> {
         max_retry_after_ms: r.optional(Reader::long)?,
         models: {
             let mut v = Vec::new();
-            loop {
-                let n = r.block()?;
-                if n == 0 {
-                    break v;
-                }
-                for _ in 0..n {
-                    v.push(r.string()?);
-                }
-            }
+            r.items(|r| {
+                v.push(r.string()?);
+                Ok(())
+            })?;
+            v
         },
     })
 }
