@@ -176,6 +176,9 @@ struct Shared {
     one_by_one: AtomicU64,
     late_ticks: AtomicU64,
     started: Mutex<Option<Instant>>,
+    /// When each fault's first calls were handed over (by its index in the schedule): a late
+    /// tick of the simulated gateways delays them, and detection counts from them.
+    applied: Mutex<HashMap<usize, Instant>>,
     stop: AtomicBool,
 }
 
@@ -469,9 +472,10 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
         next += tick;
         let elapsed = now_i - start;
         faulty.clear();
-        for e in &episodes {
+        for (i, e) in episodes.iter().enumerate() {
             if e.start <= elapsed && elapsed < e.end {
                 faulty.insert((e.pool, e.endpoint), e.kind);
+                shared.applied.lock().unwrap().entry(i).or_insert(now_i);
             }
         }
         let now = now_us();
@@ -683,6 +687,7 @@ async fn main() -> anyhow::Result<()> {
         one_by_one: AtomicU64::new(0),
         late_ticks: AtomicU64::new(0),
         started: Mutex::new(None),
+        applied: Mutex::default(),
         stop: AtomicBool::new(false),
     });
     let changes = watch_changes(&topics.changes, &format!("{name}-watch"))?;
@@ -813,19 +818,21 @@ async fn main() -> anyhow::Result<()> {
     .fetch_one(&db)
     .await?;
 
-    // Detection: from a fault's start to its endpoint's first change out of healthy (a
-    // slow first token: degraded is the decision; the others: out of rotation, or for a 429
-    // storm any change) before the fault ended and 5 s more.
+    // Detection: from a fault's first calls (the tick that handed them over) to its endpoint's
+    // first change out of healthy (a slow first token: degraded is the decision; the others:
+    // out of rotation, or for a 429 storm any change) before the fault ended and 5 s more.
     let start = shared.started.lock().unwrap().expect("the generator started");
     let changes = changes.lock().unwrap().clone();
     let mut delays: HashMap<Fault, Vec<f64>> = HashMap::new();
     let mut missed: HashMap<Fault, Vec<String>> = HashMap::new();
     let mut already_out: HashMap<Fault, usize> = HashMap::new();
     let mut counted: HashMap<Fault, usize> = HashMap::new();
-    for e in &episodes {
+    let applied = shared.applied.lock().unwrap().clone();
+    for (i, e) in episodes.iter().enumerate() {
         *counted.entry(e.kind).or_default() += 1;
         let ep = endpoint_name(e.pool, e.endpoint);
-        let (from, to) = (start + e.start, start + e.end + Duration::from_secs(5));
+        let from = applied.get(&i).copied().unwrap_or(start + e.start);
+        let to = start + e.end + Duration::from_secs(5);
         let decided = |s: HealthState| match e.kind {
             Fault::SlowTtft | Fault::RateLimited => s != HealthState::Healthy,
             _ => matches!(s, HealthState::Unhealthy),
