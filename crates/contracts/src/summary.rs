@@ -552,14 +552,21 @@ impl Summarizer {
             summary.endpoint.as_str(),
             summary.gateway.as_str(),
         ];
-        if self.slot(key, names, now, out).summary.is_none() {
-            let id = Summarizer::next_id(&mut self.next, &self.instance, key);
-            let o = self.open.get_mut(&key).expect("opened above");
-            o.summary = Some(CallSummary::new(id, &o.names[0], &o.names[1], &o.names[2], now));
-        }
-        if let Some(open) = self.open.get_mut(&key).and_then(|o| o.summary.as_mut()) {
+        let o = match self.slot(key, names, now, out) {
+            o if o.summary.is_some() => o,
+            _ => self.start_summary(key, now),
+        };
+        if let Some(open) = o.summary.as_mut() {
             open.append(&summary);
         }
+    }
+
+    /// Open a new summary in the endpoint's interval (opened by `slot`): once an interval.
+    fn start_summary(&mut self, key: u64, now: Micros) -> &mut Open {
+        let id = Summarizer::next_id(&mut self.next, &self.instance, key);
+        let o = self.open.get_mut(&key).expect("the interval is open");
+        o.summary = Some(CallSummary::new(id, &o.names[0], &o.names[1], &o.names[2], now));
+        o
     }
 
     pub fn config(&self) -> SummaryConfig {
@@ -619,14 +626,9 @@ impl Summarizer {
                 return;
             }
         }
-        let o = if o.summary.is_none() {
-            // Once an interval: a new summary's id.
-            let id = Summarizer::next_id(&mut self.next, &self.instance, key);
-            let o = self.open.get_mut(&key).expect("opened above");
-            o.summary = Some(CallSummary::new(id, &o.names[0], &o.names[1], &o.names[2], now));
-            o
-        } else {
-            o
+        let o = match o {
+            o if o.summary.is_some() => o,
+            _ => self.start_summary(key, now),
         };
         if let Some(summary) = o.summary.as_mut() {
             if hung {

@@ -37,6 +37,23 @@ pub fn consumer(kafka: &KafkaArgs, group: &str, extra: &[(&str, &str)]) -> Clien
     c
 }
 
+/// Create `topics` where they are missing (one that exists is left as it is).
+pub async fn create_topics(kafka: &KafkaArgs, topics: &[&rdkafka::admin::NewTopic<'_>]) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::types::RDKafkaErrorCode;
+    let admin: AdminClient<DefaultClientContext> = config(kafka, &[]).create()?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in admin.create_topics(topics.iter().copied(), &opts).await? {
+        match r {
+            Ok(t) => tracing::info!(topic = %t, "created topic"),
+            Err((t, RDKafkaErrorCode::TopicAlreadyExists)) => tracing::debug!(topic = %t, "topic exists"),
+            Err((t, e)) => anyhow::bail!("cannot create topic {t}: {e}"),
+        }
+    }
+    Ok(())
+}
+
 /// The partitions of `topic` as the broker knows them (none if it does not know the topic).
 /// A blocking call: from async code, run it with `spawn_blocking`.
 pub fn partitions<C: ConsumerContext>(

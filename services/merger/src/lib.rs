@@ -21,8 +21,8 @@
 
 pub mod run;
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use vitals_contracts::{Micros, Signal, Summarizer, SummaryConfig};
+use vitals_runtime::metrics::{Counter, Gauge, Registry};
 
 /// One merger's sums for one transaction.
 pub struct Merge {
@@ -76,93 +76,83 @@ pub fn calls_in(s: &Signal) -> u64 {
     }
 }
 
-/// What a merger has done, for `/metrics`.
-#[derive(Default)]
+/// What a merger has done, for `/metrics` (the project's registry, as the other services).
 pub struct Counters {
-    pub records_in: AtomicU64,
-    pub calls_in: AtomicU64,
+    pub records_in: Counter,
+    pub calls_in: Counter,
     /// Records that are not a signal of the contracts (skipped, their offsets committed).
-    pub undecodable: AtomicU64,
-    pub records_out: AtomicU64,
-    pub calls_out: AtomicU64,
-    pub summaries_out: AtomicU64,
-    pub transactions: AtomicU64,
-    pub aborted: AtomicU64,
-    pub open_endpoints: AtomicU64,
-    /// The last committed transaction's wall time (µs since the epoch), 0 before the first.
-    pub last_commit_us: AtomicU64,
+    pub undecodable: Counter,
+    pub records_out: Counter,
+    pub calls_out: Counter,
+    pub summaries_out: Counter,
+    pub transactions: Counter,
+    pub aborted: Counter,
+    pub open_endpoints: Gauge,
+    /// The last committed transaction's wall time (seconds since the epoch), 0 before the first.
+    pub last_commit_seconds: Gauge,
+    registry: Registry,
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        let mut r = Registry::default();
+        let mut counter = |name: &str, help: &str| {
+            let c = Counter::default();
+            r.register(name, help, c.clone());
+            c
+        };
+        let records_in = counter(
+            "vitals_merger_records_in",
+            "Records read from the gateway-signals topic.",
+        );
+        let calls_in = counter("vitals_merger_calls_in", "Calls those records stand for.");
+        let undecodable = counter(
+            "vitals_merger_undecodable",
+            "Records read that are no signal of the contracts (skipped).",
+        );
+        let records_out = counter(
+            "vitals_merger_records_out",
+            "Records written to the signals topic (committed or not).",
+        );
+        let calls_out = counter("vitals_merger_calls_out", "Calls those records stand for.");
+        let summaries_out = counter("vitals_merger_summaries_out", "Merged summaries written.");
+        let transactions = counter("vitals_merger_transactions", "Transactions committed.");
+        let aborted = counter(
+            "vitals_merger_transactions_aborted",
+            "Transactions aborted (a rebalance, a broker error); their input is read again.",
+        );
+        let mut gauge = |name: &str, help: &str| {
+            let g = Gauge::default();
+            r.register(name, help, g.clone());
+            g
+        };
+        let open_endpoints = gauge(
+            "vitals_merger_open_endpoints",
+            "Endpoints with an open summary in the last interval.",
+        );
+        let last_commit_seconds = gauge(
+            "vitals_merger_last_commit_seconds",
+            "When the last transaction committed (Unix time).",
+        );
+        Counters {
+            records_in,
+            calls_in,
+            undecodable,
+            records_out,
+            calls_out,
+            summaries_out,
+            transactions,
+            aborted,
+            open_endpoints,
+            last_commit_seconds,
+            registry: r,
+        }
+    }
 }
 
 impl Counters {
-    pub fn prometheus(&self) -> String {
-        let g = |a: &AtomicU64| a.load(Relaxed);
-        let rows = [
-            (
-                "vitals_merger_records_in_total",
-                "counter",
-                "Records read from the gateway-signals topic.",
-                g(&self.records_in),
-            ),
-            (
-                "vitals_merger_calls_in_total",
-                "counter",
-                "Calls those records stand for.",
-                g(&self.calls_in),
-            ),
-            (
-                "vitals_merger_undecodable_total",
-                "counter",
-                "Records read that are no signal of the contracts (skipped).",
-                g(&self.undecodable),
-            ),
-            (
-                "vitals_merger_records_out_total",
-                "counter",
-                "Records written to the signals topic (committed or not).",
-                g(&self.records_out),
-            ),
-            (
-                "vitals_merger_calls_out_total",
-                "counter",
-                "Calls those records stand for.",
-                g(&self.calls_out),
-            ),
-            (
-                "vitals_merger_summaries_out_total",
-                "counter",
-                "Merged summaries written.",
-                g(&self.summaries_out),
-            ),
-            (
-                "vitals_merger_transactions_total",
-                "counter",
-                "Transactions committed.",
-                g(&self.transactions),
-            ),
-            (
-                "vitals_merger_transactions_aborted_total",
-                "counter",
-                "Transactions aborted (a rebalance, a broker error); their input is read again.",
-                g(&self.aborted),
-            ),
-            (
-                "vitals_merger_open_endpoints",
-                "gauge",
-                "Endpoints with an open summary in the last interval.",
-                g(&self.open_endpoints),
-            ),
-            (
-                "vitals_merger_last_commit_seconds",
-                "gauge",
-                "When the last transaction committed (Unix time).",
-                g(&self.last_commit_us) / 1_000_000,
-            ),
-        ];
-        let mut s = String::new();
-        for (name, kind, help, v) in rows {
-            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
-        }
-        s
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 

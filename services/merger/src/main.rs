@@ -149,7 +149,10 @@ async fn main() -> anyhow::Result<()> {
                         })
                     }),
                 )
-                .route("/metrics", get(move || std::future::ready(counters.prometheus())))
+                .route(
+                    "/metrics",
+                    get(move || std::future::ready(vitals_runtime::metrics::response(counters.registry()))),
+                )
         };
         let listener = tokio::net::TcpListener::bind(&cfg.http_addr)
             .await

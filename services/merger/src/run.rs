@@ -103,10 +103,16 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
     // Ids unique to this run: a restarted merger must not reuse its predecessor's.
     let instance = format!("{}.{:x}", s.transactional_id, now_us());
     let mut out = Vec::new();
+    // One merge for the run: each commit flushes it (the endpoints' map keeps its room), an
+    // abort starts it again. Input offsets of the transaction, by partition of `s.input`.
+    let mut merge = Merge::new(s.failure_cap, s.max_open, &instance, &s.gateway);
+    let mut positions: BTreeMap<i32, i64> = BTreeMap::new();
     while !stop.load(Relaxed) {
         producer.begin_transaction().context("beginning a transaction")?;
-        let mut merge = Merge::new(s.failure_cap, s.max_open, &instance, &s.gateway);
-        let mut positions: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        positions.clear();
+        // The transaction's time: the merge's intervals are cut by commits, not by it, and the
+        // summaries take their times from the calls.
+        let now = now_us();
         let end = Instant::now() + s.interval;
         let mut rebalanced = false;
         loop {
@@ -122,15 +128,15 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
                 None => {}
                 Some(Err(e)) => tracing::warn!(error = %e, "consumer"),
                 Some(Ok(m)) => {
-                    positions.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
-                    counters.records_in.fetch_add(1, Relaxed);
+                    positions.insert(m.partition(), m.offset() + 1);
+                    counters.records_in.inc();
                     match m.payload().map(decode_signal) {
                         Some(Ok(sig)) => {
-                            counters.calls_in.fetch_add(calls_in(&sig), Relaxed);
-                            merge.take(sig, now_us(), &mut out);
+                            counters.calls_in.inc_by(calls_in(&sig));
+                            merge.take(sig, now, &mut out);
                         }
                         _ => {
-                            counters.undecodable.fetch_add(1, Relaxed);
+                            counters.undecodable.inc();
                         }
                     }
                     send_all(&producer, &s.output, &mut out, counters)?;
@@ -141,19 +147,17 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
             }
         }
         if rebalanced {
+            merge = Merge::new(s.failure_cap, s.max_open, &instance, &s.gateway);
             abort_and_rewind(&producer, &consumer, counters)?;
             continue;
         }
-        counters.open_endpoints.store(merge.open() as u64, Relaxed);
+        counters.open_endpoints.set(merge.open() as i64);
         merge.flush(&mut out);
         send_all(&producer, &s.output, &mut out, counters)?;
-        let committed = commit(&producer, &consumer, &positions);
-        match committed {
+        match commit(&producer, &consumer, &s.input, &positions) {
             Ok(()) => {
-                counters.transactions.fetch_add(1, Relaxed);
-                counters
-                    .last_commit_us
-                    .store(u64::try_from(now_us()).unwrap_or(0), Relaxed);
+                counters.transactions.inc();
+                counters.last_commit_seconds.set(now_us() / 1_000_000);
             }
             Err(KafkaError::Transaction(e)) if e.is_fatal() => {
                 return Err(anyhow::anyhow!(
@@ -195,10 +199,10 @@ fn send_all(
                 Err((e, _)) => return Err(e).context("producing a merged record"),
             }
         }
-        counters.records_out.fetch_add(1, Relaxed);
-        counters.calls_out.fetch_add(calls_in(&sig), Relaxed);
+        counters.records_out.inc();
+        counters.calls_out.inc_by(calls_in(&sig));
         if matches!(sig, Signal::Summary(_)) {
-            counters.summaries_out.fetch_add(1, Relaxed);
+            counters.summaries_out.inc();
         }
     }
     Ok(())
@@ -207,11 +211,12 @@ fn send_all(
 fn commit(
     producer: &ThreadedProducer<DefaultProducerContext>,
     consumer: &BaseConsumer<Ctx>,
-    positions: &BTreeMap<(String, i32), i64>,
+    topic: &str,
+    positions: &BTreeMap<i32, i64>,
 ) -> Result<(), KafkaError> {
     if !positions.is_empty() {
         let mut tpl = TopicPartitionList::new();
-        for ((topic, p), o) in positions {
+        for (p, o) in positions {
             tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
         }
         let cgm = consumer
@@ -229,7 +234,7 @@ fn abort_and_rewind(
     consumer: &BaseConsumer<Ctx>,
     counters: &Counters,
 ) -> anyhow::Result<()> {
-    counters.aborted.fetch_add(1, Relaxed);
+    counters.aborted.inc();
     producer
         .abort_transaction(TXN_TIMEOUT)
         .context("aborting a transaction")?;
@@ -271,17 +276,7 @@ pub async fn ensure_input_topic(
     partitions: i32,
     replication: i32,
 ) -> anyhow::Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = kafka::config(kafka, &[]).create()?;
+    use rdkafka::admin::{NewTopic, TopicReplication};
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for r in admin.create_topics([&new], &opts).await? {
-        match r {
-            Ok(t) => tracing::info!(topic = %t, partitions, "created topic"),
-            Err((t, RDKafkaErrorCode::TopicAlreadyExists)) => tracing::debug!(topic = %t, "topic exists"),
-            Err((t, e)) => anyhow::bail!("cannot create topic {t}: {e}"),
-        }
-    }
-    Ok(())
+    kafka::create_topics(kafka, &[&new]).await
 }

@@ -1,11 +1,8 @@
 //! Kafka client settings and topic creation.
 
 use crate::config::Config;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::admin::{NewTopic, TopicReplication};
 use rdkafka::ClientConfig;
-use std::time::Duration;
 use vitals_runtime::kafka;
 
 pub fn base_config(cfg: &Config) -> ClientConfig {
@@ -48,7 +45,6 @@ pub fn consumer_config(cfg: &Config) -> ClientConfig {
 
 /// Create the signals, changes, state (compacted) and dead-letter topics if missing.
 pub async fn ensure_topics(cfg: &Config) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = base_config(cfg).create()?;
     let replication = || TopicReplication::Fixed(cfg.replication_factor);
     let signals = NewTopic::new(&cfg.topics.signals_topic, cfg.partitions, replication())
         // Stream time is the broker's append time: the log, not a gateway's clock, orders time.
@@ -56,14 +52,5 @@ pub async fn ensure_topics(cfg: &Config) -> anyhow::Result<()> {
     let changes = NewTopic::new(&cfg.topics.changes_topic, cfg.partitions, replication());
     let state = NewTopic::new(&cfg.topics.state_topic, cfg.partitions, replication()).set("cleanup.policy", "compact");
     let dlq = NewTopic::new(&cfg.topics.dlq_topic, 1, replication()).set("retention.ms", "1209600000");
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = admin.create_topics([&signals, &changes, &state, &dlq], &opts).await?;
-    for r in results {
-        match r {
-            Ok(t) => tracing::info!(topic = %t, "created topic"),
-            Err((t, RDKafkaErrorCode::TopicAlreadyExists)) => tracing::debug!(topic = %t, "topic exists"),
-            Err((t, e)) => anyhow::bail!("cannot create topic {t}: {e}"),
-        }
-    }
-    Ok(())
+    kafka::create_topics(&cfg.kafka, &[&signals, &changes, &state, &dlq]).await
 }
