@@ -221,6 +221,11 @@ pub struct Tracker {
     /// First tokens far slower than the peers' (set by the pool).
     #[serde(default)]
     ttft_outlier: bool,
+    /// Calls the window counted when the endpoint last left rotation (the most of those of an
+    /// ejection and the re-ejections that followed it): its traffic, for the run of failures
+    /// that re-ejects it in slow start (see [`noise_run`]), when its own window is empty.
+    #[serde(default)]
+    traffic_when_out: u64,
 }
 
 impl Tracker {
@@ -267,6 +272,7 @@ impl Tracker {
             readmitted_at: None,
             failure_outlier: false,
             ttft_outlier: false,
+            traffic_when_out: 0,
         }
     }
 
@@ -378,6 +384,11 @@ impl Tracker {
         self.ramp_until
     }
 
+    /// Calls the window counted when the endpoint last left rotation.
+    pub(crate) fn traffic_when_out(&self) -> u64 {
+        self.traffic_when_out
+    }
+
     pub(crate) fn last_isolated_at(&self) -> Option<Micros> {
         self.last_isolated_at
     }
@@ -486,7 +497,11 @@ impl Tracker {
             policy.ewma_beta.powf(steps as f64)
         };
         self.score = keep * self.score + (1.0 - keep) * sample;
-        if self.consecutive_hard >= policy.hard_break_after as u32 {
+        // The hard break's run zeroes the score: the policy's, or at high traffic the longer
+        // run that noise does not make (the window is summed only when the policy's is met).
+        if self.consecutive_hard >= policy.hard_break_after as u32
+            && self.consecutive_hard >= noise_run(self.window.rate(now, us(policy.bucket_ms)).counted(), policy)
+        {
             self.score = 0.0;
         }
         self.above_since = if self.score > policy.recover_above {
@@ -831,6 +846,11 @@ impl Tracker {
         let was_cooling = self.cooling();
         let (to, retry_at) = match entry {
             Entry::Eject(dim) => {
+                let counted = self.window.rate(now, us(policy.bucket_ms)).counted();
+                self.traffic_when_out = match from {
+                    HealthState::Healthy | HealthState::Suspect | HealthState::Degraded => counted,
+                    _ => self.traffic_when_out.max(counted),
+                };
                 let ms = self.next_isolation(now, policy);
                 (HealthState::Unhealthy, Some(self.isolate(now, ms, dim)))
             }
@@ -958,6 +978,24 @@ impl Tracker {
         }
         self.ttft_percentile(q)
     }
+}
+
+/// The shortest run of failures that failures at 1 % — a healthy endpoint's noise, failing at
+/// random — make less than once a day at a traffic of `counted` calls over the policy's window:
+/// 3 up to ~11 calls a second, 4 up to ~1,157, 5 up to ~115,740, 6 beyond. Three failures in a
+/// row are evidence at 5 calls a second (1 % noise makes them once in 2.3 days), and none at
+/// 5,000 (every 200 s): the hard break and the consecutive-failure rule ask for at least this
+/// (`pool/ejection.rs`), so that a busy endpoint is not ejected for its noise, while a dead one
+/// still is within a few calls. Whole numbers only (the engine replays bit for bit): the
+/// smallest k with calls a day < 100^k.
+pub fn noise_run(counted: u64, policy: &Policy) -> u32 {
+    let per_day = u128::from(counted) * 86_400_000 / policy.window_ms.max(1) as u128;
+    let (mut k, mut bound) = (1u32, 100u128);
+    while per_day >= bound {
+        k += 1;
+        bound *= 100;
+    }
+    k
 }
 
 pub fn buckets(policy: &Policy) -> usize {

@@ -6,8 +6,10 @@ use vitals_contracts::Policy;
 /// A rule an endpoint crosses: an ejection, degradation or suspicion cause.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Cause {
-    HardBreak,
-    ConsecutiveFailures,
+    /// Hard failures in a row, at least this many (the policy's, or longer at high traffic).
+    HardBreak(u32),
+    /// Failures in a row, at least this many.
+    ConsecutiveFailures(u32),
     FailureRate,
     CriticalDown,
     HeartbeatSilence,
@@ -37,8 +39,8 @@ impl Cause {
     /// The crossed rule as the threshold the audit log records.
     fn threshold(self, t: &Tracker, policy: &Policy) -> String {
         match self {
-            Cause::HardBreak => format!("consecutive_5xx_or_timeouts>={}", policy.hard_break_after),
-            Cause::ConsecutiveFailures => format!("consecutive_failures>={}", policy.consecutive_failures),
+            Cause::HardBreak(n) => format!("consecutive_5xx_or_timeouts>={n}"),
+            Cause::ConsecutiveFailures(n) => format!("consecutive_failures>={n}"),
             Cause::FailureRate => format!("failure_rate>{}", policy.failure_rate_threshold),
             Cause::CriticalDown => format!("critical_dependency_down:{}", t.critical_down().join(",")),
             Cause::HeartbeatSilence => format!("heartbeat_silence>={}x_interval", policy.heartbeat_unhealthy_intervals),

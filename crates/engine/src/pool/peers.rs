@@ -112,7 +112,7 @@ impl PoolState {
             .set_failure_outlier(outlier);
     }
 
-    fn failure_outlier_over(&self, name: &str, longer: bool) -> bool {
+    pub(super) fn failure_outlier_over(&self, name: &str, longer: bool) -> bool {
         let policy = &self.policy;
         let t = &self.endpoints[name];
         let own = if longer {

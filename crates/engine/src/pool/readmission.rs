@@ -12,7 +12,7 @@
 //! two ejections' worth with no pass between takes it out again, with the isolation grown.
 
 use super::{Change, Outcome, PoolState, Source};
-use crate::endpoint::{probation_weight, Dimension, Tracker, PROBATION_PASSES};
+use crate::endpoint::{noise_run, probation_weight, Dimension, Tracker, PROBATION_PASSES};
 use crate::window::counts_as_failure;
 use vitals_contracts::{HealthState, Micros, OutcomeClass, Policy, ProbeKind, ReasonCode};
 
@@ -96,6 +96,7 @@ impl PoolState {
         match t.state() {
             HealthState::Unhealthy => self.while_out(o, class, dim, verdict),
             HealthState::Recovering if t.probation() => self.on_probation(o, class, verdict),
+            HealthState::Recovering if verdict == Verdict::Fail && !self.fails_slow_start(o.endpoint, class) => None,
             HealthState::Recovering if verdict == Verdict::Fail => {
                 let what = if counts_as_failure(class) {
                     class.as_str().to_owned()
@@ -107,6 +108,30 @@ impl PoolState {
             HealthState::Recovering => self.recovery_complete(o.endpoint),
             _ => None,
         }
+    }
+
+    /// Whether a failure in slow start takes the endpoint out again: one does at the traffic
+    /// where three in a row are evidence (up to ~11 calls a second, the policy's hard break).
+    /// Busier, noise of 1 % fails a call in slow start every few seconds, so it takes the run
+    /// that would eject it in rotation ([`noise_run`]: 4 from ~12 calls a second, 5 from
+    /// ~1,157; its traffic the more of its window's and what the window held when it left
+    /// rotation, as the window starts empty in slow start), or failures since the readmission
+    /// that stand out from its peers' as the peer rule asks (a share of failed calls back). A
+    /// first token too slow for an endpoint out for slow first tokens is no matter of chance: one
+    /// takes it out.
+    fn fails_slow_start(&self, name: &str, class: OutcomeClass) -> bool {
+        if !counts_as_failure(class) {
+            return true;
+        }
+        let t = &self.endpoints[name];
+        let traffic = t.rate(self.now, &self.policy).counted().max(t.traffic_when_out());
+        let noise = noise_run(traffic, &self.policy);
+        let run = if noise <= self.policy.hard_break_after.max(1) as u32 {
+            1
+        } else {
+            noise
+        };
+        t.consecutive_failures() >= run || self.failure_outlier_over(name, false)
     }
 
     /// A failure of an endpoint back in rotation takes it out again (its isolation grows: it

@@ -315,9 +315,8 @@ fn hand_over(
         let noise_5xx = take(0.01 * g.noise, rng);
         let noise_4xx = take(0.02 * g.noise, rng);
         let noise_429 = take(0.005 * g.noise, rng);
-        // The rest succeed, split at a random point with the failures between: their place
-        // among the calls is at random, as each group's time is.
-        let cut = rng.below(u64::from(left) + 1) as u32;
+        // The rest succeed; every other call takes a place of its own among them, at random (a
+        // noise 5xx next to another only by chance, as in a real stream of calls).
         let success = |k: u32, rng: &mut Rng| {
             let ttft = if fault == Some(Fault::SlowTtft) {
                 3_000_000 + rng.below(1_000_000) as i64
@@ -326,19 +325,28 @@ fn hand_over(
             };
             (OutcomeClass::Success, k, ttft + spread(rng, 400.0), Some(ttft), None)
         };
-        pieces.push(success(cut, rng));
-        let failures = [
-            (OutcomeClass::ServerError, failing + noise_5xx, 40_000, None, None),
-            (OutcomeClass::RateLimited, limited, 5_000, None, Some(2_000)),
-            (OutcomeClass::RateLimited, noise_429, 5_000, None, Some(1_000)),
-            (OutcomeClass::ClientError, noise_4xx, 20_000, None, None),
-            (OutcomeClass::Success, hung, 13_000_000, Some(12_000_000), None),
+        let kinds: [(Piece, u32); 5] = [
+            ((OutcomeClass::ServerError, 1, 40_000, None, None), failing + noise_5xx),
+            ((OutcomeClass::RateLimited, 1, 5_000, None, Some(2_000)), limited),
+            ((OutcomeClass::RateLimited, 1, 5_000, None, Some(1_000)), noise_429),
+            ((OutcomeClass::ClientError, 1, 20_000, None, None), noise_4xx),
+            ((OutcomeClass::Success, 1, 13_000_000, Some(12_000_000), None), hung),
         ];
-        let first = rng.below(failures.len() as u64) as usize;
-        for i in 0..failures.len() {
-            pieces.push(failures[(first + i) % failures.len()]);
+        let mut others: Vec<(u32, Piece)> = kinds
+            .iter()
+            .flat_map(|(piece, k)| std::iter::repeat_n(*piece, *k as usize))
+            .map(|piece| (rng.below(u64::from(left) + 1) as u32, piece))
+            .collect();
+        others.sort_by_key(|(at, _)| *at);
+        let mut done = 0;
+        for (at, piece) in others {
+            if at > done {
+                pieces.push(success(at - done, rng));
+                done = at;
+            }
+            pieces.push(piece);
         }
-        pieces.push(success(left - cut, rng));
+        pieces.push(success(left - done, rng));
     }
     for (class, k, latency_us, ttft_us, retry) in pieces {
         if k == 0 {
