@@ -221,11 +221,14 @@ pub struct Tracker {
     /// First tokens far slower than the peers' (set by the pool).
     #[serde(default)]
     ttft_outlier: bool,
-    /// Calls the window counted when the endpoint last left rotation (the most of those of an
-    /// ejection and the re-ejections that followed it): its traffic, for the run of failures
-    /// that re-ejects it in slow start (see [`noise_run`]), when its own window is empty.
+    /// The endpoint's traffic when it last left rotation, in calls a day (the most of those of
+    /// an ejection and the re-ejections that followed it): for the run of failures that
+    /// re-ejects it in slow start (see [`noise_run`]), when its own window is empty.
     #[serde(default)]
     traffic_when_out: u64,
+    /// When the engine first heard of the endpoint: its traffic is counted over no longer.
+    #[serde(default)]
+    born: Micros,
 }
 
 impl Tracker {
@@ -273,6 +276,7 @@ impl Tracker {
             failure_outlier: false,
             ttft_outlier: false,
             traffic_when_out: 0,
+            born: now,
         }
     }
 
@@ -384,9 +388,23 @@ impl Tracker {
         self.ramp_until
     }
 
-    /// Calls the window counted when the endpoint last left rotation.
+    /// Calls a day at its traffic when it last left rotation.
     pub(crate) fn traffic_when_out(&self) -> u64 {
         self.traffic_when_out
+    }
+
+    /// Its traffic in calls a day: the successes and failures in the window over the time they
+    /// span (whole buckets, the whole window once it is full; or, for an endpoint heard of
+    /// since, the time since, at least a second).
+    pub fn calls_a_day(&self, now: Micros, policy: &Policy) -> u64 {
+        let bucket_us = us(policy.bucket_ms).max(1);
+        let span_us = (i64::from(self.window.span_buckets(now, bucket_us)) * bucket_us)
+            .min(now.saturating_sub(self.born).max(1_000_000));
+        if span_us <= 0 {
+            return 0;
+        }
+        let counted = self.window.rate(now, bucket_us).counted();
+        u64::try_from(u128::from(counted) * 86_400_000_000 / span_us as u128).unwrap_or(u64::MAX)
     }
 
     pub(crate) fn last_isolated_at(&self) -> Option<Micros> {
@@ -500,7 +518,8 @@ impl Tracker {
         // The hard break's run zeroes the score: the policy's, or at high traffic the longer
         // run that noise does not make (the window is summed only when the policy's is met).
         if self.consecutive_hard >= policy.hard_break_after as u32
-            && self.consecutive_hard >= noise_run(self.window.rate(now, us(policy.bucket_ms)).counted(), policy)
+            && self.consecutive_hard
+                >= policy.hard_break_after as u32 + noise_run(self.calls_a_day(now, policy)).saturating_sub(QUIET_RUN)
         {
             self.score = 0.0;
         }
@@ -846,10 +865,10 @@ impl Tracker {
         let was_cooling = self.cooling();
         let (to, retry_at) = match entry {
             Entry::Eject(dim) => {
-                let counted = self.window.rate(now, us(policy.bucket_ms)).counted();
+                let traffic = self.calls_a_day(now, policy);
                 self.traffic_when_out = match from {
-                    HealthState::Healthy | HealthState::Suspect | HealthState::Degraded => counted,
-                    _ => self.traffic_when_out.max(counted),
+                    HealthState::Healthy | HealthState::Suspect | HealthState::Degraded => traffic,
+                    _ => self.traffic_when_out.max(traffic),
                 };
                 let ms = self.next_isolation(now, policy);
                 (HealthState::Unhealthy, Some(self.isolate(now, ms, dim)))
@@ -981,17 +1000,20 @@ impl Tracker {
 }
 
 /// The shortest run of failures that failures at 1 % — a healthy endpoint's noise, failing at
-/// random — make less than once a day at a traffic of `counted` calls over the policy's window:
-/// 3 up to ~11 calls a second, 4 up to ~1,157, 5 up to ~115,740, 6 beyond. Three failures in a
-/// row are evidence at 5 calls a second (1 % noise makes them once in 2.3 days), and none at
-/// 5,000 (every 200 s): the hard break and the consecutive-failure rule ask for at least this
+/// random — make less than once a day at `calls_a_day` (see [`Tracker::calls_a_day`]): 3 up to
+/// ~11 calls a second, 4 up to ~1,157, 5 up to ~115,740, 6 beyond. Three failures in a row are
+/// evidence at 5 calls a second (1 % noise makes them once in 2.3 days), and none at 5,000
+/// (every 200 s): the hard break and the consecutive-failure rule ask for at least this
 /// (`pool/ejection.rs`), so that a busy endpoint is not ejected for its noise, while a dead one
 /// still is within a few calls. Whole numbers only (the engine replays bit for bit): the
 /// smallest k with calls a day < 100^k.
-pub fn noise_run(counted: u64, policy: &Policy) -> u32 {
-    let per_day = u128::from(counted) * 86_400_000 / policy.window_ms.max(1) as u128;
+/// The run [`noise_run`] asks for at up to ~11 calls a second: the policy's runs hold there,
+/// and grow by one for each step beyond.
+pub const QUIET_RUN: u32 = 3;
+
+pub fn noise_run(calls_a_day: u64) -> u32 {
     let (mut k, mut bound) = (1u32, 100u128);
-    while per_day >= bound {
+    while u128::from(calls_a_day) >= bound {
         k += 1;
         bound *= 100;
     }

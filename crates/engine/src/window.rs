@@ -111,6 +111,18 @@ impl Window {
         })
     }
 
+    /// How many buckets the calls in the window span, from the oldest bucket with one to the
+    /// one `now` falls in (0 without calls): a rate divides by this, not by the whole window,
+    /// while the window is still filling.
+    pub fn span_buckets(&self, now: Micros, bucket_us: i64) -> u32 {
+        let n = number(now, bucket_us);
+        self.live(now, bucket_us)
+            .filter(|b| b.ok > 0 || b.failed > 0)
+            .map(|b| n - b.number + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Successes and failures of the last `n` buckets up to `now` (a shorter, fresher window).
     pub fn rate_last(&self, now: Micros, bucket_us: i64, n: u32) -> Rate {
         let newest = number(now, bucket_us);

@@ -1,13 +1,17 @@
 //! The engine decides the same on call summaries as on the calls they sum.
 //!
-//! Random call streams — endpoints that are healthy, down, failing a share of their calls, slow
-//! to their first token, hanging their streams (first tokens after `slow_call_ms`, which the
-//! engine takes for timeouts) or rate-limited, in random segments and at random rates — go into one
-//! engine call by call and into another through the reporter's summarizer (the contracts'
-//! `Summarizer`, 250 ms intervals, 8 failures one by one per interval). The transitions must be
-//! the same: the same endpoints, into the same states, in the same order, each within one
-//! interval (and the summarizer's flush) of the other. Where they may differ, and why, is in
-//! `crates/engine/src/pool/summary.rs`; the streams here are the faults the engine exists for.
+//! Random call streams — endpoints that are healthy (with or without 1 % of 5xx noise), down,
+//! failing a share of their calls (some busy enough to pass the summarizer's failure cap, ~37
+//! failures an interval as in fleet-bench), slow to their first token, hanging their streams
+//! (first tokens after `slow_call_ms`, which the engine takes for timeouts) or rate-limited
+//! (429s above the cap too), in random segments and at random rates — go into one engine call by
+//! call and into another through the reporter's summarizer (the contracts' `Summarizer`, 8
+//! failures one by one per interval), one per gateway: 1 or 4 gateways share each endpoint's
+//! calls at random, each sends its failures at once and its successes up to an interval late,
+//! and intervals are 250 ms or 2 s. The transitions must be the same: the same endpoints, into
+//! the same states, in the same order, each within one interval and a second of the other
+//! (`slack`). Where they may differ, and why, is in `crates/engine/src/pool/summary.rs`; the
+//! streams here are the faults the engine exists for.
 
 mod common;
 use common::*;
@@ -16,15 +20,62 @@ use vitals_contracts::*;
 use vitals_engine::{Decision, Engine};
 
 const ENDPOINTS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
-const INTERVAL: Micros = 250 * MS;
-/// How far apart the two engines may place one transition: the summary interval and the time
-/// until it is flushed (the next call or tick), or, for a decision that follows one made on a
-/// summary, the next failure after it: a transition made at a summary's stream time takes calls
-/// begun up to an interval before it for stale (begun before it), where one by one some were not
-/// (see `pool/summary.rs`): one interval and a second.
-const SLACK: Micros = INTERVAL + SEC;
-/// A state held for less than this (an interval and its flush) may be passed over by a summary.
-const BRIEF: Micros = INTERVAL + 200 * MS;
+
+/// How the calls are summarized: by how many gateways, over what interval, and whether the
+/// healthy endpoints fail 1 % of their calls.
+#[derive(Debug, Clone, Copy)]
+struct Reporting {
+    gateways: u64,
+    interval: Micros,
+    noise: bool,
+}
+
+const ONE: Reporting = Reporting {
+    gateways: 1,
+    interval: 250 * MS,
+    noise: false,
+};
+
+impl Reporting {
+    /// How far apart the two engines may place one transition: the summary interval and the
+    /// time until it is flushed (the next call or tick), or, for a decision that follows one
+    /// made on a summary, the next failure after it: a transition made at a summary's stream
+    /// time takes calls begun up to an interval before it for stale (begun before it), where
+    /// one by one some were not (see `pool/summary.rs`): one interval and a second.
+    fn slack(self) -> Micros {
+        self.interval + SEC
+    }
+    /// A state held for less than this may be passed over by a summary (it sees the interval at
+    /// once), or held by one where the calls passed it over: an interval and its flush, and a
+    /// quarter interval for the calls the next decision waits for (a state entered on one
+    /// summary and left on the next one's).
+    fn brief(self) -> Micros {
+        self.interval + self.interval / 4 + 200 * MS
+    }
+}
+
+fn reporting() -> impl Strategy<Value = Reporting> {
+    (
+        prop_oneof![Just(1u64), Just(4u64)],
+        prop_oneof![3 => Just(250 * MS), 1 => Just(2 * SEC)],
+        any::<bool>(),
+    )
+        .prop_map(|(gateways, interval, noise)| Reporting {
+            gateways,
+            interval,
+            noise,
+        })
+}
+
+/// The window rules (failure rate, peer comparison) read counts bucketed by
+/// `Policy::bucket_ms`: where their statistic grazes the threshold, the failure that crosses it
+/// may be one a bucket later in the other engine.
+const BUCKET: Micros = 3 * SEC;
+
+/// How far apart the engines may eject an endpoint that fails a share of its calls when either
+/// did on a run of failures, a chance event: the 10 s within which the decisions take out 15 %
+/// of failed calls (see [`compare`]).
+const CHANCE: Micros = 10 * SEC;
 
 #[derive(Debug, Clone, Copy)]
 enum Regime {
@@ -40,6 +91,9 @@ enum Regime {
     Hung,
 }
 
+/// Per endpoint: calls a second, and its segments (regime, seconds).
+type Fleet = Vec<(u32, Vec<(Regime, i64)>)>;
+
 fn regime() -> impl Strategy<Value = Regime> {
     prop_oneof![
         6 => Just(Regime::Healthy),
@@ -51,14 +105,16 @@ fn regime() -> impl Strategy<Value = Regime> {
     ]
 }
 
-/// Per endpoint: calls a second, and its segments (regime, seconds). Two endpoints have faults,
-/// four are healthy: two out of six never meet the max-ejection rule (50 %), where which of two
-/// faulty endpoints takes the last ejection slot is a race that one call's timing decides. Or one
-/// endpoint hangs streams beside five healthy ones: alone, because the simulated calls do not
-/// follow the engine's weights — a hanging endpoint keeps its whole rate on probation, where a
-/// router would send it 1 % of its share, and whether a second faulty endpoint is ejected then
-/// depends on how long the hanging one stays a peer on probation.
-fn fleet() -> impl Strategy<Value = Vec<(u32, Vec<(Regime, i64)>)>> {
+/// Two endpoints have faults, four are healthy: two out of six never meet the max-ejection rule
+/// (50 %), where which of two faulty endpoints takes the last ejection slot is a race that one
+/// call's timing decides. Or one endpoint hangs streams beside five healthy ones: alone, because
+/// the simulated calls do not follow the engine's weights — a hanging endpoint keeps its whole
+/// rate on probation, where a router would send it 1 % of its share, and whether a second
+/// faulty endpoint is ejected then depends on how long the hanging one stays a peer on
+/// probation. Or one busy endpoint (600–1,000 calls a second) fails 15 % of its calls or is
+/// rate-limited, past the summarizer's cap (8 failures an interval one by one), beside five
+/// healthy ones.
+fn fleet() -> impl Strategy<Value = Fleet> {
     let faulty = (20u32..150, proptest::collection::vec((regime(), 5i64..40), 1..5));
     let healthy = || (20u32..150, Just(vec![(Regime::Healthy, 5i64)]));
     let two_faulty = (
@@ -78,7 +134,16 @@ fn fleet() -> impl Strategy<Value = Vec<(u32, Vec<(Regime, i64)>)>> {
             h.insert(0, f);
             h
         });
-    prop_oneof![3 => two_faulty, 1 => one_hanging]
+    let over_cap = prop_oneof![2 => Just(Regime::Healthy), 2 => Just(Regime::Failing(15)), 1 => Just(Regime::Limited)];
+    let one_busy = (
+        (600u32..1_000, proptest::collection::vec((over_cap, 5i64..30), 1..4)),
+        proptest::collection::vec(healthy(), ENDPOINTS.len() - 1),
+    )
+        .prop_map(|(f, mut h)| {
+            h.insert(0, f);
+            h
+        });
+    prop_oneof![3 => two_faulty, 1 => one_hanging, 1 => one_busy]
 }
 
 /// splitmix64: the calls' randomness, from the case's seed.
@@ -97,9 +162,10 @@ impl Rng {
     }
 }
 
-/// The calls of a fleet, by the time they ended. Every endpoint's calls go on to the end of the
-/// longest: the last segment of each is stretched to it.
-fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], seed: u64) -> Vec<(Micros, CallOutcome)> {
+/// The calls of a fleet, by the time they ended, each made by one of `r.gateways` gateways at
+/// random. Every endpoint's calls go on to the end of the longest: the last segment of each is
+/// stretched to it.
+fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], r: Reporting, seed: u64) -> Vec<(Micros, CallOutcome)> {
     let mut rng = Rng(seed);
     let mut out = Vec::new();
     let longest = fleet
@@ -125,11 +191,11 @@ fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], seed: u64) -> Vec<(Micros, CallOut
             let end = t + secs * SEC;
             while t < end {
                 // A failing endpoint's failures stay under the summarizer's cap (8 an interval,
-                // 32 a second; half that on average, as calls come in bursts): beyond it their
-                // order among the successes is lost (summary.rs says how).
+                // 32 a second; half that on average, as calls come in bursts) but at the busy
+                // rates: beyond it their order among the successes is lost (summary.rs says how).
                 if let Regime::Failing(p) = regime {
                     let most = 16 * 100 / u64::from(*p);
-                    if u64::from(*rate) > most && rng.below(u64::from(*rate)) >= most {
+                    if *rate < 600 && u64::from(*rate) > most && rng.below(u64::from(*rate)) >= most {
                         t += gap / 2 + rng.below(gap as u64) as i64;
                         continue;
                     }
@@ -137,6 +203,7 @@ fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], seed: u64) -> Vec<(Micros, CallOut
                 id += 1;
                 let ttft_ms = 100 + rng.below(200) as i64;
                 let (class, ttft_ms, retry) = match regime {
+                    Regime::Healthy if r.noise && rng.below(100) == 0 => (OutcomeClass::ServerError, None, None),
                     Regime::Healthy => (OutcomeClass::Success, Some(ttft_ms), None),
                     Regime::Down => (OutcomeClass::ConnectError, None, None),
                     Regime::Failing(p) if rng.below(100) < u64::from(*p) => (OutcomeClass::ServerError, None, None),
@@ -165,7 +232,14 @@ fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], seed: u64) -> Vec<(Micros, CallOut
                             OutcomeClass::Success => Some(200),
                             _ => None,
                         },
-                        ..CallOutcome::new(format!("{ep}-{id}"), "p", ep, "gw-1", occurred, class)
+                        ..CallOutcome::new(
+                            format!("{ep}-{id}"),
+                            "p",
+                            ep,
+                            &format!("gw-{}", rng.below(r.gateways)),
+                            occurred,
+                            class,
+                        )
                     },
                 ));
                 // Arrivals a little irregular: the gap ± 50 %.
@@ -196,17 +270,22 @@ fn tick_at(t: Micros) -> Signal {
     })
 }
 
-/// Both ways: call by call, and summarized. Ticks every second in both.
-fn run_both(calls: &[(Micros, CallOutcome)]) -> (Moves, Moves, usize) {
+/// Both ways: call by call, and summarized by each gateway's own summarizer (flushed as its
+/// reporter does, whenever its interval is due). Ticks every second in both.
+fn run_both(calls: &[(Micros, CallOutcome)], r: Reporting) -> (Moves, Moves, usize) {
     let mut one = Engine::new(Policy::default());
     let mut summed = Engine::new(Policy::default());
-    let mut s = Summarizer::new(
-        SummaryConfig {
-            interval_us: INTERVAL,
-            ..SummaryConfig::default()
-        },
-        "prop",
-    );
+    let mut gateways: Vec<Summarizer> = (0..r.gateways)
+        .map(|g| {
+            Summarizer::new(
+                SummaryConfig {
+                    interval_us: r.interval,
+                    ..SummaryConfig::default()
+                },
+                &format!("prop{g}"),
+            )
+        })
+        .collect();
     let (mut a, mut b) = (Vec::new(), Vec::new());
     let mut records = 0;
     let mut next_tick = T0 + SEC;
@@ -224,7 +303,9 @@ fn run_both(calls: &[(Micros, CallOutcome)]) -> (Moves, Moves, usize) {
             for d in one.step(next_tick, &tick_at(next_tick)) {
                 a.push((next_tick, d));
             }
-            s.flush_due(next_tick, &mut pending);
+            for s in &mut gateways {
+                s.flush_due(next_tick, &mut pending);
+            }
             feed(&mut summed, next_tick, &mut pending, &mut b);
             for d in summed.step(next_tick, &tick_at(next_tick)) {
                 b.push((next_tick, d));
@@ -234,8 +315,11 @@ fn run_both(calls: &[(Micros, CallOutcome)]) -> (Moves, Moves, usize) {
         for d in one.step(*t, &Signal::Call(call.clone())) {
             a.push((*t, d));
         }
-        s.flush_due(*t, &mut pending);
-        s.add(call.clone(), *t, &mut pending);
+        for s in &mut gateways {
+            s.flush_due(*t, &mut pending);
+        }
+        let g: usize = call.gateway[3..].parse().expect("gw-N");
+        gateways[g].add(call.clone(), *t, &mut pending);
         feed(&mut summed, *t, &mut pending, &mut b);
     }
     (moves(&a), moves(&b), records)
@@ -245,10 +329,10 @@ type Move = (Micros, String, HealthState, String);
 
 /// A state held for less than one interval may be passed over by a summary (it sees the
 /// interval at once): the states held longer.
-fn held(v: Vec<&Move>) -> Vec<&Move> {
+fn held(v: Vec<&Move>, r: Reporting) -> Vec<&Move> {
     let mut kept: Vec<&Move> = Vec::new();
     for (i, m) in v.iter().enumerate() {
-        if v.get(i + 1).is_none_or(|next| next.0 - m.0 > BRIEF) {
+        if v.get(i + 1).is_none_or(|next| next.0 - m.0 > r.brief()) {
             if kept.last().is_some_and(|k| k.2 == m.2) {
                 continue;
             }
@@ -261,13 +345,21 @@ fn held(v: Vec<&Move>) -> Vec<&Move> {
 /// How an endpoint's transitions are compared (see [`compare`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Judged {
-    /// Every ejection and readmission, in order, each within [`SLACK`], and the time degraded.
+    /// Every ejection and readmission, in order, each within the slack, and the time degraded.
     Moves,
-    /// The first ejection.
-    FirstOut,
+    /// The first ejection. `partial`: the endpoint's faults fail a share of its calls and
+    /// never all of them (no `Down` segment).
+    FirstOut { partial: bool },
+    /// Healthy throughout, failing 1 % at random: an ejection by a run of failures in either
+    /// engine (noise makes one once a day at the endpoint's traffic, and the cases here add up
+    /// to days) must be in the other, within the slack — the several gateways' order must not
+    /// make runs the calls did not. (Noise can make a window rule's statistic cross its
+    /// threshold by chance — three failures among a dozen calls — and where it grazes it one
+    /// engine may cross and the other not: those are not compared.)
+    Noise,
 }
 
-fn judged(fleet: &[(u32, Vec<(Regime, i64)>)]) -> Vec<Judged> {
+fn judged(fleet: &[(u32, Vec<(Regime, i64)>)], r: Reporting) -> Vec<Judged> {
     fleet
         .iter()
         .map(|(_, segments)| {
@@ -275,7 +367,11 @@ fn judged(fleet: &[(u32, Vec<(Regime, i64)>)]) -> Vec<Judged> {
                 .iter()
                 .any(|(r, _)| matches!(r, Regime::Limited | Regime::Failing(_) | Regime::Hung))
             {
-                Judged::FirstOut
+                Judged::FirstOut {
+                    partial: !segments.iter().any(|(r, _)| matches!(r, Regime::Down)),
+                }
+            } else if r.noise && segments.iter().all(|(r, _)| matches!(r, Regime::Healthy)) {
+                Judged::Noise
             } else {
                 Judged::Moves
             }
@@ -306,8 +402,8 @@ fn degraded_time(v: &[&Move], end: Micros) -> Micros {
 /// call would have made the same decision.
 ///
 /// What must be the same: every ejection and readmission (out of rotation, recovering, back
-/// in), in order, each within [`SLACK`] — a state held for less than [`BRIEF`] may be passed over by
-/// a summary, which sees its interval at once. Degradations follow the EWMA score's path call
+/// in), in order, each within the slack ([`Reporting::slack`]) — a state held for less than
+/// [`Reporting::brief`] may be passed over by a summary, which sees its interval at once. Degradations follow the EWMA score's path call
 /// by call, which a summary moves in closed form from its mean: where the score grazes the
 /// threshold they may flip at other calls, so the time degraded must agree within 10 % (or 2 s).
 ///
@@ -316,8 +412,10 @@ fn degraded_time(v: &[&Move], end: Micros) -> Micros {
 /// against a timer (the first call after a cooldown or an isolation, if it began after it) or by
 /// a run of passes on probation that chance allows. A summary's transition comes at its stream
 /// time, so one call may be stale to one engine and fresh to the other, and every later cycle
-/// shifts with it: for those the first ejection must agree within [`SLACK`].
-fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Result<(), String> {
+/// shifts with it: for those the first ejection must agree within the slack, or within the slack
+/// and a bucket ([`BUCKET`]) where either engine ejected on a window rule.
+fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged], r: Reporting) -> Result<(), String> {
+    let slack = r.slack();
     let end = end - SEC;
     let before = |m: &&Move| m.0 < end;
     for ep in ENDPOINTS {
@@ -325,7 +423,7 @@ fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Resul
         let all_y: Vec<&Move> = summed.iter().filter(|m| m.1 == ep).filter(before).collect();
         let moves = |v: &[&Move]| {
             let mut kept: Vec<(Micros, &'static str, HealthState, String)> = Vec::new();
-            for m in held(v.to_vec()) {
+            for m in held(v.to_vec(), r) {
                 let r = rotation(m.2);
                 if kept.last().is_none_or(|k| k.1 != r) {
                     kept.push((m.0, r, m.2, m.3.clone()));
@@ -344,12 +442,54 @@ fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Resul
                 .collect::<Vec<_>>()
         };
         let judged = judged[ENDPOINTS.iter().position(|e| *e == ep).expect("an endpoint")];
+        if judged == Judged::Noise {
+            let by_run = |v: &[&Move]| {
+                v.iter()
+                    .find(|m| m.2 == HealthState::Unhealthy && m.3.contains("consecutive_"))
+                    .map(|m| (m.0, m.3.clone()))
+            };
+            let (rx, ry) = (by_run(&all_x), by_run(&all_y));
+            let agree = match (&rx, &ry) {
+                (Some(p), Some(q)) => (p.0 - q.0).abs() <= slack,
+                (None, None) => true,
+                (Some(m), None) | (None, Some(m)) => m.0 >= end - slack,
+            };
+            if !agree {
+                return Err(format!(
+                    "{ep}: healthy but for its noise, ejected by a run: call by call {rx:?}, summarized {ry:?}"
+                ));
+            }
+            continue;
+        }
         if judged != Judged::Moves {
-            let first_out =
-                |v: &[(Micros, &'static str, HealthState, String)]| v.iter().find(|m| m.1 == "out").map(|m| m.0);
-            let (fx, fy) = (first_out(&x), first_out(&y));
-            let near_end = |t: Option<Micros>| t.is_none_or(|t| t >= end - SLACK);
-            if !(fx.zip(fy).is_some_and(|(p, q)| (p - q).abs() <= SLACK)
+            let first_out = |v: &[(Micros, &'static str, HealthState, String)]| {
+                v.iter()
+                    .find(|m| m.1 == "out")
+                    .map(|m| (m.0, m.3.contains("failure_rate>")))
+            };
+            let (ox, oy) = (first_out(&x), first_out(&y));
+            let window_rule = ox.is_some_and(|o| o.1) || oy.is_some_and(|o| o.1);
+            // A run of failures at a fault that fails a share of the calls comes by chance, and
+            // the two engines read different orders (each gateway's, beyond the cap only the
+            // runs a summary counts): then either may eject first, on a run or on the window
+            // rules that follow, within the 10 s the decisions hold for a share of failures.
+            let by_run = |o: Option<(Micros, bool)>, v: &[(Micros, &'static str, HealthState, String)]| {
+                o.is_some()
+                    && v.iter()
+                        .find(|m| m.1 == "out")
+                        .is_some_and(|m| m.3.contains("consecutive_"))
+            };
+            let chance = judged == (Judged::FirstOut { partial: true }) && (by_run(ox, &x) || by_run(oy, &y));
+            let slack = if chance {
+                CHANCE
+            } else if window_rule {
+                slack + BUCKET
+            } else {
+                slack
+            };
+            let (fx, fy) = (ox.map(|o| o.0), oy.map(|o| o.0));
+            let near_end = |t: Option<Micros>| t.is_none_or(|t| t >= end - slack);
+            if !(fx.zip(fy).is_some_and(|(p, q)| (p - q).abs() <= slack)
                 || (fx.is_none() || fy.is_none()) && near_end(fx) && near_end(fy))
             {
                 return Err(format!(
@@ -361,10 +501,10 @@ fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Resul
             continue;
         }
         let rot = |v: &[(Micros, &'static str, HealthState, String)]| v.iter().map(|m| m.1).collect::<Vec<_>>();
-        // A move within SLACK of the cut may fall on either side of it in the other engine.
+        // A move within the slack of the cut may fall on either side of it in the other engine.
         let k = x.len().min(y.len());
         let extra_at_cut =
-            x.iter().skip(k).chain(y.iter().skip(k)).all(|m| m.0 >= end - SLACK) && x.len().abs_diff(y.len()) <= 1;
+            x.iter().skip(k).chain(y.iter().skip(k)).all(|m| m.0 >= end - slack) && x.len().abs_diff(y.len()) <= 1;
         if rot(&x[..k]) != rot(&y[..k]) || !extra_at_cut {
             return Err(format!(
                 "{ep}: call by call {:#?}\nsummarized {:#?}",
@@ -373,7 +513,7 @@ fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Resul
             ));
         }
         for (p, q) in x.iter().zip(&y) {
-            if (p.0 - q.0).abs() > SLACK {
+            if (p.0 - q.0).abs() > slack {
                 return Err(format!(
                     "{ep}: {} at {} ms call by call, {} ms summarized",
                     p.1,
@@ -395,15 +535,15 @@ fn compare(one: &Moves, summed: &Moves, end: Micros, judged: &[Judged]) -> Resul
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn summaries_decide_as_the_calls_they_sum(fleet in fleet(), seed in any::<u64>()) {
-        let calls = calls(&fleet, seed);
-        let (one, summed, records) = run_both(&calls);
+    fn summaries_decide_as_the_calls_they_sum(fleet in fleet(), r in reporting(), seed in any::<u64>()) {
+        let calls = calls(&fleet, r, seed);
+        let (one, summed, records) = run_both(&calls, r);
         prop_assert!(records < calls.len(), "summaries carry fewer records ({records}) than calls ({})", calls.len());
         let end = calls.last().map_or(T0, |c| c.0);
-        if let Err(e) = compare(&one, &summed, end, &judged(&fleet)) {
+        if let Err(e) = compare(&one, &summed, end, &judged(&fleet, r), r) {
             return Err(TestCaseError::fail(e));
         }
     }
@@ -413,21 +553,35 @@ proptest! {
 fn a_dead_endpoint_is_ejected_by_its_first_failures_and_a_healthy_fleet_sends_few_records() {
     let mut fleet = vec![(100, vec![(Regime::Healthy, 20), (Regime::Down, 20)])];
     fleet.extend((1..ENDPOINTS.len()).map(|_| (100, vec![(Regime::Healthy, 40)])));
-    let calls = calls(&fleet, 7);
-    let (one, summed, records) = run_both(&calls);
-    compare(&one, &summed, calls.last().unwrap().0, &judged(&fleet)).unwrap();
-    let ejected = |m: &Moves| {
-        m.iter()
-            .find(|m| m.1 == "a" && m.2 == HealthState::Unhealthy)
-            .map(|m| m.0)
-    };
-    let (x, y) = (ejected(&one).unwrap(), ejected(&summed).unwrap());
-    // Failures are reported one by one: the summarized engine ejects as soon.
-    assert!((x - y).abs() <= 10 * MS, "{x} vs {y}");
-    // 24,000 calls; healthy endpoints send 4 summaries a second each.
-    assert!(
-        records * 10 < calls.len(),
-        "{records} records for {} calls",
-        calls.len()
-    );
+    for r in [
+        ONE,
+        Reporting {
+            gateways: 4,
+            interval: 2 * SEC,
+            noise: true,
+        },
+    ] {
+        let calls = calls(&fleet, r, 7);
+        let (one, summed, records) = run_both(&calls, r);
+        compare(&one, &summed, calls.last().unwrap().0, &judged(&fleet, r), r).unwrap();
+        let ejected = |m: &Moves| {
+            m.iter()
+                .find(|m| m.1 == "a" && m.2 == HealthState::Unhealthy)
+                .map(|m| m.0)
+        };
+        let (x, y) = (ejected(&one).unwrap(), ejected(&summed).unwrap());
+        // Failures are reported one by one: the summarized engine ejects as soon — with one
+        // gateway. With four, each one's first failure follows its summary of the successes
+        // before the fault, sent late: a run counts from the failures after the last of them
+        // (`pool/summary.rs`), a few calls later.
+        let within = if r.gateways == 1 { 10 * MS } else { 100 * MS };
+        assert!((x - y).abs() <= within, "{r:?}: {x} vs {y}");
+        // 24,000 calls; healthy endpoints send 4 summaries a second each (each gateway, at
+        // 250 ms).
+        assert!(
+            records * 10 < calls.len(),
+            "{r:?}: {records} records for {} calls",
+            calls.len()
+        );
+    }
 }

@@ -6,21 +6,26 @@
 use super::cause::{crossed, thresholds, Cause};
 use super::degradation::degradable;
 use super::{Change, PoolState};
-use crate::endpoint::{noise_run, us, Dimension, Tracker};
+use crate::endpoint::{noise_run, us, Dimension, Tracker, QUIET_RUN};
 use crate::window::Rate;
 use std::ops::ControlFlow;
 use vitals_contracts::{HealthState, Micros, Policy, ReasonCode};
 
-/// The runs of hard failures and of failures that eject `t` at its traffic (`totals`, the
-/// window's calls): the policy's (3 and 5), or, where noise of 1 % would make runs that long
-/// more than once a day, the run it would not ([`noise_run`]: 4 from ~12 calls a second, 5 from
-/// ~1,157).
-pub(super) fn runs_to_eject(totals: &Rate, policy: &Policy) -> (u32, u32) {
-    let noise = noise_run(totals.counted(), policy);
-    (
-        (policy.hard_break_after.max(1) as u32).max(noise),
-        (policy.consecutive_failures.max(1) as u32).max(noise),
-    )
+/// The runs of hard failures and of failures that eject `t`: the policy's (3 and 5 by default)
+/// up to ~11 calls a second, and one more for each hundredfold of traffic beyond, where noise of
+/// 1 % would make the policy's runs more than once a day ([`noise_run`]: the hard break 4 from
+/// ~12 calls a second, 5 from ~1,157). The traffic is only summed once a run reaches the
+/// policy's.
+pub(super) fn runs_to_eject(t: &Tracker, policy: &Policy, now: Micros) -> (u32, u32) {
+    let (hard, failures) = (
+        policy.hard_break_after.max(1) as u32,
+        policy.consecutive_failures.max(1) as u32,
+    );
+    if t.consecutive_failures() < hard.min(failures) {
+        return (hard, failures);
+    }
+    let more = noise_run(t.calls_a_day(now, policy)).saturating_sub(QUIET_RUN);
+    (hard + more, failures + more)
 }
 
 /// The ejection rules `t` crosses.
@@ -32,7 +37,7 @@ fn eject_rules(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros) -> impl
         silence >= us(t.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_unhealthy_intervals.into())
     });
     let fresh = t.consecutive_successes() == 0;
-    let (hard, failures) = runs_to_eject(totals, policy);
+    let (hard, failures) = runs_to_eject(t, policy, now);
     crossed([
         (t.consecutive_hard() >= hard, Cause::HardBreak(hard)),
         (
@@ -58,7 +63,7 @@ fn eject_rules(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros) -> impl
 /// a run as long as the hard break's: such a run says the endpoint is down (a refused
 /// connection is often out on the peer comparison before five failures in a row).
 fn dimension(t: &Tracker, totals: &Rate, policy: &Policy, now: Micros, slow: bool) -> Dimension {
-    let down = t.consecutive_failures() >= runs_to_eject(totals, policy).0;
+    let down = t.consecutive_failures() >= runs_to_eject(t, policy, now).0;
     let mut dims = eject_rules(t, totals, policy, now).map(|c| match c {
         Cause::TtftOutlier => Dimension::Ttft,
         Cause::CriticalDown => Dimension::Dependency,

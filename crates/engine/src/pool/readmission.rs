@@ -12,7 +12,7 @@
 //! two ejections' worth with no pass between takes it out again, with the isolation grown.
 
 use super::{Change, Outcome, PoolState, Source};
-use crate::endpoint::{noise_run, probation_weight, Dimension, Tracker, PROBATION_PASSES};
+use crate::endpoint::{noise_run, probation_weight, Dimension, Tracker, PROBATION_PASSES, QUIET_RUN};
 use crate::window::counts_as_failure;
 use vitals_contracts::{HealthState, Micros, OutcomeClass, Policy, ProbeKind, ReasonCode};
 
@@ -112,8 +112,8 @@ impl PoolState {
 
     /// Whether a failure in slow start takes the endpoint out again: one does at the traffic
     /// where three in a row are evidence (up to ~11 calls a second, the policy's hard break).
-    /// Busier, noise of 1 % fails a call in slow start every few seconds, so it takes the run
-    /// that would eject it in rotation ([`noise_run`]: 4 from ~12 calls a second, 5 from
+    /// Busier, noise of 1 % fails a call in slow start every few seconds, so it takes the hard
+    /// break's run at its traffic (`ejection::runs_to_eject`: 4 from ~12 calls a second, 5 from
     /// ~1,157; its traffic the more of its window's and what the window held when it left
     /// rotation, as the window starts empty in slow start), or failures since the readmission
     /// that stand out from its peers' as the peer rule asks (a share of failed calls back). A
@@ -124,12 +124,12 @@ impl PoolState {
             return true;
         }
         let t = &self.endpoints[name];
-        let traffic = t.rate(self.now, &self.policy).counted().max(t.traffic_when_out());
-        let noise = noise_run(traffic, &self.policy);
-        let run = if noise <= self.policy.hard_break_after.max(1) as u32 {
+        let traffic = t.calls_a_day(self.now, &self.policy).max(t.traffic_when_out());
+        let more = noise_run(traffic).saturating_sub(QUIET_RUN);
+        let run = if more == 0 {
             1
         } else {
-            noise
+            self.policy.hard_break_after.max(1) as u32 + more
         };
         t.consecutive_failures() >= run || self.failure_outlier_over(name, false)
     }
