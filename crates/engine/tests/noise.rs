@@ -62,11 +62,13 @@ fn drive(
     }
 }
 
+/// A healthy endpoint's calls: 1 % 5xx, 0.5 % 429s, 2 % 4xx, at random.
 fn noisy(rng: &mut Rng) -> OutcomeClass {
-    if rng.below(100) == 0 {
-        OutcomeClass::ServerError
-    } else {
-        OutcomeClass::Success
+    match rng.below(1_000) {
+        0..10 => OutcomeClass::ServerError,
+        10..15 => OutcomeClass::RateLimited,
+        15..35 => OutcomeClass::ClientError,
+        _ => OutcomeClass::Success,
     }
 }
 
@@ -140,13 +142,14 @@ fn three_failures_in_a_row_eject_a_quiet_endpoint_not_a_busy_one() {
     }
 }
 
-/// Four endpoints at 5,000 calls a second each, failing 1 % at random, for a minute: three of
-/// the seeds' streams hold runs of three 5xx (the policy's hard break; counted, so that the test
-/// shows it would fail on them); the runs at that traffic (5) never come. A dead endpoint among
-/// them is out within a few of its calls.
+/// Four endpoints at 5,000 calls a second each, failing 1 % at random (and 0.5 % 429s, 2 %
+/// 4xx), for a minute: the seeds' streams hold runs of three 5xx (the policy's hard break;
+/// counted, so that the test shows it would fail on them) and 429s 3 among 12 (the cooldown's
+/// share); the runs at that traffic (5) never come, and nothing is ejected or cooled. A dead
+/// endpoint among them is out within a few of its calls.
 #[test]
 fn busy_endpoints_are_not_ejected_for_their_noise_and_a_dead_one_is_at_once() {
-    let mut runs = 0u32;
+    let (mut runs, mut shares) = (0u32, 0u32);
     for seed in 1..=3 {
         let mut e = Engine::new(Policy::default());
         let mut out = Vec::new();
@@ -154,6 +157,7 @@ fn busy_endpoints_are_not_ejected_for_their_noise_and_a_dead_one_is_at_once() {
         let eps = ["a", "b", "c", "d"];
         let dies = T0 + 50 * SEC;
         let mut run = [0u32; 3];
+        let mut recent = [0u16; 3];
         drive(
             &mut e,
             &mut out,
@@ -167,8 +171,20 @@ fn busy_endpoints_are_not_ejected_for_their_noise_and_a_dead_one_is_at_once() {
                 }
                 let c = noisy(rng);
                 if let Some(i) = ["a", "b", "c"].iter().position(|e| *e == ep) {
-                    run[i] = if c == OutcomeClass::Success { 0 } else { run[i] + 1 };
-                    runs += u32::from(run[i] == 3);
+                    // Runs of 5xx (4xx and 429s neither count nor break one), and 429s among
+                    // the last 12 outcomes that are not 4xx.
+                    match c {
+                        OutcomeClass::ServerError => {
+                            run[i] += 1;
+                            runs += u32::from(run[i] == 3);
+                        }
+                        OutcomeClass::Success => run[i] = 0,
+                        _ => {}
+                    }
+                    if c != OutcomeClass::ClientError {
+                        recent[i] = (recent[i] << 1 | u16::from(c == OutcomeClass::RateLimited)) & 0xfff;
+                        shares += u32::from(recent[i].count_ones() == 3 && c == OutcomeClass::RateLimited);
+                    }
                 }
                 c
             },
@@ -197,6 +213,10 @@ fn busy_endpoints_are_not_ejected_for_their_noise_and_a_dead_one_is_at_once() {
         );
     }
     assert!(runs >= 1, "no run of three 5xx in the noise: the test shows nothing");
+    assert!(
+        shares >= 1,
+        "no 3 429s among 12 outcomes in the noise: the test shows nothing"
+    );
 }
 
 /// A busy endpoint back from an outage, failing 1 % at random, finishes its slow start (its calls

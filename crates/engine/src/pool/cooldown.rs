@@ -6,7 +6,7 @@
 //! few every cycle.
 
 use super::{Change, PoolState};
-use crate::endpoint::{Dimension, Tracker};
+use crate::endpoint::{noise_run, Dimension, Tracker, QUIET_RUN};
 use vitals_contracts::{HealthState, ReasonCode};
 
 impl PoolState {
@@ -22,8 +22,17 @@ impl PoolState {
         }
         // Over the latest outcomes, not a window of time: a storm that began 2 s ago is a small
         // share of even the last 10 s. `run` 429s among the fewest outcomes in which they make
-        // `rate_limited_share` of them (12 at 3 and 25 %, at most 16).
-        let run = policy.hard_break_after.max(1) as u32;
+        // `rate_limited_share` of them (12 at 3 and 25 %, at most 16). Busy, the run grows as
+        // the hard break's does (`noise_run`): 0.5 % of 429s among a healthy endpoint's calls
+        // make 3 among 12 every few seconds at 5,000 calls a second, 5 among 16 every few hours.
+        let more = if u32::from(t.consecutive_rate_limited()).max(t.recent_429s(16))
+            >= policy.hard_break_after.max(1) as u32
+        {
+            noise_run(t.calls_a_day(self.now, policy)).saturating_sub(QUIET_RUN)
+        } else {
+            0
+        };
+        let run = policy.hard_break_after.max(1) as u32 + more;
         let all = ((f64::from(run) / policy.rate_limited_share.max(0.01)).ceil() as u32).clamp(run, 16);
         let limited = t.recent_429s(all);
         let by_run = u32::from(t.consecutive_rate_limited()) >= run;
@@ -33,7 +42,7 @@ impl PoolState {
         }
         let mut thresholds = Vec::new();
         if by_run {
-            thresholds.push(format!("consecutive_429>={}", policy.hard_break_after));
+            thresholds.push(format!("consecutive_429>={run}"));
         }
         if by_share {
             thresholds.push(format!("429_share>={}", policy.rate_limited_share));

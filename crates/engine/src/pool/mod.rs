@@ -90,13 +90,16 @@ struct Outcome<'a> {
     retry_after_ms: Option<i64>,
     /// A probe that reported the endpoint's dependencies.
     reports_dependencies: bool,
+    /// How long before the report's stream time the call began, where its latency does not say
+    /// (a call of a summary's: its place in the summary and the summary's longest call).
+    began_before: Option<i64>,
 }
 
 impl Outcome<'_> {
     /// When the call or probe began, on the engine's clock: its report's stream time less its
     /// latency (no producer clock involved).
     fn started(&self, now: Micros) -> Micros {
-        now.saturating_sub(self.latency_us.max(0))
+        now.saturating_sub(self.began_before.unwrap_or(self.latency_us).max(0))
     }
 }
 
@@ -278,6 +281,7 @@ impl PoolState {
                     ttft_us: c.ttft_us,
                     retry_after_ms: c.retry_after_ms,
                     reports_dependencies: false,
+                    began_before: None,
                 };
                 self.outcome(o, out);
             }
@@ -293,6 +297,7 @@ impl PoolState {
                     ttft_us: p.ttft_us,
                     retry_after_ms: None,
                     reports_dependencies: !p.dependencies.is_empty(),
+                    began_before: None,
                 };
                 self.outcome(o, out);
             }

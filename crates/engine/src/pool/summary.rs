@@ -44,18 +44,22 @@
 //! - Failures of different gateways can look consecutive while the successes between them are
 //!   on their way. The hard break and the consecutive-failure rule ask for a run that noise does
 //!   not make at the endpoint's traffic (`endpoint::noise_run`: 4 from ~12 calls a second, 5
-//!   from ~1,157), so that healthy endpoints failing 1 % are not ejected by such runs; the
-//!   property test holds that every run-rule ejection of a noisy healthy endpoint is made by
-//!   both engines or neither.
+//!   from ~1,157), so that healthy endpoints failing 1 % are not ejected by such runs. A run
+//!   that one gateway made (its own calls all failing, other gateways' successes between them
+//!   held) reaches the engine as a run: real to that gateway, and made by noise as often as
+//!   the fleet's own. The property test holds that every run-rule ejection of a noisy healthy
+//!   endpoint on summaries is made one by one too, or is a run in one gateway's calls.
 //! - The other way, a gateway's first failure of an outage follows its summary of the successes
 //!   before it, which breaks the run the other gateways' failures began: a dead endpoint's run
 //!   counts from the failures after the last of those summaries, a few calls later (tens of ms
 //!   with 4 gateways at 100 calls a second; fleet-bench measures it at 500).
 //! - A summary that reaches back past a state change holds calls from before it: its failures'
 //!   place in time is taken from the gateway's own clock (the leading ones as old as the
-//!   summary's first call, the middle ones half as old, the trailing ones new), so a failure
-//!   that ended before a readmission is stale evidence to it, and one from before the
-//!   readmission is not recorded in the fresh window of slow start.
+//!   summary's first call, the middle ones half as old, the trailing ones new; a success as old
+//!   as its place and the summary's longest call), so a call that began before an ejection or
+//!   a readmission is stale evidence to it — a run of successes reaching back past it is no
+//!   evidence at all, its first tokens being spread by rank and not by time — and a failure
+//!   from before a readmission is not recorded in the fresh window of slow start.
 //! - Rules over the window (failure rate, peer comparison) read bucketed counts: where their
 //!   statistic grazes its threshold, the failure that crosses it may be one a bucket (3 s)
 //!   later in the other engine; runs at a fault that fails a share of calls are chance events
@@ -301,16 +305,12 @@ impl PoolState {
         if !success && t.state() == HealthState::Recovering && self.now.saturating_sub(run.ages.1) < t.since() {
             return;
         }
-        // A run of successes out of rotation that reaches back past the ejection or the
-        // readmission mixes calls from before it with calls after, and its first tokens are
-        // spread by rank, not time (the slow ones of a fault may be the last spread): none of
-        // its calls is fresh evidence (the next summary's are).
-        let since = match t.state() {
-            HealthState::Recovering => Some(t.since()),
-            HealthState::Unhealthy => t.last_isolated_at(),
-            _ => None,
-        };
-        let straddles = success && since.is_some_and(|at| self.now.saturating_sub(run.ages.0) < at);
+        // Out of rotation a call of a run is fresh evidence only if it began after the ejection
+        // or the readmission: it began as long before the summary's stream time as its place
+        // in the summary and (a success) the summary's longest call say — its first tokens are
+        // spread by rank, not time, and the slow ones of a fault may be the last spread, so a
+        // run that reaches back past the state change is no evidence (the next summary's is).
+        let longest = s.latency.quantile(1.0).unwrap_or(0.0).round() as i64;
         let spread: Vec<i64> = if success {
             s.ttft
                 .spread(TTFT_SAMPLES)
@@ -336,17 +336,14 @@ impl PoolState {
                 endpoint: ep,
                 source: Source::Call,
                 class,
-                latency_us: match (success, straddles) {
-                    (true, false) => mean_latency.round() as i64,
-                    (true, true) => run.ages.0.saturating_add(mean_latency.round() as i64),
-                    (false, _) => age(expanded),
-                },
+                latency_us: if success { mean_latency.round() as i64 } else { 0 },
                 ttft_us: match expanded {
                     0 => s.ttft.quantile(0.5).map(|v| v.round() as i64),
                     k => (!spread.is_empty()).then(|| spread[k as usize % spread.len()]),
                 },
                 retry_after_ms: s.max_retry_after_ms.filter(|_| class == OutcomeClass::RateLimited),
                 reports_dependencies: false,
+                began_before: Some(age(expanded).saturating_add(if success { longest } else { 0 })),
             };
             self.outcome(o, out);
             expanded += 1;
