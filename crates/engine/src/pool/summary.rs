@@ -2,7 +2,8 @@
 //!
 //! A summary holds the calls between two failures reported one by one (or every call beyond the
 //! reporter's failure cap), so it is applied as at most six runs in the order the calls came:
-//! 429s (first or last, as the summary says), the leading failures (which continue a run begun
+//! 429s (a storm of them first, those in a row at the end last, a few scattered among many
+//! calls to the window only), the leading failures (which continue a run begun
 //! before), successes, the failures in the middle (between successes, at most the longest run
 //! long), successes, the trailing failures. Each run moves the window, the counters and the score as
 //! its calls would have one by one (the score in closed form, from the run's mean), then the
@@ -169,24 +170,37 @@ impl PoolState {
         let others = successes + f;
         // The summary's calls ended over `span`: the first at its start, the last at its end.
         let span = s.ended_at.saturating_sub(s.started_at).max(0);
-        let limited_run = |consecutive: u64, ages: (i64, i64)| Planned {
+        let limited_run = |n: u64, consecutive: u64, ages: (i64, i64)| Planned {
             kind: RunKind::RateLimited,
             ages,
-            counts: vec![(OutcomeClass::RateLimited, limited)],
+            counts: vec![(OutcomeClass::RateLimited, n)],
             failures: 0,
             successes: 0,
             hard: 0,
             rate_limited: u16::try_from(consecutive).unwrap_or(u16::MAX),
         };
         let mut plan = Vec::new();
-        let limited_last = s.trailing_rate_limited > 0;
-        if limited > 0 && !limited_last {
-            let run = if others == 0 {
-                u64::from(prev_limited) + limited
+        // 429s: those in a row at the end are a run there; a summary of 429s alone is one run,
+        // continuing the last. The others came among the other calls: a storm when they make
+        // half the cooldown's share of the summary or more (a rate at which the cooldown's
+        // share of the last outcomes comes often, one by one), applied as a run before the rest
+        // for the cooldown to judge; fewer are scattered (0.5 % of a busy endpoint's calls) and
+        // go to the window only — as a block they made runs and shares the calls never had.
+        let trailing_limited = if others == 0 {
+            0
+        } else {
+            (s.trailing_rate_limited.max(0) as u64).min(limited)
+        };
+        let among = limited - trailing_limited;
+        let mut scattered = 0;
+        if among > 0 {
+            if others == 0 {
+                plan.push(limited_run(among, u64::from(prev_limited) + among, (span, 0)));
+            } else if among as f64 >= policy.rate_limited_share / 2.0 * (limited + others) as f64 {
+                plan.push(limited_run(among, among, (span, span)));
             } else {
-                limited
-            };
-            plan.push(limited_run(run, (span, span)));
+                scattered = among;
+            }
         }
         if successes == 0 {
             if f > 0 {
@@ -273,13 +287,16 @@ impl PoolState {
                 plan.push(failures_run(failures, trailing, hard, 0));
             }
         }
-        if limited > 0 && limited_last {
-            let run = if others == 0 {
-                u64::from(prev_limited) + limited
-            } else {
-                s.trailing_rate_limited.max(0) as u64
-            };
-            plan.push(limited_run(run, (0, 0)));
+        if trailing_limited > 0 {
+            plan.push(limited_run(trailing_limited, trailing_limited, (0, 0)));
+        }
+        if scattered > 0 {
+            let (now, policy) = (self.now, &self.policy);
+            let t = self.endpoints.get_mut(&s.endpoint).expect("known endpoint");
+            t.record_neutral(now, policy, OutcomeClass::RateLimited, scattered);
+            if let Some(ms) = s.max_retry_after_ms {
+                t.note_retry_after(ms);
+            }
         }
         for run in plan {
             self.apply_run(s, run, out);
