@@ -12,22 +12,6 @@ use vitals_engine::{noise_run, Decision, Engine};
 
 const POOL: &str = "p";
 
-/// splitmix64: the calls' randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn at(t: Micros, ep: &str, id: u64, class: OutcomeClass) -> Signal {
     let mut s = call(POOL, ep, id, class, (class == OutcomeClass::Success).then_some(200));
     if let Signal::Call(c) = &mut s {

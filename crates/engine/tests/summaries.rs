@@ -158,22 +158,6 @@ fn fleet() -> impl Strategy<Value = Fleet> {
     })
 }
 
-/// splitmix64: the calls' randomness, from the case's seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// The calls of a fleet, by the time they ended, each made by one of `r.gateways` gateways at
 /// random. Every endpoint's calls go on to the end of the longest: the last segment of each is
 /// stretched to it.

@@ -5,6 +5,22 @@ use vitals_contracts::*;
 use vitals_engine::{Decision, Engine};
 
 pub const T0: Micros = 1_700_000_000_000_000;
+
+/// splitmix64: a test's randomness, from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
 pub const SEC: Micros = 1_000_000;
 pub const MS: Micros = 1_000;
 
