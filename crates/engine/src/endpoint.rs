@@ -393,6 +393,11 @@ impl Tracker {
         self.traffic_when_out
     }
 
+    /// How many failures the policy's runs grow by at its traffic now ([`run_growth`]).
+    pub(crate) fn run_growth(&self, now: Micros, policy: &Policy) -> u32 {
+        run_growth(self.calls_a_day(now, policy))
+    }
+
     /// Its traffic in calls a day: the successes and failures in the window over the time they
     /// span (whole buckets, the whole window once it is full; or, for an endpoint heard of
     /// since, the time since, at least a second).
@@ -517,10 +522,8 @@ impl Tracker {
         self.score = keep * self.score + (1.0 - keep) * sample;
         // The hard break's run zeroes the score: the policy's, or at high traffic the longer
         // run that noise does not make (the window is summed only when the policy's is met).
-        if self.consecutive_hard >= policy.hard_break_after as u32
-            && self.consecutive_hard
-                >= policy.hard_break_after as u32 + noise_run(self.calls_a_day(now, policy)).saturating_sub(QUIET_RUN)
-        {
+        let hard = policy.hard_break_after as u32;
+        if self.consecutive_hard >= hard && self.consecutive_hard >= hard + self.run_growth(now, policy) {
             self.score = 0.0;
         }
         self.above_since = if self.score > policy.recover_above {
@@ -999,6 +1002,10 @@ impl Tracker {
     }
 }
 
+/// The run [`noise_run`] asks for at up to ~11 calls a second: the policy's runs hold there,
+/// and grow by one for each step beyond ([`run_growth`]).
+const QUIET_RUN: u32 = 3;
+
 /// The shortest run of failures that failures at 1 % — a healthy endpoint's noise, failing at
 /// random — make less than once a day at `calls_a_day` (see [`Tracker::calls_a_day`]): 3 up to
 /// ~11 calls a second, 4 up to ~1,157, 5 up to ~115,740, 6 beyond. Three failures in a row are
@@ -1007,10 +1014,6 @@ impl Tracker {
 /// (`pool/ejection.rs`), so that a busy endpoint is not ejected for its noise, while a dead one
 /// still is within a few calls. Whole numbers only (the engine replays bit for bit): the
 /// smallest k with calls a day < 100^k.
-/// The run [`noise_run`] asks for at up to ~11 calls a second: the policy's runs hold there,
-/// and grow by one for each step beyond.
-pub const QUIET_RUN: u32 = 3;
-
 pub fn noise_run(calls_a_day: u64) -> u32 {
     let (mut k, mut bound) = (1u32, 100u128);
     while u128::from(calls_a_day) >= bound {
@@ -1018,6 +1021,12 @@ pub fn noise_run(calls_a_day: u64) -> u32 {
         bound *= 100;
     }
     k
+}
+
+/// How many failures the policy's runs (the hard break, consecutive failures, 429s) grow by at
+/// `calls_a_day`: 0 up to ~11 calls a second, one more for each hundredfold of traffic beyond.
+pub(crate) fn run_growth(calls_a_day: u64) -> u32 {
+    noise_run(calls_a_day).saturating_sub(QUIET_RUN)
 }
 
 pub fn buckets(policy: &Policy) -> usize {

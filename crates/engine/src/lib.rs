@@ -12,7 +12,7 @@ mod endpoint;
 mod pool;
 mod window;
 
-pub use endpoint::{noise_run, Tracker, QUIET_RUN};
+pub use endpoint::{noise_run, Tracker};
 pub use pool::PoolState;
 pub use window::{Rate, Totals, Window};
 

@@ -20,6 +20,11 @@ fn at(t: Micros, ep: &str, id: u64, class: OutcomeClass) -> Signal {
     s
 }
 
+/// One signal into the engine at `t`, its decisions kept with their time.
+fn step(engine: &mut Engine, out: &mut Vec<(Micros, Decision)>, t: Micros, signal: &Signal) {
+    out.extend(engine.step(t, signal).into_iter().map(|d| (t, d)));
+}
+
 /// Endpoints `eps` called round-robin at `rate` calls a second each from `from` to `to`;
 /// `class(ep, t, rng)` says how each call ends. Ticks every second.
 fn drive(
@@ -35,12 +40,12 @@ fn drive(
     let (mut t, mut i, mut next_tick) = (from, 0u64, from + SEC);
     while t < to {
         if t >= next_tick {
-            out.extend(engine.step(next_tick, &tick()).into_iter().map(|d| (next_tick, d)));
+            step(engine, out, next_tick, &tick());
             next_tick += SEC;
         }
         let ep = eps[(i % eps.len() as u64) as usize];
         let c = class(ep, t, rng);
-        out.extend(engine.step(t, &at(t, ep, i, c)).into_iter().map(|d| (t, d)));
+        step(engine, out, t, &at(t, ep, i, c));
         i += 1;
         t += gap;
     }
@@ -108,10 +113,11 @@ fn three_failures_in_a_row_eject_a_quiet_endpoint_not_a_busy_one() {
         let mut t = T0 + 30 * SEC;
         for k in 1..=run {
             t += MS;
-            out.extend(
-                e.step(t, &at(t, "a", 1_000_000 + k as u64, OutcomeClass::ServerError))
-                    .into_iter()
-                    .map(|d| (t, d)),
+            step(
+                &mut e,
+                &mut out,
+                t,
+                &at(t, "a", 1_000_000 + k as u64, OutcomeClass::ServerError),
             );
             let out_now = changes(&out, "a").iter().any(|c| c.1 == HealthState::Unhealthy);
             assert_eq!(
@@ -256,11 +262,7 @@ fn a_busy_endpoint_in_slow_start_is_not_taken_out_by_one_failure_of_its_noise() 
     let state = e.pool(POOL).unwrap().endpoint("a").unwrap().state();
     assert_eq!(state, HealthState::Recovering, "{:#?}", changes(&out, "a"));
     let t = T0 + 50 * SEC + MS;
-    out.extend(
-        e.step(t, &at(t, "a", 9_999, OutcomeClass::ServerError))
-            .into_iter()
-            .map(|d| (t, d)),
-    );
+    step(&mut e, &mut out, t, &at(t, "a", 9_999, OutcomeClass::ServerError));
     let last = changes(&out, "a").pop().unwrap();
     assert_eq!(last.1, HealthState::Unhealthy, "{last:?}");
     assert!(last.2.contains("while recovering"), "{last:?}");

@@ -6,7 +6,7 @@
 //! few every cycle.
 
 use super::{Change, PoolState};
-use crate::endpoint::{noise_run, Dimension, Tracker, QUIET_RUN};
+use crate::endpoint::{Dimension, Tracker};
 use vitals_contracts::{HealthState, ReasonCode};
 
 impl PoolState {
@@ -28,7 +28,7 @@ impl PoolState {
         let more = if u32::from(t.consecutive_rate_limited()).max(t.recent_429s(16))
             >= policy.hard_break_after.max(1) as u32
         {
-            noise_run(t.calls_a_day(self.now, policy)).saturating_sub(QUIET_RUN)
+            t.run_growth(self.now, policy)
         } else {
             0
         };

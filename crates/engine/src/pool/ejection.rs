@@ -6,14 +6,14 @@
 use super::cause::{crossed, thresholds, Cause};
 use super::degradation::degradable;
 use super::{Change, PoolState};
-use crate::endpoint::{noise_run, us, Dimension, Tracker, QUIET_RUN};
+use crate::endpoint::{us, Dimension, Tracker};
 use crate::window::Rate;
 use std::ops::ControlFlow;
 use vitals_contracts::{HealthState, Micros, Policy, ReasonCode};
 
 /// The runs of hard failures and of failures that eject `t`: the policy's (3 and 5 by default)
 /// up to ~11 calls a second, and one more for each hundredfold of traffic beyond, where noise of
-/// 1 % would make the policy's runs more than once a day ([`noise_run`]: the hard break 4 from
+/// 1 % would make the policy's runs more than once a day (`endpoint::noise_run`: the hard break 4 from
 /// ~12 calls a second, 5 from ~1,157). The traffic is only summed once a run reaches the
 /// policy's.
 pub(super) fn runs_to_eject(t: &Tracker, policy: &Policy, now: Micros) -> (u32, u32) {
@@ -24,7 +24,7 @@ pub(super) fn runs_to_eject(t: &Tracker, policy: &Policy, now: Micros) -> (u32, 
     if t.consecutive_failures() < hard.min(failures) {
         return (hard, failures);
     }
-    let more = noise_run(t.calls_a_day(now, policy)).saturating_sub(QUIET_RUN);
+    let more = t.run_growth(now, policy);
     (hard + more, failures + more)
 }
 

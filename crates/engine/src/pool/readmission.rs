@@ -12,7 +12,7 @@
 //! two ejections' worth with no pass between takes it out again, with the isolation grown.
 
 use super::{Change, Outcome, PoolState, Source};
-use crate::endpoint::{noise_run, probation_weight, Dimension, Tracker, PROBATION_PASSES, QUIET_RUN};
+use crate::endpoint::{probation_weight, run_growth, Dimension, Tracker, PROBATION_PASSES};
 use crate::window::counts_as_failure;
 use vitals_contracts::{HealthState, Micros, OutcomeClass, Policy, ProbeKind, ReasonCode};
 
@@ -125,7 +125,7 @@ impl PoolState {
         }
         let t = &self.endpoints[name];
         let traffic = t.calls_a_day(self.now, &self.policy).max(t.traffic_when_out());
-        let more = noise_run(traffic).saturating_sub(QUIET_RUN);
+        let more = run_growth(traffic);
         let run = if more == 0 {
             1
         } else {

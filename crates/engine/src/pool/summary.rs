@@ -327,7 +327,11 @@ impl PoolState {
         // in the summary and (a success) the summary's longest call say — its first tokens are
         // spread by rank, not time, and the slow ones of a fault may be the last spread, so a
         // run that reaches back past the state change is no evidence (the next summary's is).
-        let longest = s.latency.quantile(1.0).unwrap_or(0.0).round() as i64;
+        let longest = if success {
+            s.latency.quantile(1.0).unwrap_or(0.0).round() as i64
+        } else {
+            0
+        };
         let spread: Vec<i64> = if success {
             s.ttft
                 .spread(TTFT_SAMPLES)
@@ -360,7 +364,7 @@ impl PoolState {
                 },
                 retry_after_ms: s.max_retry_after_ms.filter(|_| class == OutcomeClass::RateLimited),
                 reports_dependencies: false,
-                began_before: Some(age(expanded).saturating_add(if success { longest } else { 0 })),
+                began_before: Some(age(expanded).saturating_add(longest)),
             };
             self.outcome(o, out);
             expanded += 1;
