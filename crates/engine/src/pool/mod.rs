@@ -349,6 +349,12 @@ impl PoolState {
         }
         let policy = &self.policy;
         let t = self.endpoints.get_mut(o.endpoint).expect("created above");
+        // A failure of a call begun before the endpoint was readmitted (a hung stream of the
+        // fault, ending 13 s after it began) says nothing of it since: it stays out of slow
+        // start's fresh window and of the runs that take it out again, as a summary's do.
+        if t.state() == HealthState::Recovering && counts_as_failure(class) && o.started(now) < t.since() {
+            return;
+        }
         let totals = t.record(now, policy, class, o.ttft_us, o.id);
         if class.is_neutral() {
             return;

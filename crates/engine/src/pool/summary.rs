@@ -61,6 +61,15 @@
 //!   a readmission is stale evidence to it — a run of successes reaching back past it is no
 //!   evidence at all, its first tokens being spread by rank and not by time — and a failure
 //!   from before a readmission is not recorded in the fresh window of slow start.
+//! - Failures of calls begun before a readmission arrive after it for as long as the fault's
+//!   calls took (hung streams: 13 s), from every gateway at once and back to back while the
+//!   successes between them wait: they are stale evidence, kept out of slow start's window and
+//!   runs whether they come one by one or summed (before, ten of them in a row took a healed
+//!   endpoint out again on probation, and a few next to its noise in slow start). A summed
+//!   timeout carries no latency: it is taken to have begun `slow_call_ms` before it ended (the
+//!   summarizer sums hung streams as timeouts), so in a slow start's first 10 s only the
+//!   timeouts sent one by one (up to the cap, with their latency) can be fresh
+//!   (`tests/gateways.rs`: 20 gateways, 30 % of streams hung for 20 s).
 //! - Rules over the window (failure rate, peer comparison) read bucketed counts: where their
 //!   statistic grazes its threshold, the failure that crosses it may be one a bucket (3 s)
 //!   later in the other engine; runs at a fault that fails a share of calls are chance events
@@ -318,8 +327,17 @@ impl PoolState {
         // Failures that ended before the endpoint was readmitted (a summary reaching back past
         // it, from a gateway that sent it later than the one whose calls readmitted it): one by
         // one they would have come before the readmission, whose fresh start forgot them.
+        // A summed timeout began at least `slow_call_ms` before it ended: the summarizer sums
+        // hung streams as timeouts (13 s long, say), which go on ending for that long after a
+        // fault of them ended; a gateway's own timeout took long too.
+        let timeout_us = us(self.policy.slow_call_ms);
+        let took = |c: OutcomeClass| if c == OutcomeClass::Timeout { timeout_us } else { 0 };
         let t = &self.endpoints[ep];
-        if !success && t.state() == HealthState::Recovering && self.now.saturating_sub(run.ages.1) < t.since() {
+        let began = |ages: i64, c: OutcomeClass| self.now.saturating_sub(ages.saturating_add(took(c)));
+        if !success
+            && t.state() == HealthState::Recovering
+            && run.counts.iter().all(|(c, _)| began(run.ages.1, *c) < t.since())
+        {
             return;
         }
         // Out of rotation a call of a run is fresh evidence only if it began after the ejection
@@ -364,7 +382,7 @@ impl PoolState {
                 },
                 retry_after_ms: s.max_retry_after_ms.filter(|_| class == OutcomeClass::RateLimited),
                 reports_dependencies: false,
-                began_before: Some(age(expanded).saturating_add(longest)),
+                began_before: Some(age(expanded).saturating_add(longest).saturating_add(took(class))),
             };
             self.outcome(o, out);
             expanded += 1;
