@@ -80,7 +80,7 @@ impl Fleet {
                 latency_us,
                 ttft_us,
                 http_status: (c == OutcomeClass::ServerError).then_some(503),
-                ..CallOutcome::new(format!("c{}", self.next_id), POOL, ep, &format!("gw{g}"), t, c)
+                ..CallOutcome::new(format!("c{}", self.next_id), POOL, ep, format!("gw{g}"), t, c)
             };
             call.occurred_at = t - call.latency_us;
             self.gateways[g].add(call, t, &mut self.buf);
