@@ -18,7 +18,8 @@
 //!   distribution (1 % error), not the last 16 in order;
 //! - an endpoint out of rotation is decided by single calls: up to [`EXPAND_MAX`] of a run are
 //!   applied one by one (with the run's mean latency and spread first tokens), the rest only
-//!   recorded;
+//!   recorded — of a run of failures, no more than were in a row (the middle failures lay among
+//!   successes: the longest run the summary counts);
 //! - beyond the reporter's failure cap (8 an interval, 32 a second at 250 ms), the order of
 //!   failures among successes is lost but for the runs the summary counts (leading, longest,
 //!   trailing): a rule that counts failures in a row while the endpoint is out of rotation (10 on
@@ -368,7 +369,15 @@ impl PoolState {
         // The first call of a run comes alone, as do those of an endpoint out of rotation: a
         // rule that resets the endpoint on the first success after failures (the end of a
         // suspected shared outage, say) then sees the rest of the run after its reset.
-        while run.calls() > 0 && (expanded == 0 || !self.in_rotation(ep)) && expanded < EXPAND_MAX {
+        // A run of failures goes one by one only as far as its failures were in a row: those in
+        // the middle of a summary lay among its successes, the longest run of them as long as
+        // the summary counts (in a row, 27 failures summed among 2,359 successes took a healed
+        // endpoint out again on probation).
+        let one_by_one = match run.kind {
+            RunKind::Failures => u64::from(run.failures).clamp(1, EXPAND_MAX),
+            _ => EXPAND_MAX,
+        };
+        while run.calls() > 0 && (expanded == 0 || !self.in_rotation(ep)) && expanded < one_by_one {
             let class = split_off_front(&mut run.counts, 1)[0].0;
             let o = Outcome {
                 id: &s.summary_id,
