@@ -29,8 +29,8 @@
 
 use clap::{Parser, ValueEnum};
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Message};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext, Message};
 use sqlx::postgres::PgPoolOptions;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -175,11 +175,46 @@ struct Shared {
     bytes: AtomicU64,
     one_by_one: AtomicU64,
     late_ticks: AtomicU64,
+    /// The longest time between two hand-overs (ms): the simulated gateways stalled that long.
+    longest_gap_ms: AtomicU64,
     started: Mutex<Option<Instant>>,
     /// When each fault's first calls were handed over (by its index in the schedule): a late
     /// tick of the simulated gateways delays them, and detection counts from them.
     applied: Mutex<HashMap<usize, Instant>>,
+    /// When each fault's first record reached the broker (its append time, ms): where the
+    /// service's own detection starts.
+    appended: Mutex<HashMap<usize, i64>>,
+    /// How long after it was handed over each record reached the broker (ms): the simulated
+    /// gateways' own producer, on the machine the service shares.
+    late_ms: Mutex<Vec<f64>>,
     stop: AtomicBool,
+}
+
+/// A record in flight: the fault it belongs to, and when it was handed to the producer.
+struct InFlight {
+    episode: Option<usize>,
+    sent_ms: i64,
+}
+
+/// Reads the broker's append time of every record the producer delivers.
+struct Delivered(Arc<Shared>);
+
+impl ClientContext for Delivered {}
+
+impl ProducerContext for Delivered {
+    type DeliveryOpaque = Box<InFlight>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, sent: Box<InFlight>) {
+        let Some(at) = result.as_ref().ok().and_then(|m| m.timestamp().to_millis()) else {
+            return;
+        };
+        self.0.late_ms.lock().unwrap().push((at - sent.sent_ms).max(0) as f64);
+        if let Some(e) = sent.episode {
+            let mut first = self.0.appended.lock().unwrap();
+            let t = first.entry(e).or_insert(at);
+            *t = (*t).min(at);
+        }
+    }
 }
 
 fn pool_name(p: u32) -> String {
@@ -388,14 +423,14 @@ struct Route {
 /// one, counted, through that gateway's summarizer; what it sends goes to the signals topic
 /// keyed by pool (or, with `--merge`, to the gateway-signals topic keyed by endpoint).
 fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) -> anyhow::Result<()> {
-    let producer: ThreadedProducer<_> = ClientConfig::new()
+    let producer: ThreadedProducer<Delivered> = ClientConfig::new()
         .set("bootstrap.servers", stack::brokers())
         .set("linger.ms", "20")
         .set("batch.size", "1000000")
         .set("compression.type", "lz4")
         .set("queue.buffering.max.messages", "2000000")
         .set("queue.buffering.max.kbytes", "1048576")
-        .create()?;
+        .create_with_context(Delivered(shared.clone()))?;
     let mut gateways = fleet(&a);
     let names: Vec<(String, Vec<String>)> = (0..a.pools as u32)
         .map(|p| {
@@ -433,8 +468,8 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
     let mut last = start;
     let mut next = start + tick;
     let mut event = 0u64;
-    let mut faulty: HashMap<(u32, u32), Fault> = HashMap::new();
-    let send = |out: &mut Vec<Signal>, ts_ms: i64| -> anyhow::Result<()> {
+    let mut faulty: HashMap<(u32, u32), (Fault, usize)> = HashMap::new();
+    let send = |out: &mut Vec<Signal>, ts_ms: i64, faulty: &HashMap<(u32, u32), (Fault, usize)>| -> anyhow::Result<()> {
         for s in out.drain(..) {
             if matches!(s, Signal::Call(_)) {
                 shared.one_by_one.fetch_add(1, Relaxed);
@@ -444,7 +479,11 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
             let e: usize = ep.rsplit('-').next().and_then(|e| e.parse().ok()).unwrap_or(0);
             let (key, partition) = &keys[p][e];
             let bytes = encode_signal(&s)?;
-            let mut record = BaseRecord::to(&route.topic)
+            let sent = Box::new(InFlight {
+                episode: faulty.get(&(p as u32, e as u32)).map(|(_, i)| *i),
+                sent_ms: ts_ms,
+            });
+            let mut record = BaseRecord::with_opaque_to(&route.topic, sent)
                 .key(key)
                 .payload(&bytes)
                 .partition(*partition)
@@ -476,13 +515,14 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
         }
         let now_i = Instant::now();
         let dt = (now_i - last).as_secs_f64();
+        shared.longest_gap_ms.fetch_max((dt * 1000.0) as u64, Relaxed);
         last = now_i;
         next += tick;
         let elapsed = now_i - start;
         faulty.clear();
         for (i, e) in episodes.iter().enumerate() {
             if e.start <= elapsed && elapsed < e.end {
-                faulty.insert((e.pool, e.endpoint), e.kind);
+                faulty.insert((e.pool, e.endpoint), (e.kind, i));
                 shared.applied.lock().unwrap().entry(i).or_insert(now_i);
             }
         }
@@ -501,7 +541,7 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
                 }
                 calls += u64::from(n);
                 let (pool, eps) = &names[pair.pool as usize];
-                let fault = faulty.get(&(pair.pool, pair.endpoint)).copied();
+                let fault = faulty.get(&(pair.pool, pair.endpoint)).map(|(k, _)| *k);
                 let first = n / 2 + share(&mut rng, n % 2, 0.5);
                 for (k, at) in [(first, now - half), (n - first, now)] {
                     let group = Group {
@@ -515,14 +555,14 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
                 }
             }
             summarizer.flush_due(now, &mut out);
-            send(&mut out, now / 1000)?;
+            send(&mut out, now / 1000, &faulty)?;
         }
         shared.calls.fetch_add(calls, Relaxed);
     }
     for s in &mut summarizers {
         s.flush_all(&mut out);
     }
-    send(&mut out, now_us() / 1000)?;
+    send(&mut out, now_us() / 1000, &faulty)?;
     producer.flush(Duration::from_secs(60))?;
     shared.stop.store(true, Relaxed);
     Ok(())
@@ -530,7 +570,8 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
 
 /// Every health change of an endpoint as a read_committed consumer (a router) sees it: (to
 /// state, when).
-type Changes = Arc<Mutex<HashMap<String, Vec<(HealthState, Instant, String)>>>>;
+/// Each endpoint's changes: the state, when this program read it, why, and its stream time (ms).
+type Changes = Arc<Mutex<HashMap<String, Vec<(HealthState, Instant, String, i64)>>>>;
 
 fn watch_changes(topic: &str, group: &str) -> anyhow::Result<Changes> {
     let c: StreamConsumer = ClientConfig::new()
@@ -552,7 +593,7 @@ fn watch_changes(topic: &str, group: &str) -> anyhow::Result<Changes> {
                     .expect("changes")
                     .entry(h.endpoint.clone())
                     .or_default()
-                    .push((h.to_state, at, h.reason.clone()));
+                    .push((h.to_state, at, h.reason.clone(), h.stream_time / 1000));
             }
         }
     });
@@ -634,10 +675,10 @@ async fn main() -> anyhow::Result<()> {
         "at least 2 pools and (sharded) a gateway per pool"
     );
     let name = stack::unique("fleet");
-    let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::CreateTime).await;
+    let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::LogAppendTime).await;
     let input = if args.merge {
         Some(
-            stack::Topics::create(&format!("{name}_in"), args.input_partitions, stack::Stamp::CreateTime)
+            stack::Topics::create(&format!("{name}_in"), args.input_partitions, stack::Stamp::LogAppendTime)
                 .await
                 .signals,
         )
@@ -694,8 +735,11 @@ async fn main() -> anyhow::Result<()> {
         bytes: AtomicU64::new(0),
         one_by_one: AtomicU64::new(0),
         late_ticks: AtomicU64::new(0),
+        longest_gap_ms: AtomicU64::new(0),
         started: Mutex::new(None),
         applied: Mutex::default(),
+        appended: Mutex::default(),
+        late_ms: Mutex::default(),
         stop: AtomicBool::new(false),
     });
     let changes = watch_changes(&topics.changes, &format!("{name}-watch"))?;
@@ -836,6 +880,10 @@ async fn main() -> anyhow::Result<()> {
     let mut already_out: HashMap<Fault, usize> = HashMap::new();
     let mut counted: HashMap<Fault, usize> = HashMap::new();
     let applied = shared.applied.lock().unwrap().clone();
+    // The service's own part: from the fault's first record on the broker to the decision's
+    // stream time (the broker's append time of the record that decided it).
+    let appended = shared.appended.lock().unwrap().clone();
+    let mut on_broker: HashMap<Fault, Vec<f64>> = HashMap::new();
     for (i, e) in episodes.iter().enumerate() {
         *counted.entry(e.kind).or_default() += 1;
         let ep = endpoint_name(e.pool, e.endpoint);
@@ -847,19 +895,27 @@ async fn main() -> anyhow::Result<()> {
         };
         let seen = changes
             .get(&ep)
-            .and_then(|v| v.iter().find(|(s, at, _)| *at >= from && *at < to && decided(*s)));
+            .and_then(|v| v.iter().find(|(s, at, _, _)| *at >= from && *at < to && decided(*s)));
         // Out of rotation when the fault began (a cooldown or an isolation before it): nothing
         // to detect, counted apart.
         let out_at_start = changes
             .get(&ep)
-            .and_then(|v| v.iter().rev().find(|(_, at, _)| *at < from))
-            .is_some_and(|(s, _, _)| *s == HealthState::Unhealthy);
+            .and_then(|v| v.iter().rev().find(|(_, at, _, _)| *at < from))
+            .is_some_and(|(s, _, _, _)| *s == HealthState::Unhealthy);
         match seen {
             None if out_at_start => *already_out.entry(e.kind).or_default() += 1,
-            Some((_, at, _)) => delays
-                .entry(e.kind)
-                .or_default()
-                .push((*at - from).as_secs_f64() * 1000.0),
+            Some((_, at, _, stream_ms)) => {
+                if let Some(first) = appended.get(&i) {
+                    on_broker
+                        .entry(e.kind)
+                        .or_default()
+                        .push((*stream_ms - first).max(0) as f64);
+                }
+                delays
+                    .entry(e.kind)
+                    .or_default()
+                    .push((*at - from).as_secs_f64() * 1000.0);
+            }
             None => missed
                 .entry(e.kind)
                 .or_default()
@@ -869,7 +925,7 @@ async fn main() -> anyhow::Result<()> {
     // Ejections of an endpoint with no fault then (nor in the 60 s after one, its recovery).
     let false_ejections: Vec<String> = changes
         .iter()
-        .flat_map(|(ep, v)| v.iter().map(move |(s, at, why)| (ep, *s, *at, why)))
+        .flat_map(|(ep, v)| v.iter().map(move |(s, at, why, _)| (ep, *s, *at, why)))
         .filter(|(_, s, _, _)| *s == HealthState::Unhealthy)
         .filter(|(ep, _, at, _)| {
             !episodes.iter().any(|e| {
@@ -903,14 +959,15 @@ async fn main() -> anyhow::Result<()> {
         args.noise
     );
     println!(
-        "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M); gateways sent {:.0} records/s ({:.2} MB/s before compression, {:.0} calls a record, {} failures one by one in all); {} late ticks",
+        "  measured over {secs:.0} s: {:.2} M calls/s represented (asked {:.2} M); gateways sent {:.0} records/s ({:.2} MB/s before compression, {:.0} calls a record, {} failures one by one in all); {} late ticks, the longest gap between two {:.0} ms",
         calls / secs / 1e6,
         args.calls_per_sec / 1e6,
         records / secs,
         (w1.bytes - w0.bytes) as f64 / secs / 1e6,
         calls / records.max(1.0),
         shared.one_by_one.load(Relaxed),
-        shared.late_ticks.load(Relaxed)
+        shared.late_ticks.load(Relaxed),
+        shared.longest_gap_ms.load(Relaxed) as f64
     );
     println!(
         "  signals topic: {:.0} records/s; the hot pool's partition {hot_partition}: {:.0} records/s ({:.0} % of the topic)",
@@ -934,14 +991,18 @@ async fn main() -> anyhow::Result<()> {
     for kind in KINDS {
         let mut d = delays.get(&kind).cloned().unwrap_or_default();
         let miss = missed.get(&kind).cloned().unwrap_or_default();
+        let mut b = on_broker.get(&kind).cloned().unwrap_or_default();
         println!(
-            "  detection, {}: {} faults ({} out of rotation when it began), p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; missed {}{}",
+            "  detection, {}: {} faults ({} out of rotation when it began), p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (from the fault's first record on the broker to the decision's stream time: p50 {:.0}, p99 {:.0}, max {:.0}); missed {}{}",
             kind.describe(),
             counted.get(&kind).copied().unwrap_or(0),
             already_out.get(&kind).copied().unwrap_or(0),
             percentile(&mut d, 0.5),
             percentile(&mut d, 0.99),
             percentile(&mut d, 1.0),
+            percentile(&mut b, 0.5),
+            percentile(&mut b, 0.99),
+            percentile(&mut b, 1.0),
             miss.len(),
             if miss.is_empty() {
                 String::new()
@@ -961,6 +1022,13 @@ async fn main() -> anyhow::Result<()> {
         } else {
             format!(" {:?}", &others[..others.len().min(4)])
         }
+    );
+    let mut late = std::mem::take(&mut *shared.late_ms.lock().unwrap());
+    println!(
+        "  the simulated gateways' records reached the broker p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms after they were handed over (their producer, on the machine the service shares)",
+        percentile(&mut late, 0.5),
+        percentile(&mut late, 0.99),
+        percentile(&mut late, 1.0)
     );
     println!(
         "  lag: hot partition p50 {:.0}, max {max_hot_lag} records (all partitions: max {max_lag}; merger input: max {max_merge_lag}); caught up {caught_up:.1} s after the traffic stopped; processor read {signals_metric:.0} signals",
