@@ -402,13 +402,18 @@ impl Tracker {
     /// span (whole buckets, the whole window once it is full; or, for an endpoint heard of
     /// since, the time since, at least a second).
     pub fn calls_a_day(&self, now: Micros, policy: &Policy) -> u64 {
+        let counted = self.window.rate(now, us(policy.bucket_ms).max(1)).counted();
+        self.calls_a_day_of(counted, now, policy)
+    }
+
+    /// [`Tracker::calls_a_day`] with the window's calls already counted.
+    fn calls_a_day_of(&self, counted: u64, now: Micros, policy: &Policy) -> u64 {
         let bucket_us = us(policy.bucket_ms).max(1);
         let span_us = (i64::from(self.window.span_buckets(now, bucket_us)) * bucket_us)
             .min(now.saturating_sub(self.born).max(1_000_000));
         if span_us <= 0 {
             return 0;
         }
-        let counted = self.window.rate(now, bucket_us).counted();
         u64::try_from(u128::from(counted) * 86_400_000_000 / span_us as u128).unwrap_or(u64::MAX)
     }
 
@@ -507,17 +512,31 @@ impl Tracker {
             (false, Some(t)) => ttft_score(t as f64 / 1000.0, policy),
         };
         let success_rate = (1.0 - rate.failure_rate()) * 100.0;
-        self.move_score(now, policy, 0.6 * ttft_score + 0.4 * success_rate, 1);
+        self.move_score(now, policy, 0.6 * ttft_score + 0.4 * success_rate, 1, rate.counted());
         rate
     }
 
     /// Move the EWMA score as `steps` samples of `sample` would, one after another; the hard
     /// break and the deadband's hold follow.
-    fn move_score(&mut self, now: Micros, policy: &Policy, sample: f64, steps: u64) {
-        let keep = if steps == 1 {
+    ///
+    /// Up to ~11 calls a second each call moves the score by the policy's β (seed 001). Busier,
+    /// a call moves it as that traffic's share of one ([`score_share`]): the score averages
+    /// over the same time, not the same few calls. Per call, four failures in a row at β = 0.7
+    /// take the score under `degrade_below` and two under `recover_above`: 1 % noise does the
+    /// one every 70 s and the other every second at 14,000 calls a second, so every busy
+    /// endpoint was degraded and none came back (fleet-bench: 468 of 500 endpoints).
+    /// `counted`: the calls in the window.
+    fn move_score(&mut self, now: Micros, policy: &Policy, sample: f64, steps: u64, counted: u64) {
+        // A second (the least span counted) of fewer calls than a quiet endpoint's is quiet.
+        let share = if counted <= QUIET_CALLS_A_DAY / 86_400 {
+            1.0
+        } else {
+            score_share(self.calls_a_day_of(counted, now, policy))
+        };
+        let keep = if steps == 1 && share >= 1.0 {
             policy.ewma_beta
         } else {
-            policy.ewma_beta.powf(steps as f64)
+            policy.ewma_beta.powf(steps as f64 * share)
         };
         self.score = keep * self.score + (1.0 - keep) * sample;
         // The hard break's run zeroes the score: the policy's, or at high traffic the longer
@@ -581,7 +600,7 @@ impl Tracker {
             RunKind::Failures => 0.4 * success_rate,
             _ => 0.6 * run.ttft_score.unwrap_or(100.0) + 0.4 * success_rate,
         };
-        self.move_score(now, policy, sample, calls);
+        self.move_score(now, policy, sample, calls, rate.counted());
         rate
     }
 
@@ -1021,6 +1040,21 @@ pub fn noise_run(calls_a_day: u64) -> u32 {
         bound *= 100;
     }
     k
+}
+
+/// A quiet endpoint's traffic: up to here the policy's runs and the score's β hold as written.
+const QUIET_CALLS_A_DAY: u64 = 1_000_000;
+
+/// The share of one sample a call is to the EWMA score at `calls_a_day`: 1 up to a million
+/// calls a day (~11.6 a second, where the policy's runs hold: [`QUIET_RUN`]), and that traffic's
+/// share of the endpoint's beyond, so that the score's memory stays ~0.3 s of calls (3.3
+/// samples at β = 0.7) however busy the endpoint.
+pub(crate) fn score_share(calls_a_day: u64) -> f64 {
+    if calls_a_day <= QUIET_CALLS_A_DAY {
+        1.0
+    } else {
+        QUIET_CALLS_A_DAY as f64 / calls_a_day as f64
+    }
 }
 
 /// How many failures the policy's runs (the hard break, consecutive failures, 429s) grow by at

@@ -168,7 +168,7 @@ fn summed_failures_among_successes_make_no_run_out_of_rotation() {
 }
 
 /// `a` was ejected during its fault, readmitted after it, and never taken out again; `b` and
-/// `c`, healthy with noise, never ejected.
+/// `c`, healthy with noise, never left healthy.
 fn healed(fleet: &Fleet, seed: u64, fault_to: Micros) {
     let a = fleet.changes_of("a");
     assert!(
@@ -189,12 +189,13 @@ fn healed(fleet: &Fleet, seed: u64, fault_to: Micros) {
         a.iter().any(|(t, s, _)| *t > fault_to && *s == HealthState::Healthy),
         "seed {seed}: a never healthy again: {a:#?}"
     );
+    // Not even degraded: at these rates four failures in a row, which took the score under
+    // `degrade_below` call by call, came every few minutes (see `Tracker::move_score`).
     for ep in ["b", "c"] {
-        let out: Vec<_> = fleet
-            .changes_of(ep)
-            .into_iter()
-            .filter(|(_, s, _)| *s == HealthState::Unhealthy)
-            .collect();
-        assert_eq!(out, vec![], "seed {seed}: {ep} healthy with 1 % noise throughout");
+        assert_eq!(
+            fleet.changes_of(ep),
+            vec![],
+            "seed {seed}: {ep} healthy with 1 % noise throughout"
+        );
     }
 }

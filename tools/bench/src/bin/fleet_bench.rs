@@ -469,43 +469,44 @@ fn generate(a: Args, route: Route, episodes: Vec<Episode>, shared: Arc<Shared>) 
     let mut next = start + tick;
     let mut event = 0u64;
     let mut faulty: HashMap<(u32, u32), (Fault, usize)> = HashMap::new();
-    let send = |out: &mut Vec<Signal>, ts_ms: i64, faulty: &HashMap<(u32, u32), (Fault, usize)>| -> anyhow::Result<()> {
-        for s in out.drain(..) {
-            if matches!(s, Signal::Call(_)) {
-                shared.one_by_one.fetch_add(1, Relaxed);
-            }
-            let (pool, ep) = (s.pool().unwrap_or_default(), s.endpoint().unwrap_or_default());
-            let p: usize = pool[5..].parse().unwrap_or(0);
-            let e: usize = ep.rsplit('-').next().and_then(|e| e.parse().ok()).unwrap_or(0);
-            let (key, partition) = &keys[p][e];
-            let bytes = encode_signal(&s)?;
-            let sent = Box::new(InFlight {
-                episode: faulty.get(&(p as u32, e as u32)).map(|(_, i)| *i),
-                sent_ms: ts_ms,
-            });
-            let mut record = BaseRecord::with_opaque_to(&route.topic, sent)
-                .key(key)
-                .payload(&bytes)
-                .partition(*partition)
-                .timestamp(ts_ms);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, r)) => {
-                        anyhow::ensure!(
-                            e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                            "producing: {e}"
-                        );
-                        record = r;
-                        std::thread::sleep(Duration::from_millis(1));
+    let send =
+        |out: &mut Vec<Signal>, ts_ms: i64, faulty: &HashMap<(u32, u32), (Fault, usize)>| -> anyhow::Result<()> {
+            for s in out.drain(..) {
+                if matches!(s, Signal::Call(_)) {
+                    shared.one_by_one.fetch_add(1, Relaxed);
+                }
+                let (pool, ep) = (s.pool().unwrap_or_default(), s.endpoint().unwrap_or_default());
+                let p: usize = pool[5..].parse().unwrap_or(0);
+                let e: usize = ep.rsplit('-').next().and_then(|e| e.parse().ok()).unwrap_or(0);
+                let (key, partition) = &keys[p][e];
+                let bytes = encode_signal(&s)?;
+                let sent = Box::new(InFlight {
+                    episode: faulty.get(&(p as u32, e as u32)).map(|(_, i)| *i),
+                    sent_ms: ts_ms,
+                });
+                let mut record = BaseRecord::with_opaque_to(&route.topic, sent)
+                    .key(key)
+                    .payload(&bytes)
+                    .partition(*partition)
+                    .timestamp(ts_ms);
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((e, r)) => {
+                            anyhow::ensure!(
+                                e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                                "producing: {e}"
+                            );
+                            record = r;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
                     }
                 }
+                shared.records.fetch_add(1, Relaxed);
+                shared.bytes.fetch_add(bytes.len() as u64, Relaxed);
             }
-            shared.records.fetch_add(1, Relaxed);
-            shared.bytes.fetch_add(bytes.len() as u64, Relaxed);
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     while start.elapsed() < Duration::from_secs(a.secs) {
         let now_i = Instant::now();
         if now_i < next {
@@ -678,9 +679,13 @@ async fn main() -> anyhow::Result<()> {
     let topics = stack::Topics::create(&name, args.partitions, stack::Stamp::LogAppendTime).await;
     let input = if args.merge {
         Some(
-            stack::Topics::create(&format!("{name}_in"), args.input_partitions, stack::Stamp::LogAppendTime)
-                .await
-                .signals,
+            stack::Topics::create(
+                &format!("{name}_in"),
+                args.input_partitions,
+                stack::Stamp::LogAppendTime,
+            )
+            .await
+            .signals,
         )
     } else {
         None
