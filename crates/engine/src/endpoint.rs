@@ -229,6 +229,31 @@ pub struct Tracker {
     /// When the engine first heard of the endpoint: its traffic is counted over no longer.
     #[serde(default)]
     born: Micros,
+    /// When the latency outlier flag last cleared (None while flagged, or never flagged): a
+    /// degradation for latency holds for `recover_hold_ms` after it.
+    #[serde(default)]
+    latency_clear_since: Option<Micros>,
+    /// The share of a sample the latest outcome was to the score ([`score_share`]), for the
+    /// latency EWMA that the same outcome moves next: working memory, not state.
+    #[serde(skip)]
+    share: Share,
+}
+
+/// A [`Tracker`]'s latest sample share: recomputed with every outcome before it is read, so it
+/// takes no part in equality or snapshots (a restored tracker starts at 1).
+#[derive(Debug, Clone, Copy)]
+struct Share(f64);
+
+impl Default for Share {
+    fn default() -> Self {
+        Share(1.0)
+    }
+}
+
+impl PartialEq for Share {
+    fn eq(&self, _: &Share) -> bool {
+        true
+    }
 }
 
 impl Tracker {
@@ -277,6 +302,8 @@ impl Tracker {
             ttft_outlier: false,
             traffic_when_out: 0,
             born: now,
+            latency_clear_since: None,
+            share: Share::default(),
         }
     }
 
@@ -406,6 +433,17 @@ impl Tracker {
         self.calls_a_day_of(counted, now, policy)
     }
 
+    /// The share of one sample a call is to the EWMAs (score and latency) at the endpoint's
+    /// traffic ([`score_share`]), with `counted` calls in the window.
+    fn share(&self, now: Micros, policy: &Policy, counted: u64) -> f64 {
+        // A second (the least span counted) of fewer calls than a quiet endpoint's is quiet.
+        if counted <= QUIET_CALLS_A_DAY / 86_400 {
+            1.0
+        } else {
+            score_share(self.calls_a_day_of(counted, now, policy))
+        }
+    }
+
     /// [`Tracker::calls_a_day`] with the window's calls already counted.
     fn calls_a_day_of(&self, counted: u64, now: Micros, policy: &Policy) -> u64 {
         let bucket_us = us(policy.bucket_ms).max(1);
@@ -527,12 +565,8 @@ impl Tracker {
     /// endpoint was degraded and none came back (fleet-bench: 468 of 500 endpoints).
     /// `counted`: the calls in the window.
     fn move_score(&mut self, now: Micros, policy: &Policy, sample: f64, steps: u64, counted: u64) {
-        // A second (the least span counted) of fewer calls than a quiet endpoint's is quiet.
-        let share = if counted <= QUIET_CALLS_A_DAY / 86_400 {
-            1.0
-        } else {
-            score_share(self.calls_a_day_of(counted, now, policy))
-        };
+        let share = self.share(now, policy, counted);
+        self.share = Share(share);
         let keep = if steps == 1 && share >= 1.0 {
             policy.ewma_beta
         } else {
@@ -618,7 +652,7 @@ impl Tracker {
             return;
         }
         let ms = mean_us / 1000.0;
-        let keep = policy.ewma_beta.powf(n as f64);
+        let keep = policy.ewma_beta.powf(n as f64 * self.share.0);
         self.latency_ewma_ms = if self.latency_samples == 0 {
             ms
         } else {
@@ -631,10 +665,16 @@ impl Tracker {
 
     pub(crate) fn record_latency(&mut self, latency_us: i64, policy: &Policy) {
         let ms = latency_us as f64 / 1000.0;
+        // As the score (the share its outcome was): busier than ~11 calls a second a call is a
+        // share of one sample, so a healthy endpoint's long tail does not flag it.
+        let keep = match self.share.0 {
+            s if s >= 1.0 => policy.ewma_beta,
+            s => policy.ewma_beta.powf(s),
+        };
         self.latency_ewma_ms = if self.latency_samples == 0 {
             ms
         } else {
-            policy.ewma_beta * self.latency_ewma_ms + (1.0 - policy.ewma_beta) * ms
+            keep * self.latency_ewma_ms + (1.0 - keep) * ms
         };
         self.latency_samples = self.latency_samples.saturating_add(1);
     }
@@ -702,6 +742,9 @@ impl Tracker {
             }
             HealthState::Degraded => {
                 if let Some(t) = self.above_since {
+                    consider(t.saturating_add(us(policy.recover_hold_ms)));
+                }
+                if let Some(t) = self.latency_clear_since {
                     consider(t.saturating_add(us(policy.recover_hold_ms)));
                 }
             }
@@ -856,8 +899,24 @@ impl Tracker {
         self.eject_refused = refused;
     }
 
-    pub(crate) fn set_latency_outlier(&mut self, outlier: bool) {
+    /// Flag (or clear) the latency outlier at `now`; a flag cleared is remembered, so that a
+    /// degradation for latency ends only once it has stayed clear for `recover_hold_ms`.
+    pub(crate) fn set_latency_outlier(&mut self, outlier: bool, now: Micros) {
+        if self.latency_outlier && !outlier {
+            self.latency_clear_since = Some(now);
+        }
+        if outlier {
+            self.latency_clear_since = None;
+        }
         self.latency_outlier = outlier;
+    }
+
+    /// Whether the latency has been no outlier for `recover_hold_ms` (or never was).
+    pub(crate) fn latency_held_clear(&self, now: Micros, policy: &Policy) -> bool {
+        !self.latency_outlier
+            && self
+                .latency_clear_since
+                .is_none_or(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms))
     }
 
     pub(crate) fn set_failure_outlier(&mut self, outlier: bool) {

@@ -577,10 +577,31 @@ fn compare(
         if rot(&x) != rot(&y) {
             (x, y) = (moves(&all_x, r.brief() + slack), moves(&all_y, r.brief() + slack));
         }
+        // The end of a slow start is timed from the readmission, through the end of a
+        // probation (a move within "recovering", not compared): it inherits the readmission's
+        // lag in the other engine and the probation's end's (up to the slack), and comes up to
+        // the slack after that.
+        let inherited = |v: &[(Micros, &'static str, HealthState, String)],
+                         w: &[(Micros, &'static str, HealthState, String)],
+                         i: usize| {
+            if i > 0 && v[i].1 == "in" && v[i - 1].1 == "recovering" {
+                w.get(i - 1).map_or(0, |m| (v[i - 1].0 - m.0).abs()) + slack
+            } else {
+                0
+            }
+        };
         // A move within the slack of the cut may fall on either side of it in the other engine.
         let k = x.len().min(y.len());
-        let extra_at_cut =
-            x.iter().skip(k).chain(y.iter().skip(k)).all(|m| m.0 >= end - slack) && x.len().abs_diff(y.len()) <= 1;
+        let extra_at_cut = x
+            .iter()
+            .enumerate()
+            .skip(k)
+            .all(|(i, m)| m.0 >= end - slack - inherited(&x, &y, i))
+            && y.iter()
+                .enumerate()
+                .skip(k)
+                .all(|(i, m)| m.0 >= end - slack - inherited(&y, &x, i))
+            && x.len().abs_diff(y.len()) <= 1;
         if rot(&x[..k]) != rot(&y[..k]) || !extra_at_cut {
             return Err(format!(
                 "{ep}: call by call {:#?}\nsummarized {:#?}",
@@ -588,8 +609,8 @@ fn compare(
                 show(&y)
             ));
         }
-        for (p, q) in x.iter().zip(&y) {
-            if (p.0 - q.0).abs() > slack {
+        for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+            if (p.0 - q.0).abs() > slack + inherited(&x, &y, i) {
                 return Err(format!(
                     "{ep}: {} at {} ms call by call, {} ms summarized",
                     p.1,

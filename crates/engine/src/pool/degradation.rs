@@ -61,7 +61,10 @@ impl PoolState {
         let held = t
             .above_since()
             .is_some_and(|s| self.now.saturating_sub(s) >= us(policy.recover_hold_ms));
-        (t.state() == HealthState::Degraded && !suspicious && held).then(|| {
+        // Latency far above the peers' must have stayed gone as long as the score must hold
+        // (it cleared and came back within tens of ms, 1,521 times in 90 s).
+        let latency_gone = t.latency_held_clear(self.now, policy);
+        (t.state() == HealthState::Degraded && !suspicious && held && latency_gone).then(|| {
             Change::new(
                 HealthState::Healthy,
                 ReasonCode::Recovered,

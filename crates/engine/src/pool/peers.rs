@@ -52,15 +52,17 @@ impl PoolState {
         let Some(median) = self.peer_median(name, true, min_peers) else {
             // Too few peers to compare with: no outlier (a flag kept from before would outlive
             // the fault, and degrade the endpoint the moment it is back in rotation).
+            let now = self.now;
             self.endpoints
                 .get_mut(name)
                 .expect("known endpoint")
-                .set_latency_outlier(false);
+                .set_latency_outlier(false, now);
             return;
         };
         let policy = &self.policy;
         let factor = policy.latency_outlier_factor;
         let min_ms = policy.latency_outlier_min_ms;
+        let now = self.now;
         let t = self.endpoints.get_mut(name).expect("known endpoint");
         let ewma = t.latency_ewma_ms();
         let outlier = if t.latency_outlier() {
@@ -69,7 +71,7 @@ impl PoolState {
         } else {
             ewma > factor * median && ewma - median > min_ms
         };
-        t.set_latency_outlier(outlier);
+        t.set_latency_outlier(outlier, now);
     }
 
     /// The recent failures (see [`crate::Tracker::recent_rate`]; `longer`: over two thirds of
