@@ -96,6 +96,18 @@ pub struct Topics {
     pub partitions: i32,
 }
 
+/// Delete topics, best effort (a benchmark that made them leaves the broker as it found it).
+pub async fn delete_topics(names: &[&str]) {
+    let Ok(admin) = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create::<AdminClient<DefaultClientContext>>()
+    else {
+        return;
+    };
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let _ = admin.delete_topics(names, &opts).await;
+}
+
 impl Topics {
     /// Create `{prefix}.signals`, `.changes`, `.state` (compacted) and `.dlq`.
     pub async fn create(prefix: &str, partitions: i32, stamp: Stamp) -> Topics {
@@ -134,6 +146,11 @@ impl Topics {
             res.expect("topic created");
         }
         t
+    }
+
+    /// Delete the four topics (a benchmark's, when it is done): best effort.
+    pub async fn delete(&self) {
+        delete_topics(&[&self.signals, &self.changes, &self.state, &self.dlq]).await;
     }
 
     /// The flags that point a service at these topics.

@@ -1042,5 +1042,14 @@ async fn main() -> anyhow::Result<()> {
     let _ = sqlx::query(&format!("DROP SCHEMA \"{name}\" CASCADE"))
         .execute(&db)
         .await;
+    // The broker as it was: a day of runs left dozens of topics behind.
+    topics.delete().await;
+    if args.merge {
+        let names: Vec<String> = ["signals", "changes", "state", "dlq"]
+            .iter()
+            .map(|t| format!("{name}_in.{t}"))
+            .collect();
+        vitals_testkit::delete_topics(&names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    }
     Ok(())
 }
