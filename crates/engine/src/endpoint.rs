@@ -567,11 +567,7 @@ impl Tracker {
     fn move_score(&mut self, now: Micros, policy: &Policy, sample: f64, steps: u64, counted: u64) {
         let share = self.share(now, policy, counted);
         self.share = Share(share);
-        let keep = if steps == 1 && share >= 1.0 {
-            policy.ewma_beta
-        } else {
-            policy.ewma_beta.powf(steps as f64 * share)
-        };
+        let keep = ewma_keep(policy.ewma_beta, steps, share);
         self.score = keep * self.score + (1.0 - keep) * sample;
         // The hard break's run zeroes the score: the policy's, or at high traffic the longer
         // run that noise does not make (the window is summed only when the policy's is met).
@@ -652,7 +648,7 @@ impl Tracker {
             return;
         }
         let ms = mean_us / 1000.0;
-        let keep = policy.ewma_beta.powf(n as f64 * self.share.0);
+        let keep = ewma_keep(policy.ewma_beta, n, self.share.0);
         self.latency_ewma_ms = if self.latency_samples == 0 {
             ms
         } else {
@@ -667,10 +663,7 @@ impl Tracker {
         let ms = latency_us as f64 / 1000.0;
         // As the score (the share its outcome was): busier than ~11 calls a second a call is a
         // share of one sample, so a healthy endpoint's long tail does not flag it.
-        let keep = match self.share.0 {
-            s if s >= 1.0 => policy.ewma_beta,
-            s => policy.ewma_beta.powf(s),
-        };
+        let keep = ewma_keep(policy.ewma_beta, 1, self.share.0);
         self.latency_ewma_ms = if self.latency_samples == 0 {
             ms
         } else {
@@ -902,12 +895,11 @@ impl Tracker {
     /// Flag (or clear) the latency outlier at `now`; a flag cleared is remembered, so that a
     /// degradation for latency ends only once it has stayed clear for `recover_hold_ms`.
     pub(crate) fn set_latency_outlier(&mut self, outlier: bool, now: Micros) {
-        if self.latency_outlier && !outlier {
-            self.latency_clear_since = Some(now);
-        }
-        if outlier {
-            self.latency_clear_since = None;
-        }
+        self.latency_clear_since = match (outlier, self.latency_outlier) {
+            (true, _) => None,
+            (false, true) => Some(now),
+            (false, false) => self.latency_clear_since,
+        };
         self.latency_outlier = outlier;
     }
 
@@ -1113,6 +1105,16 @@ pub(crate) fn score_share(calls_a_day: u64) -> f64 {
         1.0
     } else {
         QUIET_CALLS_A_DAY as f64 / calls_a_day as f64
+    }
+}
+
+/// What an EWMA keeps of itself after `steps` samples, each `share` of one (the score's and the
+/// latency's): β itself for one whole sample, so that the common case takes no `powf`.
+fn ewma_keep(beta: f64, steps: u64, share: f64) -> f64 {
+    if steps == 1 && share >= 1.0 {
+        beta
+    } else {
+        beta.powf(steps as f64 * share)
     }
 }
 

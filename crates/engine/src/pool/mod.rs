@@ -101,6 +101,18 @@ impl Outcome<'_> {
     fn started(&self, now: Micros) -> Micros {
         now.saturating_sub(self.began_before.unwrap_or(self.latency_us).max(0))
     }
+
+    /// Whether it is stale evidence to `t` out of rotation or recovering: the call began before
+    /// the endpoint was ejected or readmitted (a slow call begun during the fault ends after
+    /// it). Recovering, since slow start (or probation) began: a call in flight when a
+    /// probation ended was begun during the fault it was on probation for.
+    fn stale(&self, t: &Tracker, now: Micros) -> bool {
+        let since = match t.state() {
+            HealthState::Recovering => Some(t.since()),
+            _ => t.last_isolated_at(),
+        };
+        since.is_some_and(|s| self.started(now) < s)
+    }
 }
 
 /// The peer comparisons an outcome calls for.
@@ -352,7 +364,7 @@ impl PoolState {
         // A failure of a call begun before the endpoint was readmitted (a hung stream of the
         // fault, ending 13 s after it began) says nothing of it since: it stays out of slow
         // start's fresh window and of the runs that take it out again, as a summary's do.
-        if t.state() == HealthState::Recovering && counts_as_failure(class) && o.started(now) < t.since() {
+        if t.state() == HealthState::Recovering && counts_as_failure(class) && o.stale(t, now) {
             return;
         }
         let totals = t.record(now, policy, class, o.ttft_us, o.id);

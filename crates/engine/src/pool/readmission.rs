@@ -77,15 +77,7 @@ impl PoolState {
         if t.forced().is_some() {
             return None;
         }
-        // Fresh evidence only: a call that began before the endpoint was ejected or readmitted
-        // says nothing about it now (a slow call begun during the fault ends after it).
-        let since = match t.state() {
-            // Since slow start (or probation) began: a call in flight when a probation ended was
-            // begun during the fault it was on probation for.
-            HealthState::Recovering => Some(t.since()),
-            _ => t.last_isolated_at(),
-        };
-        if since.is_some_and(|s| o.started(self.now) < s) {
+        if o.stale(t, self.now) {
             return None;
         }
         if t.state() == HealthState::Recovering && class == OutcomeClass::RateLimited {
