@@ -641,35 +641,49 @@ impl Tracker {
         }
     }
 
-    /// Record the latencies of `n` successes with mean `mean_us` (a call summary's): the EWMA
-    /// moves as `n` samples of the mean would move it.
-    pub(crate) fn record_latencies(&mut self, n: u64, mean_us: f64, policy: &Policy) {
-        if n == 0 {
-            return;
+    /// Record the latencies of a summary's successes, `values` (µs) in the order taken for
+    /// theirs, each standing for `calls`: each moves the EWMA as that many calls do
+    /// ([`Tracker::record_latency`]), and the outlier flag is judged against the peers'
+    /// `median` (None: too few peers) where a call's would be — every fourth sample, or each
+    /// while flagged. Returns the flag to set, or None when no sample was judged: up if it was
+    /// up at any of them (one by one, the degradation would have followed at once; the flag
+    /// clears at the next summary's check).
+    pub(crate) fn walk_latencies(
+        &mut self,
+        values: &[f64],
+        calls: u64,
+        median: Option<f64>,
+        policy: &Policy,
+    ) -> Option<bool> {
+        let keep = ewma_keep(policy.ewma_beta, calls, self.share.0);
+        let calls = u32::try_from(calls).unwrap_or(u32::MAX);
+        let mut flag = self.latency_outlier;
+        let mut judged = None;
+        for v in values {
+            let before = self.latency_samples;
+            self.move_latency(v / 1000.0, keep, calls);
+            if self.latency_samples >= LATENCY_MIN_SAMPLES && (self.latency_samples / 4 > before / 4 || flag) {
+                flag = median.is_some_and(|m| latency_verdict(self.latency_ewma_ms, m, flag, policy));
+                judged = Some(judged == Some(true) || flag);
+            }
         }
-        let ms = mean_us / 1000.0;
-        let keep = ewma_keep(policy.ewma_beta, n, self.share.0);
-        self.latency_ewma_ms = if self.latency_samples == 0 {
-            ms
-        } else {
-            keep * self.latency_ewma_ms + (1.0 - keep) * ms
-        };
-        self.latency_samples = self
-            .latency_samples
-            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        judged
     }
 
     pub(crate) fn record_latency(&mut self, latency_us: i64, policy: &Policy) {
-        let ms = latency_us as f64 / 1000.0;
         // As the score (the share its outcome was): busier than ~11 calls a second a call is a
         // share of one sample, so a healthy endpoint's long tail does not flag it.
         let keep = ewma_keep(policy.ewma_beta, 1, self.share.0);
+        self.move_latency(latency_us as f64 / 1000.0, keep, 1);
+    }
+
+    fn move_latency(&mut self, ms: f64, keep: f64, calls: u32) {
         self.latency_ewma_ms = if self.latency_samples == 0 {
             ms
         } else {
             keep * self.latency_ewma_ms + (1.0 - keep) * ms
         };
-        self.latency_samples = self.latency_samples.saturating_add(1);
+        self.latency_samples = self.latency_samples.saturating_add(calls);
     }
 
     fn ttft_percentile(&self, q: f64) -> Option<f64> {
@@ -1105,6 +1119,17 @@ pub(crate) fn score_share(calls_a_day: u64) -> f64 {
         1.0
     } else {
         QUIET_CALLS_A_DAY as f64 / calls_a_day as f64
+    }
+}
+
+/// Whether a latency EWMA of `ewma_ms` is an outlier beside the peers' `median`, `was` one before:
+/// far above it to be flagged, and only well inside the limit to be cleared (hysteresis).
+pub(crate) fn latency_verdict(ewma_ms: f64, median: f64, was: bool, policy: &Policy) -> bool {
+    let factor = policy.latency_outlier_factor;
+    if was {
+        ewma_ms > factor * median * 0.8
+    } else {
+        ewma_ms > factor * median && ewma_ms - median > policy.latency_outlier_min_ms
     }
 }
 

@@ -4,7 +4,7 @@
 //! degradation rules read.
 
 use super::PoolState;
-use crate::endpoint::LATENCY_MIN_SAMPLES;
+use crate::endpoint::{latency_verdict, LATENCY_MIN_SAMPLES};
 use crate::window::Rate;
 use vitals_contracts::HealthState;
 
@@ -59,18 +59,9 @@ impl PoolState {
                 .set_latency_outlier(false, now);
             return;
         };
-        let policy = &self.policy;
-        let factor = policy.latency_outlier_factor;
-        let min_ms = policy.latency_outlier_min_ms;
         let now = self.now;
         let t = self.endpoints.get_mut(name).expect("known endpoint");
-        let ewma = t.latency_ewma_ms();
-        let outlier = if t.latency_outlier() {
-            // Hysteresis: clear only well inside the limit.
-            ewma > factor * median * 0.8
-        } else {
-            ewma > factor * median && ewma - median > min_ms
-        };
+        let outlier = latency_verdict(t.latency_ewma_ms(), median, t.latency_outlier(), &self.policy);
         t.set_latency_outlier(outlier, now);
     }
 

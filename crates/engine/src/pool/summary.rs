@@ -77,13 +77,24 @@
 //!   read in different orders, so such an endpoint may be ejected first on a run by either
 //!   engine, the other following on a run or on the window rules within 10 s.
 //!
-//! Latency tails are not yet held: a summary moves the latency EWMA to its mean, where one by one
-//! a 10× call moves it at once (issue 39 gives the latency-outlier rule its hysteresis first).
+//! Latency: the order of a summary's calls is lost, and the latency EWMA's path through them is
+//! what the outlier rule judges — one by one, at a few calls a second, one call 10× as slow
+//! moves it past 3× the peers' median at once, and at hundreds the EWMA (~0.3 s of calls)
+//! crosses by chance runs of slow calls. So a run of successes walks its latencies one by one
+//! in an order of chance drawn from the summary's id (the same on every replay), the flag
+//! judged where the calls' would be (every fourth sample) against the peers' median; beyond
+//! 1,024 calls each step stands for several, with the mean and spread of theirs. Before, the
+//! EWMA moved to the summary's mean: a 15 % tail at 10× (2.35× on average) stayed under 3×
+//! at 2 s intervals and was never degraded, where one by one it is within seconds. Both are
+//! chance now, each its own: the property test holds each degradation within 15 s of the
+//! other's (the time within which the decisions degrade a tail), up to 200 calls a second —
+//! busier, a 15 % tail grazes the threshold in both engines.
 
 use super::{Checks, Outcome, PoolState, Source};
-use crate::endpoint::{ttft_score, us, Run, RunKind, LATENCY_MIN_SAMPLES, TTFT_SAMPLES};
+use crate::endpoint::{ttft_score, us, Run, RunKind, TTFT_SAMPLES};
 use crate::window::counts_as_failure;
 use crate::Decision;
+use vitals_contracts::hash::fnv64;
 use vitals_contracts::{CallSummary, HealthState, Histogram, OutcomeClass};
 
 /// Calls of a run applied one by one while the endpoint is out of rotation: more than any
@@ -331,13 +342,20 @@ impl PoolState {
         // A summed timeout began at least `slow_call_ms` before it ended: the summarizer sums
         // hung streams as timeouts (13 s long, say), which go on ending for that long after a
         // fault of them ended; a gateway's own timeout took long too.
+        // A run is stale as soon as it reaches back before the readmission (its first call
+        // does): its ages count from the summary's last call, and the summary is sent up to an
+        // interval after that (when its interval ends), so the newest of a run of failures
+        // may have ended before a readmission that came before the summary (a gateway's summed
+        // connect errors of a fault arriving after another's call had readmitted it). Fresh
+        // failures are not lost: the summed ones of an interval are those beyond the first
+        // eight, which the gateway sent one by one as they came.
         let timeout_us = us(self.policy.slow_call_ms);
         let took = |c: OutcomeClass| if c == OutcomeClass::Timeout { timeout_us } else { 0 };
         let t = &self.endpoints[ep];
         let began = |ages: i64, c: OutcomeClass| self.now.saturating_sub(ages.saturating_add(took(c)));
         if !success
             && t.state() == HealthState::Recovering
-            && run.counts.iter().all(|(c, _)| began(run.ages.1, *c) < t.since())
+            && run.counts.iter().all(|(c, _)| began(run.ages.0, *c) < t.since())
         {
             return;
         }
@@ -422,6 +440,17 @@ impl PoolState {
         } else {
             Vec::new()
         };
+        // The run's latencies one by one, in an order of chance that replays the same (see
+        // `in_some_order`), judged against the peers as the calls' would be.
+        let latency_median = (success && !s.latency.is_empty())
+            .then(|| self.peer_median(ep, true, self.policy.latency_outlier_min_peers as usize))
+            .flatten();
+        let mut latencies = std::mem::take(&mut self.scratch.0);
+        let mut calls_per_latency = 1;
+        if success {
+            calls_per_latency = in_some_order(&s.latency, n, fnv64(s.summary_id.as_bytes()) ^ n, &mut latencies);
+        }
+        let policy = &self.policy;
         let t = self.endpoints.get_mut(ep).expect("known endpoint");
         let totals = t.record_run(
             now,
@@ -438,14 +467,12 @@ impl PoolState {
             },
             &s.summary_id,
         );
-        let mut check_latency = false;
         let mut check_ttft = None;
         let class = match run.kind {
             RunKind::Successes => {
-                if !s.latency.is_empty() {
-                    t.record_latencies(n, mean_latency, policy);
+                if let Some(flag) = t.walk_latencies(&latencies, calls_per_latency, latency_median, policy) {
+                    t.set_latency_outlier(flag, now);
                 }
-                check_latency = t.latency_samples() >= LATENCY_MIN_SAMPLES;
                 check_ttft = s
                     .ttft
                     .quantile(0.5)
@@ -461,13 +488,127 @@ impl PoolState {
             }
             RunKind::Failures => run.counts[0].0,
         };
+        self.scratch.0 = latencies;
         // Out of rotation the rest of a run is recorded and compared with the peers (an outlier
         // flag must not outlive the fault), but only single calls decide (`decide` without one).
         let checks = Checks {
-            latency: check_latency,
+            latency: false,
             ttft: check_ttft,
             failures: run.kind == RunKind::Failures || t.failure_outlier(),
         };
         self.decide(ep, &s.summary_id, None, class, false, checks, totals, out);
+    }
+}
+
+/// The most steps a run's latencies are walked in (`in_some_order`): one call a step up to
+/// this many, beyond it each step stands for several (a summary of a very busy endpoint), so
+/// that a summary costs at most this many steps however many calls it sums.
+const WALK_MAX: u64 = 1_024;
+
+/// `n` of the values in `h`, in an order of chance drawn from `seed` (splitmix64), into `into`;
+/// returns how many calls each stands for. The order in which a summary's calls came is lost,
+/// and the latency EWMA's path through them — what the outlier rule judges, a 10× call moving
+/// it at once where calls are few — is that of calls in random order. Up to [`WALK_MAX`] calls
+/// each value is one of theirs (a partial Fisher–Yates shuffle of all of them); beyond, each of
+/// `WALK_MAX` steps stands for `m` calls, and its value is the mean of `m` calls drawn at
+/// random — one value drawn (with replacement), its distance from the mean shrunk by √m, which
+/// gives the mean and the spread of such a mean. The same summary gives the same order on
+/// every replay.
+fn in_some_order(h: &Histogram, n: u64, seed: u64, into: &mut Vec<f64>) -> u64 {
+    into.clear();
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let count = u64::try_from(h.count()).unwrap_or(0);
+    if count == 0 {
+        return 1;
+    }
+    if n <= WALK_MAX {
+        for (v, k) in h.iter() {
+            into.extend(std::iter::repeat_n(v, usize::try_from(k).unwrap_or(0)));
+        }
+        let len = into.len();
+        let take = usize::try_from(n).unwrap_or(usize::MAX).min(len);
+        for i in 0..take {
+            let j = i + (next() % (len - i) as u64) as usize;
+            into.swap(i, j);
+        }
+        into.truncate(take);
+        return 1;
+    }
+    let m = n.div_ceil(WALK_MAX);
+    let mean = h.mean_us().unwrap_or(0.0);
+    let shrink = 1.0 / (m as f64).sqrt();
+    for _ in 0..n / m {
+        let mut rank = next() % count;
+        let v = h
+            .iter()
+            .find(|(_, k)| {
+                let k = u64::try_from(*k).unwrap_or(0);
+                let here = rank < k;
+                rank = rank.saturating_sub(k);
+                here
+            })
+            .map_or(mean, |(v, _)| v);
+        into.push(mean + (v - mean) * shrink);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn histogram(values: &[(i64, i64)]) -> Histogram {
+        let mut h = Histogram::default();
+        for (v, n) in values {
+            h.record_times(*v, *n);
+        }
+        h
+    }
+
+    #[test]
+    fn a_few_calls_are_walked_one_by_one_in_an_order_that_replays() {
+        let h = histogram(&[(100_000, 85), (1_000_000, 15)]);
+        let mut a = Vec::new();
+        assert_eq!(in_some_order(&h, 100, 7, &mut a), 1);
+        // Every call once, in an order that is not the histogram's...
+        let mut sorted = a.clone();
+        sorted.sort_by(f64::total_cmp);
+        let all: Vec<f64> = h.iter().flat_map(|(v, k)| std::iter::repeat_n(v, k as usize)).collect();
+        assert_eq!(sorted, all);
+        assert_ne!(a, all);
+        // ...the same from the same summary, another from another.
+        let mut b = Vec::new();
+        in_some_order(&h, 100, 7, &mut b);
+        assert_eq!(a, b);
+        in_some_order(&h, 100, 8, &mut b);
+        assert_ne!(a, b);
+        // A run of part of the summary's successes takes that many of them.
+        assert_eq!(in_some_order(&h, 30, 7, &mut b), 1);
+        assert_eq!(b.len(), 30);
+    }
+
+    #[test]
+    fn many_calls_are_walked_in_steps_with_the_mean_and_spread_of_theirs() {
+        let h = histogram(&[(100_000, 85_000), (1_000_000, 15_000)]);
+        let mut v = Vec::new();
+        let m = in_some_order(&h, 100_000, 3, &mut v);
+        assert_eq!(m, 98);
+        assert_eq!(v.len(), 1_020);
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let want = h.mean_us().unwrap();
+        // The mean of ~1,000 steps is the calls' to ~1 %; the spread of a step is that of a
+        // mean of 98 calls (σ/√98: ~36 ms here), not a call's (~357 ms).
+        assert!((mean - want).abs() < 0.03 * want, "{mean} vs {want}");
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        let call_sd = (0.85f64 * 0.15).sqrt() * 900_000.0;
+        let want_sd = call_sd / 98f64.sqrt();
+        assert!((sd - want_sd).abs() < 0.15 * want_sd, "{sd} vs {want_sd}");
     }
 }
