@@ -233,6 +233,10 @@ pub struct Tracker {
     /// degradation for latency holds for `recover_hold_ms` after it.
     #[serde(default)]
     latency_clear_since: Option<Micros>,
+    /// The peers' median latency (ms) at the last outlier check (0: none yet): a call whose
+    /// EWMA passes `latency_outlier_factor` × it is checked at once, the rest every fourth.
+    #[serde(default)]
+    latency_median_seen: f64,
     /// The share of a sample the latest outcome was to the score ([`score_share`]), for the
     /// latency EWMA that the same outcome moves next: working memory, not state.
     #[serde(skip)]
@@ -303,6 +307,7 @@ impl Tracker {
             traffic_when_out: 0,
             born: now,
             latency_clear_since: None,
+            latency_median_seen: 0.0,
             share: Share::default(),
         }
     }
@@ -659,10 +664,10 @@ impl Tracker {
         let calls = u32::try_from(calls).unwrap_or(u32::MAX);
         let mut flag = self.latency_outlier;
         let mut judged = None;
+        self.latency_median_seen = median.unwrap_or(f64::MAX);
         for v in values {
-            let before = self.latency_samples;
             self.move_latency(v / 1000.0, keep, calls);
-            if self.latency_samples >= LATENCY_MIN_SAMPLES && (self.latency_samples / 4 > before / 4 || flag) {
+            if self.latency_samples >= LATENCY_MIN_SAMPLES {
                 flag = median.is_some_and(|m| latency_verdict(self.latency_ewma_ms, m, flag, policy));
                 judged = Some(judged == Some(true) || flag);
             }
@@ -915,6 +920,24 @@ impl Tracker {
             (false, false) => self.latency_clear_since,
         };
         self.latency_outlier = outlier;
+    }
+
+    /// Whether the latest call calls for the latency-outlier check: every fourth sample, each
+    /// while flagged, and any whose EWMA passes the factor × the peers' median as last seen —
+    /// a 10× call at a few calls a second is what flags a tail, and checked only every fourth
+    /// call a flag lapsed for 30 s by chance. (Checking every call costs a peer median a call:
+    /// 15 % of engine-bench.)
+    pub(crate) fn latency_check_due(&self, policy: &Policy) -> bool {
+        self.latency_samples >= LATENCY_MIN_SAMPLES
+            && (self.latency_samples.is_multiple_of(4)
+                || self.latency_outlier
+                || self.latency_ewma_ms > policy.latency_outlier_factor * self.latency_median_seen)
+    }
+
+    /// The peers' median latency at a check (None: too few peers, and no check is due before
+    /// the fourth sample).
+    pub(crate) fn saw_latency_median(&mut self, median: Option<f64>) {
+        self.latency_median_seen = median.unwrap_or(f64::MAX);
     }
 
     /// Whether the latency has been no outlier for `recover_hold_ms` (or never was).

@@ -16,7 +16,7 @@ mod readmission;
 mod summary;
 mod suspicion;
 
-use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker, LATENCY_MIN_SAMPLES};
+use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker};
 use crate::window::{counts_as_failure, Rate};
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
@@ -378,10 +378,14 @@ impl PoolState {
         }
         let mut check_latency = false;
         let mut check_ttft = false;
-        if class == OutcomeClass::Success {
+        // The latency EWMA is the calls' own: a probe's (a health route's 15 ms, a short
+        // completion's) is another distribution, and mixed in at low traffic it made a peer's
+        // call look 3× the pool's median.
+        if class == OutcomeClass::Success && o.source == Source::Call {
             t.record_latency(o.latency_us, policy);
-            check_latency = t.latency_samples() >= LATENCY_MIN_SAMPLES
-                && (t.latency_samples().is_multiple_of(4) || t.latency_outlier());
+            check_latency = t.latency_check_due(policy);
+        }
+        if class == OutcomeClass::Success {
             check_ttft = o
                 .ttft_us
                 .is_some_and(|v| t.ttft_outlier() || v as f64 > policy.ttft_max_ms * 1000.0);

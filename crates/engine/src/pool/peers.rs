@@ -49,18 +49,16 @@ impl PoolState {
     /// Whether the latency EWMA of `name` is far above its peers' median (with hysteresis).
     pub(super) fn check_latency_outlier(&mut self, name: &str) {
         let min_peers = self.policy.latency_outlier_min_peers as usize;
-        let Some(median) = self.peer_median(name, true, min_peers) else {
-            // Too few peers to compare with: no outlier (a flag kept from before would outlive
-            // the fault, and degrade the endpoint the moment it is back in rotation).
-            let now = self.now;
-            self.endpoints
-                .get_mut(name)
-                .expect("known endpoint")
-                .set_latency_outlier(false, now);
-            return;
-        };
+        let seen = self.peer_median(name, true, min_peers);
         let now = self.now;
         let t = self.endpoints.get_mut(name).expect("known endpoint");
+        t.saw_latency_median(seen);
+        let Some(median) = seen else {
+            // Too few peers to compare with: no outlier (a flag kept from before would outlive
+            // the fault, and degrade the endpoint the moment it is back in rotation).
+            t.set_latency_outlier(false, now);
+            return;
+        };
         let outlier = latency_verdict(t.latency_ewma_ms(), median, t.latency_outlier(), &self.policy);
         t.set_latency_outlier(outlier, now);
     }
