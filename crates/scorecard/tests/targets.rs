@@ -136,3 +136,21 @@ fn forty_percent_429s_cool_within_five_seconds_and_cost_few_calls() {
     }
     assert!(worst(&runs("429-5min"), |x| x.failed) <= 40);
 }
+
+#[test]
+fn a_latency_tail_is_degraded_within_fifteen_seconds_and_held_never_ejected() {
+    for name in [
+        "latency-tail",
+        "latency-tail-10-endpoints",
+        "latency-tail-busy",
+        "latency-tail-busy-10-endpoints",
+    ] {
+        let s = runs(name);
+        assert!(delay(&s, |x| x.detection) <= 15 * SEC, "{name}: {s:#?}");
+        assert!(worst(&s, |x| x.fault_transitions) <= 4, "{name}: {s:#?}");
+        assert!(
+            s.iter().all(|x| x.ejection.is_none() && x.max_out == 0.0),
+            "{name}: {s:#?}"
+        );
+    }
+}
