@@ -15,8 +15,9 @@
 //! * **Availability** = seconds in rotation / (seconds observed − seconds in maintenance).
 //! * **Incident**: from the transition that takes an endpoint out of rotation to the first
 //!   transition that ends that (back in rotation, or into maintenance). Its *first sign* is the
-//!   last departure from healthy (to suspect or degraded) since the previous incident ended, or
-//!   the start itself when it went out directly; *time to out* runs from the first sign to the
+//!   earliest departure from healthy to suspect or degraded since the previous incident ended
+//!   that did not return to healthy (maintenance is no sign), or the start itself when there
+//!   is none; *time to out* runs from the first sign to the
 //!   start, *time to back* from the start to the end. An incident belongs to a range it overlaps:
 //!   one that began before `from` is listed with its true start.
 //! * **Pool**: seconds with at least one endpoint in rotation (`availability`) and with every
@@ -167,7 +168,12 @@ impl History {
         let mut out = Vec::new();
         for c in self.changes.iter().take_while(|c| c.at < range.to) {
             let next = kind(c.to, c.weight);
-            if c.from == HealthState::Healthy && c.to != HealthState::Healthy && sign.is_none() {
+            // A sign is a departure from healthy to suspect or degraded: maintenance is planned,
+            // and one that ends in slow start and then out is no sign of the outage.
+            if c.from == HealthState::Healthy
+                && matches!(c.to, HealthState::Suspect | HealthState::Degraded)
+                && sign.is_none()
+            {
                 sign = Some(c.at);
             }
             if let Some(o) = open.as_mut() {

@@ -296,3 +296,60 @@ fn recovering_endpoints_that_fail_again_start_a_new_incident_with_no_time_to_out
     worst_first(&mut es);
     assert_eq!(es[0].endpoint, "f");
 }
+
+/// Issue 40: maintenance on, off into slow start, out 0.3 s later read "time to out 30.3 s" (the
+/// maintenance taken for the first sign). A first sign is a departure from healthy to suspect
+/// or degraded that did not return to healthy.
+#[test]
+fn maintenance_is_no_first_sign_but_a_degradation_before_it_is() {
+    let after_maintenance = |before: Vec<Change>| {
+        let n = before.len() as i64;
+        let mut changes = before;
+        changes.extend([
+            change(T0 + 10 * MIN, n + 1, S::Healthy, S::Maintenance, 0.0, "maintenance"),
+            change(
+                T0 + 10 * MIN + 30_000_000,
+                n + 2,
+                S::Maintenance,
+                S::Recovering,
+                0.1,
+                "maintenance_over",
+            ),
+            change(
+                T0 + 10 * MIN + 30_300_000,
+                n + 3,
+                S::Recovering,
+                S::Unhealthy,
+                0.0,
+                "failed_while_recovering",
+            ),
+        ]);
+        let h = History {
+            endpoint: "m".into(),
+            seen: T0 - HOUR,
+            changes,
+        };
+        let spans = h.incidents(&hour());
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        spans[0].view("p", "m", T0 + HOUR).time_to_out_s
+    };
+    assert_eq!(after_maintenance(vec![]), 0.0);
+    // Degraded, back to healthy: over, no sign either.
+    assert_eq!(
+        after_maintenance(vec![
+            change(T0 + MIN, 1, S::Healthy, S::Degraded, 0.25, "degraded"),
+            change(T0 + 2 * MIN, 2, S::Degraded, S::Healthy, 1.0, "recovered"),
+        ]),
+        0.0
+    );
+    // Suspect from 5 minutes before the outage, never healthy since: its first sign.
+    let h = History {
+        endpoint: "s".into(),
+        seen: T0 - HOUR,
+        changes: vec![
+            change(T0 + 5 * MIN, 1, S::Healthy, S::Suspect, 1.0, "suspect"),
+            change(T0 + 10 * MIN, 2, S::Suspect, S::Unhealthy, 0.0, "ejected"),
+        ],
+    };
+    assert_eq!(h.incidents(&hour())[0].view("p", "s", T0 + HOUR).time_to_out_s, 300.0);
+}
