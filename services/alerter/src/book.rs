@@ -28,6 +28,8 @@ pub struct AvailabilityRule {
 struct Recent {
     history: vitals_uptime::History,
     alert: Option<Alert>,
+    /// The changes topic's partition its changes come on: its stream time is that partition's.
+    partition: i32,
 }
 
 /// An alert as Alertmanager's API v2 takes it (`POST /api/v2/alerts`).
@@ -81,8 +83,12 @@ pub struct Book {
     pools: HashMap<String, PoolAlerts>,
     availability: Option<AvailabilityRule>,
     recent: HashMap<(String, String), Recent>,
-    /// Stream time: the latest change or tick.
-    now: Micros,
+    /// Stream time per partition of the changes topic: its latest change or tick. Partitions
+    /// are read at their own pace (a replay from the beginning reads one to its end while
+    /// another is hours behind): an endpoint is judged at its own partition's time, so that a
+    /// change replayed from the past is not judged at another partition's present (before,
+    /// every past episode fired at once, stamped with the replay's start, at 0.000 %).
+    now: HashMap<i32, Micros>,
 }
 
 impl Book {
@@ -98,10 +104,17 @@ impl Book {
         self
     }
 
-    /// Stream time moved on (a tick): availability alerts fired or resolved now.
-    pub fn tick(&mut self, at: Micros) -> Vec<Alert> {
-        self.now = self.now.max(at);
-        let keys: Vec<(String, String)> = self.recent.keys().cloned().collect();
+    /// Stream time moved on (a tick on `partition`): availability alerts of its endpoints fired
+    /// or resolved now.
+    pub fn tick(&mut self, partition: i32, at: Micros) -> Vec<Alert> {
+        let now = self.now.entry(partition).or_insert(at);
+        *now = (*now).max(at);
+        let keys: Vec<(String, String)> = self
+            .recent
+            .iter()
+            .filter(|(_, r)| r.partition == partition)
+            .map(|(k, _)| k.clone())
+            .collect();
         let mut send: Vec<Alert> = keys.iter().filter_map(|k| self.judge(k)).collect();
         send.sort_by(|a, b| a.labels.cmp(&b.labels));
         send
@@ -112,7 +125,7 @@ impl Book {
     /// with no alert and nothing left inside the window.
     fn judge(&mut self, key: &(String, String)) -> Option<Alert> {
         let rule = self.availability?;
-        let now = self.now;
+        let now = *self.now.get(&self.recent.get(key)?.partition)?;
         let range = vitals_uptime::Range {
             from: now - rule.window_us,
             to: now,
@@ -171,9 +184,10 @@ impl Book {
     }
 
     /// Record a change for the availability rule and judge its endpoint.
-    fn remember(&mut self, h: &HealthChanged) -> Option<Alert> {
+    fn remember(&mut self, partition: i32, h: &HealthChanged) -> Option<Alert> {
         self.availability?;
-        self.now = self.now.max(h.stream_time);
+        let now = self.now.entry(partition).or_insert(h.stream_time);
+        *now = (*now).max(h.stream_time);
         let key = (h.pool.clone(), h.endpoint.clone());
         let r = self.recent.entry(key.clone()).or_insert_with(|| Recent {
             history: vitals_uptime::History {
@@ -183,7 +197,9 @@ impl Book {
                 changes: Vec::new(),
             },
             alert: None,
+            partition,
         });
+        r.partition = partition;
         r.history.changes.push(vitals_uptime::Change {
             at: h.stream_time,
             seq: h.seq,
@@ -226,7 +242,7 @@ impl Book {
 
     /// An endpoint's transition: the alerts to send now (none for a duplicate or a change that
     /// neither takes it out nor brings it back).
-    pub fn change(&mut self, h: &HealthChanged) -> Vec<Alert> {
+    pub fn change(&mut self, partition: i32, h: &HealthChanged) -> Vec<Alert> {
         let key = (h.pool.clone(), h.endpoint.clone());
         let (seq, current) = self.endpoints.get(&key).cloned().unwrap_or((-1, None));
         if Applied::of((seq >= 0).then_some(seq), h.seq) == Applied::Duplicate {
@@ -268,7 +284,7 @@ impl Book {
         };
         self.endpoints.insert(key, (h.seq, next));
         let mut send = send;
-        send.extend(self.remember(h));
+        send.extend(self.remember(partition, h));
         send
     }
 
@@ -399,7 +415,7 @@ mod tests {
             api: Some("http://api:8080".into()),
             dashboard: Some("http://api:8080".into()),
         });
-        let fired = b.change(&change("a", 1, HealthState::Unhealthy, 1_000_000));
+        let fired = b.change(0, &change("a", 1, HealthState::Unhealthy, 1_000_000));
         assert_eq!(fired.len(), 1);
         assert_eq!(fired[0].labels["alertname"], ENDPOINT_ALERT);
         assert_eq!(fired[0].labels["reason_code"], "ejected");
@@ -409,20 +425,63 @@ mod tests {
         );
         assert!(!fired[0].resolved());
         assert!(
-            b.change(&change("a", 1, HealthState::Unhealthy, 1_000_000)).is_empty(),
+            b.change(0, &change("a", 1, HealthState::Unhealthy, 1_000_000))
+                .is_empty(),
             "duplicate"
         );
         assert_eq!(b.firing().len(), 1);
-        let done = b.change(&change("a", 2, HealthState::Recovering, 9_000_000));
+        let done = b.change(0, &change("a", 2, HealthState::Recovering, 9_000_000));
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].ends_at, Some(time(9_000_000)));
         assert_eq!(done[0].starts_at, time(1_000_000));
         assert!(b.firing().is_empty());
-        assert!(b.change(&change("a", 3, HealthState::Healthy, 10_000_000)).is_empty());
+        assert!(b
+            .change(0, &change("a", 3, HealthState::Healthy, 10_000_000))
+            .is_empty());
         assert!(slack(&done[0])["text"]
             .as_str()
             .unwrap()
             .starts_with("[RESOLVED] VitalsEndpointOutOfRotation"));
+    }
+
+    /// Issue 40: a new consumer group replays the changes topic; one partition is read to its
+    /// present while another still replays an old episode. Judged at the other partition's
+    /// present, the old ejection (its return not read yet) read as out all of the window: the
+    /// alert fired stamped with the replay's time, at 0.000 %. Each partition keeps its own
+    /// stream time: the old episode is judged in its own, with its true figure.
+    #[test]
+    fn a_replayed_episode_is_judged_in_its_partitions_stream_time() {
+        let s = 1_000_000;
+        let mut b = Book::default().with_availability(AvailabilityRule {
+            below: 0.99,
+            window_us: 60 * s,
+        });
+        assert!(b.tick(1, 10_000 * s).is_empty(), "partition 1 at its present");
+        let mut z = change("z", 1, HealthState::Suspect, 9_990 * s);
+        z.weight = 1.0;
+        assert!(b.change(1, &z).is_empty());
+        let out = b.change(0, &change("a", 1, HealthState::Unhealthy, 100 * s));
+        assert!(
+            out.iter().all(|a| a.name() != AVAILABILITY_ALERT),
+            "in rotation all of the window before it: {out:?}"
+        );
+        assert!(
+            b.tick(1, 10_001 * s).is_empty(),
+            "partition 1's time judges its own endpoints only"
+        );
+        let low = b.tick(0, 103 * s);
+        assert_eq!((low.len(), low[0].name()), (1, AVAILABILITY_ALERT), "{low:?}");
+        assert_eq!(low[0].starts_at, time(103 * s));
+        assert!(
+            low[0].annotations["summary"].contains("in rotation 95.000 % of the last 60 s"),
+            "{low:?}"
+        );
+        let mut back = change("a", 2, HealthState::Recovering, 105 * s);
+        back.weight = 0.1;
+        b.change(0, &back);
+        let over = b.tick(0, 166 * s);
+        assert_eq!((over.len(), over[0].resolved()), (1, true), "{over:?}");
+        assert_eq!(over[0].ends_at, Some(time(166 * s)));
     }
 
     /// Availability over the trailing window, in stream time: out 10 s of a 60 s window is
@@ -434,13 +493,13 @@ mod tests {
             below: 0.99,
             window_us: 60 * s,
         });
-        let out = b.change(&change("a", 1, HealthState::Unhealthy, 100 * s));
+        let out = b.change(0, &change("a", 1, HealthState::Unhealthy, 100 * s));
         assert_eq!(
             out.len(),
             1,
             "out of rotation, but in rotation all of the window so far: {out:?}"
         );
-        let low = b.tick(101 * s);
+        let low = b.tick(0, 101 * s);
         assert_eq!(
             (low.len(), low[0].name()),
             (1, AVAILABILITY_ALERT),
@@ -450,18 +509,18 @@ mod tests {
             low[0].annotations["summary"].contains("in rotation 98.333 % of the last 60 s"),
             "{low:?}"
         );
-        assert!(b.tick(102 * s).is_empty(), "already firing");
+        assert!(b.tick(0, 102 * s).is_empty(), "already firing");
         let mut back = change("a", 2, HealthState::Recovering, 110 * s);
         back.weight = 0.1;
-        let sent = b.change(&back);
+        let sent = b.change(0, &back);
         assert_eq!(
             sent.len(),
             1,
             "the out-of-rotation alert resolves; availability is still low"
         );
         assert_eq!(b.firing().iter().filter(|a| a.name() == AVAILABILITY_ALERT).count(), 1);
-        assert!(b.tick(150 * s).is_empty(), "10 s out of the last 60: 83 %");
-        let sent = b.tick(171 * s);
+        assert!(b.tick(0, 150 * s).is_empty(), "10 s out of the last 60: 83 %");
+        let sent = b.tick(0, 171 * s);
         assert_eq!(
             (sent.len(), sent[0].name(), sent[0].resolved()),
             (1, AVAILABILITY_ALERT, true)
@@ -471,8 +530,11 @@ mod tests {
         assert!(b.recent.is_empty(), "nothing left in the window: forgotten");
         // Without the rule, nothing of this happens.
         let mut plain = Book::default();
-        assert_eq!(plain.change(&change("a", 1, HealthState::Unhealthy, 100 * s)).len(), 1);
-        assert!(plain.tick(500 * s).is_empty());
+        assert_eq!(
+            plain.change(0, &change("a", 1, HealthState::Unhealthy, 100 * s)).len(),
+            1
+        );
+        assert!(plain.tick(0, 500 * s).is_empty());
     }
 
     #[test]

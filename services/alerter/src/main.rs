@@ -132,16 +132,16 @@ impl Sinks {
     }
 }
 
-fn apply(book: &mut Book, payload: &[u8]) -> Vec<Alert> {
+fn apply(book: &mut Book, partition: i32, payload: &[u8]) -> Vec<Alert> {
     match peek_kind(payload) {
         Ok(SchemaKind::HealthChanged) => decode::<HealthChanged>(payload)
-            .map(|h| book.change(&h))
+            .map(|h| book.change(partition, &h))
             .unwrap_or_default(),
         Ok(SchemaKind::PoolHealthChanged) => decode::<PoolHealthChanged>(payload)
             .map(|p| book.pool(&p))
             .unwrap_or_default(),
         Ok(SchemaKind::Tick) => decode::<Tick>(payload)
-            .map(|t| book.tick(t.emitted_at))
+            .map(|t| book.tick(partition, t.emitted_at))
             .unwrap_or_default(),
         _ => Vec::new(),
     }
@@ -251,7 +251,7 @@ async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             }
         };
         let (p, offset) = (m.partition(), m.offset());
-        let alerts = m.payload().map(|b| apply(&mut book, b)).unwrap_or_default();
+        let alerts = m.payload().map(|b| apply(&mut book, p, b)).unwrap_or_default();
         if offset >= delivered_to.get(&p).copied().unwrap_or(0) {
             if !sinks.deliver(&alerts, &cancel).await {
                 return Ok(());
