@@ -70,6 +70,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/", get(dashboard))
+        .route("/favicon.ico", get(favicon))
         .route("/v1/transitions", get(history::history))
         .route("/v1/pools", get(health::pools))
         .route("/v1/pools/{pool}", get(health::pool))
@@ -170,6 +171,14 @@ async fn dashboard() -> impl axum::response::IntoResponse {
             (header::REFERRER_POLICY, "no-referrer"),
         ],
         axum::response::Html(DASHBOARD),
+    )
+}
+
+/// Browsers ask for it on every page: no icon, and no 404 for it.
+async fn favicon() -> impl axum::response::IntoResponse {
+    (
+        axum::http::StatusCode::NO_CONTENT,
+        [(axum::http::header::CACHE_CONTROL, "public, max-age=86400")],
     )
 }
 

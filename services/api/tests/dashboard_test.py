@@ -27,9 +27,16 @@ with sync_playwright() as p:
     page = ctx.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    # Every request a page makes is answered (the browser's own /favicon.ico included: it was
+    # a 404 on every load).
+    missing = []
+    page.on("response", lambda r: missing.append(f"{r.status} {r.url}") if r.status == 404 else None)
 
     # The fleet: the seeded pools, the ejected endpoint counted, 10,000 bulk endpoints rendered.
     page.goto(base + "/")
+    # A desktop browser asks for /favicon.ico on every load (headless Chromium does not).
+    icon = page.request.get(base + "/favicon.ico")
+    assert icon.status == 204, icon.status
     row = page.locator('#fleet tr[data-pool="dash"]')
     expect(row).to_be_visible(timeout=15000)
     expect(row.locator('td[data-count="unhealthy"]')).to_contain_text("unhealthy 1")
@@ -123,5 +130,6 @@ with sync_playwright() as p:
     expect(page.locator("#counts")).to_contain_text("unhealthy 2")
     page.screenshot(path=f"{shots}/pool-after-action.png")
     assert not errors, errors
+    assert not missing, missing
     browser.close()
 print(json.dumps(figures))
