@@ -649,10 +649,11 @@ impl Tracker {
     /// Record the latencies of a summary's successes, `values` (µs) in the order taken for
     /// theirs, each standing for `calls`: each moves the EWMA as that many calls do
     /// ([`Tracker::record_latency`]), and the outlier flag is judged against the peers'
-    /// `median` (None: too few peers) where a call's would be — every fourth sample, or each
-    /// while flagged. Returns the flag to set, or None when no sample was judged: up if it was
-    /// up at any of them (one by one, the degradation would have followed at once; the flag
-    /// clears at the next summary's check).
+    /// `median` (None: too few peers) at each of them — the median does not move within a
+    /// summary, so judging every step costs nothing, where a call checks only when
+    /// [`Tracker::latency_check_due`]. Returns the flag to set, or None when no sample was
+    /// judged: up if it was up at any of them (one by one, the degradation would have followed
+    /// at once; the flag clears at the next summary's check).
     pub(crate) fn walk_latencies(
         &mut self,
         values: &[f64],
@@ -664,7 +665,7 @@ impl Tracker {
         let calls = u32::try_from(calls).unwrap_or(u32::MAX);
         let mut flag = self.latency_outlier;
         let mut judged = None;
-        self.latency_median_seen = median.unwrap_or(f64::MAX);
+        self.saw_latency_median(median);
         for v in values {
             self.move_latency(v / 1000.0, keep, calls);
             if self.latency_samples >= LATENCY_MIN_SAMPLES {

@@ -204,7 +204,7 @@ fn calls(fleet: &[(u32, Vec<(Regime, i64)>)], r: Reporting, seed: u64) -> Vec<(M
         // endpoint with its first summary, up to an interval after its first call, and the
         // pool's size (how many it may eject) and the endpoint's traffic (how long a run of
         // failures ejects it) must not differ at the start.
-        segments.insert(0, (Regime::Healthy, 2 + 2 * r.interval / SEC));
+        segments.insert(0, (Regime::Healthy, warm_up(r)));
         // Noise on the endpoints that are healthy throughout (judged by [`Judged::Noise`]): on
         // a faulty one, chance failures in its healthy stretches would make the window rules'
         // chance decisions (three failures among a dozen calls) part of every comparison.
@@ -441,11 +441,16 @@ fn judged(fleet: &[(u32, Vec<(Regime, i64)>)], r: Reporting) -> Vec<Judged> {
         .collect()
 }
 
+/// The healthy seconds every endpoint's calls begin with (see [`calls`]).
+fn warm_up(r: Reporting) -> i64 {
+    2 + 2 * r.interval / SEC
+}
+
 /// When the calls of `ep` change regime (from the start of its calls, as [`calls`] lays them
 /// out: within a call's gap).
 fn regime_changes(fleet: &[(u32, Vec<(Regime, i64)>)], ep: &str, r: Reporting) -> Vec<Micros> {
     let i = ENDPOINTS.iter().position(|e| *e == ep).expect("an endpoint");
-    let mut t = T0 + (2 + 2 * r.interval / SEC) * SEC;
+    let mut t = T0 + warm_up(r) * SEC;
     let mut was = Regime::Healthy;
     let mut out = Vec::new();
     for (regime, secs) in &fleet[i].1 {

@@ -23,6 +23,15 @@ fn change(at: Micros, seq: i64, from: S, to: S, weight: f64, code: &str) -> Chan
     }
 }
 
+/// An endpoint known since an hour before the range, with `changes`.
+fn seen_an_hour_before(endpoint: &str, changes: Vec<Change>) -> History {
+    History {
+        endpoint: endpoint.into(),
+        seen: T0 - HOUR,
+        changes,
+    }
+}
+
 fn hour() -> Range {
     Range {
         from: T0,
@@ -324,12 +333,7 @@ fn maintenance_is_no_first_sign_but_a_degradation_before_it_is() {
                 "failed_while_recovering",
             ),
         ]);
-        let h = History {
-            endpoint: "m".into(),
-            seen: T0 - HOUR,
-            changes,
-        };
-        let spans = h.incidents(&hour());
+        let spans = seen_an_hour_before("m", changes).incidents(&hour());
         assert_eq!(spans.len(), 1, "{spans:?}");
         spans[0].view("p", "m", T0 + HOUR).time_to_out_s
     };
@@ -343,13 +347,12 @@ fn maintenance_is_no_first_sign_but_a_degradation_before_it_is() {
         0.0
     );
     // Suspect from 5 minutes before the outage, never healthy since: its first sign.
-    let h = History {
-        endpoint: "s".into(),
-        seen: T0 - HOUR,
-        changes: vec![
+    let h = seen_an_hour_before(
+        "s",
+        vec![
             change(T0 + 5 * MIN, 1, S::Healthy, S::Suspect, 1.0, "suspect"),
             change(T0 + 10 * MIN, 2, S::Suspect, S::Unhealthy, 0.0, "ejected"),
         ],
-    };
+    );
     assert_eq!(h.incidents(&hour())[0].view("p", "s", T0 + HOUR).time_to_out_s, 300.0);
 }

@@ -444,6 +444,14 @@ mod tests {
             .starts_with("[RESOLVED] VitalsEndpointOutOfRotation"));
     }
 
+    /// The availability rule of the tests: below 99 % of the last 60 s.
+    fn below_99_over_a_minute() -> Book {
+        Book::default().with_availability(AvailabilityRule {
+            below: 0.99,
+            window_us: 60_000_000,
+        })
+    }
+
     /// Issue 40: a new consumer group replays the changes topic; one partition is read to its
     /// present while another still replays an old episode. Judged at the other partition's
     /// present, the old ejection (its return not read yet) read as out all of the window: the
@@ -452,10 +460,7 @@ mod tests {
     #[test]
     fn a_replayed_episode_is_judged_in_its_partitions_stream_time() {
         let s = 1_000_000;
-        let mut b = Book::default().with_availability(AvailabilityRule {
-            below: 0.99,
-            window_us: 60 * s,
-        });
+        let mut b = below_99_over_a_minute();
         assert!(b.tick(1, 10_000 * s).is_empty(), "partition 1 at its present");
         let mut z = change("z", 1, HealthState::Suspect, 9_990 * s);
         z.weight = 1.0;
@@ -489,10 +494,7 @@ mod tests {
     #[test]
     fn an_availability_alert_fires_below_the_threshold_and_resolves_when_the_window_recovers() {
         let s = 1_000_000;
-        let mut b = Book::default().with_availability(AvailabilityRule {
-            below: 0.99,
-            window_us: 60 * s,
-        });
+        let mut b = below_99_over_a_minute();
         let out = b.change(0, &change("a", 1, HealthState::Unhealthy, 100 * s));
         assert_eq!(
             out.len(),

@@ -381,11 +381,11 @@ impl PoolState {
         // The latency EWMA is the calls' own: a probe's (a health route's 15 ms, a short
         // completion's) is another distribution, and mixed in at low traffic it made a peer's
         // call look 3× the pool's median.
-        if class == OutcomeClass::Success && o.source == Source::Call {
-            t.record_latency(o.latency_us, policy);
-            check_latency = t.latency_check_due(policy);
-        }
         if class == OutcomeClass::Success {
+            if o.source == Source::Call {
+                t.record_latency(o.latency_us, policy);
+                check_latency = t.latency_check_due(policy);
+            }
             check_ttft = o
                 .ttft_us
                 .is_some_and(|v| t.ttft_outlier() || v as f64 > policy.ttft_max_ms * 1000.0);

@@ -82,7 +82,7 @@
 //! moves it past 3× the peers' median at once, and at hundreds the EWMA (~0.3 s of calls)
 //! crosses by chance runs of slow calls. So a run of successes walks its latencies one by one
 //! in an order of chance drawn from the summary's id (the same on every replay), the flag
-//! judged where the calls' would be (every fourth sample) against the peers' median; beyond
+//! judged at every step against the peers' median (which a summary does not move); beyond
 //! 64 calls, in 64 steps each standing for several, with the mean and spread of theirs. Before, the
 //! EWMA moved to the summary's mean: a 15 % tail at 10× (2.35× on average) stayed under 3×
 //! at 2 s intervals and was never degraded, where one by one it is within seconds. Both are
