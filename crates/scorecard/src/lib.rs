@@ -14,6 +14,20 @@ use std::collections::BinaryHeap;
 use vitals_contracts::{CallOutcome, HealthState, Micros, OutcomeClass, Policy, ProbeKind, ProbeResult, Signal, Tick};
 use vitals_engine::{Decision, Engine};
 
+pub mod anchors;
+
+/// What decides the endpoints' health in a run: the engine under a policy, or an anchor's model
+/// (see [`anchors`]). It hears every signal in stream order, as the processor would.
+pub trait Judge {
+    fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>);
+}
+
+impl Judge for Engine {
+    fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {
+        Engine::apply(self, at, signal, out);
+    }
+}
+
 pub const SEC: Micros = 1_000_000;
 pub const MS: Micros = 1_000;
 /// Where the simulated clock starts (any fixed instant would do).
@@ -154,6 +168,10 @@ pub struct Score {
     /// From the end of the last fault until every faulty endpoint was back at full weight (slow
     /// start and probation over); the same None / `Err` as `restore`.
     pub full_weight: Option<Result<Micros, Micros>>,
+    /// Capacity the faulty endpoints did not give after their faults ended: the integral of
+    /// (1 − the router's weight) over them from the end of the last fault to the end of the run,
+    /// in endpoint-seconds (a healed endpoint kept at weight 0.01 for a minute costs 59.4).
+    pub capacity_lost: f64,
     /// Every transition: (time since start, endpoint, from, to, reason).
     pub log: Vec<(Micros, String, HealthState, HealthState, String)>,
 }
@@ -308,7 +326,11 @@ pub fn run(s: &Scenario, seed: u64) -> Score {
 
 /// [`run`] with every pool under `policy`.
 pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
-    let mut engine = Engine::new(policy.clone());
+    run_judged(s, seed, &mut Engine::new(policy.clone()))
+}
+
+/// [`run`] with `judge` deciding.
+pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
     let mut rng = Rng::new(seed);
     let mut queue: BinaryHeap<Reverse<(Micros, u64, Event)>> = BinaryHeap::new();
     let mut reports: Vec<Option<Signal>> = Vec::new();
@@ -349,8 +371,11 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
         slow: 0,
         restore: None,
         full_weight: None,
+        capacity_lost: 0.0,
         log: Vec::new(),
     };
+    // The capacity lost so far and the instant it is counted to.
+    let mut lost_to = last_fault_end;
     let mut ever_out = false;
     // The last time every faulty endpoint was back in rotation after one was out.
     let mut back_at: Option<Micros> = None;
@@ -362,6 +387,10 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
     while let Some(Reverse((at, _, event))) = queue.pop() {
         if at > s.duration {
             break;
+        }
+        if let Some(from) = lost_to.filter(|&f| at > f) {
+            score.capacity_lost += capacity_lost(&routes, &faulty, from, at);
+            lost_to = Some(at);
         }
         let signal = match event {
             Event::Tick => {
@@ -473,6 +502,9 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
             }
         }
     }
+    if let Some(from) = lost_to.filter(|&f| s.duration > f) {
+        score.capacity_lost += capacity_lost(&routes, &faulty, from, s.duration);
+    }
     if let Some(end) = last_fault_end {
         let out_at_end = faulty.iter().any(|&e| routes[e].weight == 0.0);
         let lowered_at_end = faulty.iter().any(|&e| routes[e].weight < 1.0);
@@ -486,6 +518,25 @@ pub fn run_with(s: &Scenario, seed: u64, policy: &Policy) -> Score {
         score.full_weight = after(ever_lowered, lowered_at_end, full_at);
     }
     score
+}
+
+/// The endpoint-seconds of capacity `faulty` did not give over [from, to], the routes unchanged
+/// between (a ramp is linear, so the trapezoid is exact).
+fn capacity_lost(routes: &[Route], faulty: &[usize], from: Micros, to: Micros) -> f64 {
+    let secs = (to - from) as f64 / SEC as f64;
+    faulty
+        .iter()
+        .map(|&e| {
+            let r = &routes[e];
+            // A ramp that ends between the two instants bends once: split there.
+            let end = r.ramp_from + r.ramp_ms * MS;
+            if r.ramp_ms > 0 && end > from && end < to {
+                capacity_lost(routes, &[e], from, end) + capacity_lost(routes, &[e], end, to)
+            } else {
+                (2.0 - r.weight(from) - r.weight(to)) / 2.0 * secs
+            }
+        })
+        .sum()
 }
 
 /// The router: weighted random over the endpoints' current weights; every endpoint in panic
@@ -734,4 +785,34 @@ pub fn scenarios() -> Vec<Scenario> {
             ..base.clone()
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_lost_is_the_area_above_the_routers_weight() {
+        // Back at 0.1 at 10 s, ramping to 1 over 30 s: (1 − 0.1) / 2 × 30 s lost, counted over
+        // any cut of time.
+        let routes = [Route {
+            weight: 0.1,
+            ramp_from: 10 * SEC,
+            ramp_ms: 30_000,
+        }];
+        let whole = capacity_lost(&routes, &[0], 10 * SEC, 100 * SEC);
+        assert!((whole - 13.5).abs() < 1e-9, "{whole}");
+        let cuts = [10, 17, 33, 39, 41, 100];
+        let pieces: f64 = cuts
+            .windows(2)
+            .map(|w| capacity_lost(&routes, &[0], w[0] * SEC, w[1] * SEC))
+            .sum();
+        assert!((pieces - 13.5).abs() < 1e-9, "{pieces}");
+        let out = [Route {
+            weight: 0.0,
+            ramp_from: 0,
+            ramp_ms: 0,
+        }];
+        assert!((capacity_lost(&out, &[0], 0, 3 * SEC) - 3.0).abs() < 1e-9);
+    }
 }

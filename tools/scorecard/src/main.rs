@@ -2,12 +2,13 @@
 //! engine with a router that follows its decisions, one row per scenario.
 //!
 //!   cargo run --release -p vitals-scorecard --bin scorecard -- [--seed N] [--runs N]
-//!       [--scenario NAME] [--log]
+//!       [--scenario NAME] [--log] [--worst] [--anchors]
 
 use clap::Parser;
 use std::sync::atomic::{AtomicBool, Ordering};
 use vitals_contracts::Micros;
-use vitals_scorecard::{run, scenarios, Score, SEC};
+use vitals_scorecard::anchors::{Envoy, Litellm};
+use vitals_scorecard::{run, run_judged, scenarios, Scenario, Score, SEC};
 
 #[derive(Parser)]
 struct Args {
@@ -26,6 +27,10 @@ struct Args {
     /// Show the worst run of each figure instead of the median.
     #[arg(long)]
     worst: bool,
+    /// Put vitals beside the anchors' policies (Envoy's outlier detection and LiteLLM's
+    /// cooldown, with their defaults): failed calls, slow calls, capacity lost, transitions.
+    #[arg(long)]
+    anchors: bool,
 }
 
 fn secs(us: Micros) -> String {
@@ -89,6 +94,10 @@ fn main() {
         std::process::exit(2);
     }
     let runs = args.runs.max(1);
+    if args.anchors {
+        anchors(&chosen, args.seed, runs, args.worst);
+        return;
+    }
     println!(
         "closed loop: {} endpoints, router follows the engine's weights and panic mode; {} runs per scenario (seeds {}..{}), {}",
         chosen[0].endpoints,
@@ -98,9 +107,9 @@ fn main() {
         if args.worst { "worst run of each figure" } else { "medians" }
     );
     println!(
-        "| scenario | detection s | out after s | false ejections | transitions | in the fault | max out | failed calls | slow calls | restore s | full weight s |"
+        "| scenario | detection s | out after s | false ejections | transitions | in the fault | max out | failed calls | slow calls | restore s | full weight s | capacity lost |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in chosen {
         eprintln!("[scorecard] {} ({}) …", s.name, s.what);
         let scores: Vec<Score> = (0..runs).map(|k| run(s, args.seed + k)).collect();
@@ -111,7 +120,7 @@ fn main() {
         let med = |f: fn(&Score) -> u32| pick(scores.iter().map(f).collect()).unwrap_or(0);
         let max_out = pick(scores.iter().map(|x| (x.max_out * 100.0).round() as u32).collect()).unwrap_or(0);
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} | {} | {} | {} |",
             s.name,
             detection,
             ejection,
@@ -122,7 +131,8 @@ fn main() {
             med(|x| x.failed),
             med(|x| x.slow),
             restore,
-            full_weight
+            full_weight,
+            lost(&scores)
         );
         if args.log {
             for (at, ep, from, to, reason) in &scores[0].log {
@@ -134,5 +144,45 @@ fn main() {
                 );
             }
         }
+    }
+}
+
+/// The capacity lost over the runs (median or worst), in endpoint-seconds.
+fn lost(scores: &[Score]) -> String {
+    let v = pick(scores.iter().map(|x| (x.capacity_lost * 10.0).round() as u64).collect()).unwrap_or(0);
+    format!("{:.1}", v as f64 / 10.0)
+}
+
+/// One row per scenario: each figure for vitals, Envoy and LiteLLM side by side.
+fn anchors(chosen: &[&Scenario], seed: u64, runs: u64, worst: bool) {
+    println!(
+        "the same closed loop under vitals' default policy, Envoy's outlier detection and LiteLLM's cooldown (their defaults); {runs} runs per scenario (seeds {seed}..{}), {}; each cell vitals / Envoy / LiteLLM",
+        seed + runs - 1,
+        if worst { "worst run of each figure" } else { "medians" }
+    );
+    println!("| scenario | failed calls | slow calls | capacity lost (endpoint-s) | transitions | false ejections |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for s in chosen {
+        eprintln!("[scorecard] {} ({}) …", s.name, s.what);
+        let by: Vec<Vec<Score>> = vec![
+            (0..runs).map(|k| run(s, seed + k)).collect(),
+            (0..runs)
+                .map(|k| run_judged(s, seed + k, &mut Envoy::new(s.endpoints)))
+                .collect(),
+            (0..runs)
+                .map(|k| run_judged(s, seed + k, &mut Litellm::new()))
+                .collect(),
+        ];
+        let cells = |f: &dyn Fn(&[Score]) -> String| by.iter().map(|v| f(v)).collect::<Vec<_>>().join(" / ");
+        let med = |f: fn(&Score) -> u32| move |v: &[Score]| pick(v.iter().map(f).collect()).unwrap_or(0).to_string();
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            s.name,
+            cells(&med(|x| x.failed)),
+            cells(&med(|x| x.slow)),
+            cells(&lost),
+            cells(&med(|x| x.transitions)),
+            cells(&|v: &[Score]| v.iter().map(|x| x.false_ejections).sum::<u32>().to_string()),
+        );
     }
 }
