@@ -399,12 +399,17 @@ pub enum ReasonCode {
     /// see the fault (a health probe after a first-token ejection). Held at the probation weight
     /// while real calls decide.
     Probation,
+    /// On probation, a run of passing outcomes: its weight grows from the probation weight to
+    /// full over the ramp while they go on passing.
+    ProbationGrowing,
+    /// On probation, a failure while its weight grew: back to the probation weight, held.
+    ProbationHeld,
     /// Probation passed: enough passing outcomes in a row; recovering with slow start.
     ProbationOver,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 19] = [
+    pub const ALL: [ReasonCode; 21] = [
         ReasonCode::Ejected,
         ReasonCode::Degraded,
         ReasonCode::Suspect,
@@ -423,6 +428,8 @@ impl ReasonCode {
         ReasonCode::CooldownOver,
         ReasonCode::OutageOver,
         ReasonCode::Probation,
+        ReasonCode::ProbationGrowing,
+        ReasonCode::ProbationHeld,
         ReasonCode::ProbationOver,
     ];
 
@@ -446,6 +453,8 @@ impl ReasonCode {
             ReasonCode::CooldownOver => "cooldown_over",
             ReasonCode::OutageOver => "outage_over",
             ReasonCode::Probation => "probation",
+            ReasonCode::ProbationGrowing => "probation_growing",
+            ReasonCode::ProbationHeld => "probation_held",
             ReasonCode::ProbationOver => "probation_over",
         }
     }

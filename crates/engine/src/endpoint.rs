@@ -18,6 +18,18 @@ pub const LATENCY_MIN_SAMPLES: u32 = 5;
 /// `consecutive_successes` fast ones end a probation for first tokens.)
 pub const PROBATION_PASSES: u16 = 20;
 
+/// Passing outcomes in a row on probation after which its weight starts to grow (× 4 for each
+/// time it grew and fell back in this probation). A fault that fails 15 % of calls passes 8 in
+/// a row 27 % of the time and 32 0.5 %: a fault that persists grows it about once. A healed
+/// endpoint of a pool of four at 5 calls a second each (0.07 calls a second at the probation
+/// weight, and a probe every 5 s) starts to grow ~30 s after its fault, or ~2 minutes after
+/// one growth fell back. (The scorecard's tables: 5 and 6 grew it more often during a fault and
+/// gave back less capacity, doubling instead of × 4 let a five-minute fault grow it three times.)
+pub const PROBATION_GROW_PASSES: u16 = 8;
+/// How long the weight of an endpoint on probation takes to grow from the probation weight to
+/// full, while its outcomes go on passing (the router's ramp, as in slow start).
+pub const PROBATION_RAMP_MS: i64 = 20000;
+
 /// The weight of an endpoint on probation for `dim`: a trickle of real calls that keeps the
 /// evidence coming. A tenth of the slow-start weight when its calls may fail (a failed call
 /// costs its user an error, and probes see errors too); half of it for slow first tokens (a
@@ -82,6 +94,9 @@ pub(crate) enum Entry {
     /// Back in rotation: readmitted at slow-start weight (or a cooldown over), or on probation
     /// (at the probation weight, held: real calls decide).
     Recovering { probation: bool },
+    /// On probation still: its weight starts to grow (true), or falls back to the probation
+    /// weight and is held again (false). The count of passes goes on.
+    Probation { growing: bool },
     /// Healthy: nothing of an isolation is left.
     Healthy,
     /// Suspect or degraded: still in rotation, nothing reset.
@@ -200,6 +215,13 @@ pub struct Tracker {
     /// Passing outcomes in a row on probation (a failure starts the count again).
     #[serde(default, rename = "canary_calls")]
     probation_passes: u16,
+    /// On probation, its weight growing to full (the router's ramp) after a run of passes.
+    #[serde(default)]
+    probation_growing: bool,
+    /// Times its weight grew and fell back in this probation: each makes the run of passes the
+    /// next growth needs four times as long.
+    #[serde(default)]
+    probation_falls: u8,
     /// Cooldowns in a row, each begun soon after the last: the cooldown doubles with each.
     #[serde(default)]
     cooldowns: u16,
@@ -297,6 +319,8 @@ impl Tracker {
             consecutive_rate_limited: 0,
             probation: false,
             probation_passes: 0,
+            probation_growing: false,
+            probation_falls: 0,
             cooldowns: 0,
             cooled_at: None,
             limited_bits: 0,
@@ -467,6 +491,27 @@ impl Tracker {
     /// On probation: held at the probation weight while real calls decide.
     pub(crate) fn probation(&self) -> bool {
         self.probation
+    }
+
+    /// On probation, its weight growing to full.
+    pub(crate) fn probation_growing(&self) -> bool {
+        self.probation && self.probation_growing
+    }
+
+    /// The passes in a row on probation after which its weight grows: [`PROBATION_GROW_PASSES`],
+    /// × 4 for each growth that fell back in this probation.
+    pub(crate) fn probation_grow_passes(&self) -> u16 {
+        self.grow_passes_after(self.probation_falls)
+    }
+
+    /// Growths that fell back in this probation.
+    pub(crate) fn probation_falls(&self) -> u8 {
+        self.probation_falls
+    }
+
+    /// [`Tracker::probation_grow_passes`] after `falls` growths that fell back: × 4 for each.
+    pub(crate) fn grow_passes_after(&self, falls: u8) -> u16 {
+        PROBATION_GROW_PASSES << (2 * falls.min(3))
     }
 
     pub(crate) fn retry_after_ms(&self) -> Option<u32> {
@@ -1003,6 +1048,7 @@ impl Tracker {
             Entry::Operator(to) => {
                 self.out_for = None;
                 self.probation = false;
+                self.probation_growing = false;
                 (to, None)
             }
             Entry::Recovering { probation } => {
@@ -1013,14 +1059,26 @@ impl Tracker {
                 self.passes_while_out = 0;
                 self.probation = probation;
                 self.probation_passes = 0;
+                self.probation_growing = false;
+                self.probation_falls = 0;
                 if was_cooling {
                     // The end of a cooldown is not a readmission: a later ejection is no flap.
                     self.out_for = None;
                 } else if !ended_probation {
                     self.readmitted_at = Some(now);
                 }
-                // On probation the weight is held: no ramp until it ends.
+                // On probation the weight is held: no ramp until it grows.
                 self.ramp_until = (!probation).then(|| now.saturating_add(us(policy.slow_start_ms)));
+                (HealthState::Recovering, None)
+            }
+            Entry::Probation { growing } => {
+                self.probation_growing = growing;
+                if growing {
+                    self.ramp_until = Some(now.saturating_add(us(PROBATION_RAMP_MS)));
+                } else {
+                    self.ramp_until = None;
+                    self.probation_falls = self.probation_falls.saturating_add(1);
+                }
                 (HealthState::Recovering, None)
             }
             Entry::Healthy => {
@@ -1029,6 +1087,7 @@ impl Tracker {
                 self.ramp_until = None;
                 self.out_for = None;
                 self.probation = false;
+                self.probation_growing = false;
                 (HealthState::Healthy, None)
             }
             Entry::InRotation(to) => (to, None),
@@ -1059,6 +1118,7 @@ impl Tracker {
         self.trial_open = false;
         self.passes_while_out = 0;
         self.probation = false;
+        self.probation_growing = false;
         self.ramp_until = None;
         until
     }

@@ -96,9 +96,39 @@ fn fifteen_percent_drops_for_five_minutes_are_out_once_and_held_not_cycled() {
     for name in ["drops-15pct-5min", "drops-15pct-3-endpoints"] {
         let s = runs(name);
         assert!(delay(&s, |x| x.ejection) <= 10 * SEC, "{name}: {s:#?}");
-        assert!(worst(&s, |x| x.fault_transitions) <= 6, "{name}: {s:#?}");
+        // Out, back on probation, held: at most 5; a run of passes by chance grows its weight
+        // once and the next drop holds it again (two more). A second growth needs 32 passes
+        // in a row (0.5 % at 15 % drops).
+        assert!(worst(&s, |x| x.fault_transitions) <= 7, "{name}: {s:#?}");
         assert!(restore(&s) <= 10 * SEC, "{name}: {s:#?}");
         assert_eq!(false_ejections(&s), 0, "{name}");
+    }
+}
+
+fn capacity_lost(scores: &[Score]) -> f64 {
+    let mut v: Vec<f64> = scores.iter().map(|s| s.capacity_lost).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Capacity back soon after a fault ends (issue 39 item 2): the weight of an endpoint on
+/// probation grows after a run of passes, where it used to be held at 0.01 for 20 to 60 passes
+/// and then slow start (59 to 89 endpoint-seconds lost after these faults, the whole of the
+/// 60 or 90 s the runs go on after them).
+#[test]
+fn a_healed_endpoint_on_probation_gives_its_capacity_back_within_a_minute() {
+    for name in ["drops-15pct", "periodic-10s", "periodic-503"] {
+        let s = runs(name);
+        assert!(capacity_lost(&s) <= 40.0, "{name}: {s:#?}");
+        let full = median(
+            s.iter()
+                .map(|x| match x.full_weight {
+                    Some(Ok(t)) => t,
+                    _ => Micros::MAX,
+                })
+                .collect(),
+        );
+        assert!(full <= 60 * SEC, "{name}: {s:#?}");
     }
 }
 

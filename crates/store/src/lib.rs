@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn the_audit_log_accepts_exactly_the_reason_codes_of_the_contracts() {
-        let sql = include_str!("../../../migrations/0009_probation_reason_codes.sql");
+        let sql = include_str!("../../../migrations/0012_probation_growth_reason_codes.sql");
         let sql = &sql[sql.find("CHECK").expect("a CHECK constraint")..];
         let listed: Vec<&str> = sql.split('\'').skip(1).step_by(2).collect();
         assert_eq!(listed, vitals_contracts::ReasonCode::names());

@@ -16,7 +16,7 @@ mod readmission;
 mod summary;
 mod suspicion;
 
-use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker};
+use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker, PROBATION_RAMP_MS};
 use crate::window::{counts_as_failure, Rate};
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
@@ -479,6 +479,9 @@ impl PoolState {
             (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
             (HealthState::Healthy | HealthState::Suspect, _) => (1.0, 0),
             (HealthState::Degraded, _) => (self.policy.degraded_weight, 0),
+            (HealthState::Recovering, _) if t.probation_growing() => {
+                (probation_weight(&self.policy, t.out_for()), PROBATION_RAMP_MS)
+            }
             (HealthState::Recovering, _) if t.probation() => (probation_weight(&self.policy, t.out_for()), 0),
             (HealthState::Recovering, _) => (self.policy.slow_start_weight, self.policy.slow_start_ms),
             (HealthState::Unhealthy | HealthState::Maintenance, _) => (0.0, 0),
@@ -497,6 +500,10 @@ impl PoolState {
                 _ => Entry::Eject(change.out_for),
             },
             HealthState::Unhealthy | HealthState::Maintenance => Entry::Operator(change.to),
+            HealthState::Recovering if change.code == ReasonCode::ProbationGrowing => {
+                Entry::Probation { growing: true }
+            }
+            HealthState::Recovering if change.code == ReasonCode::ProbationHeld => Entry::Probation { growing: false },
             HealthState::Recovering => Entry::Recovering {
                 probation: change.probation,
             },

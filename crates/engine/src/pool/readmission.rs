@@ -12,7 +12,7 @@
 //! two ejections' worth with no pass between takes it out again, with the isolation grown.
 
 use super::{Change, Outcome, PoolState, Source};
-use crate::endpoint::{probation_weight, run_growth, Dimension, Tracker, PROBATION_PASSES};
+use crate::endpoint::{probation_weight, run_growth, us, Dimension, Tracker, PROBATION_PASSES, PROBATION_RAMP_MS};
 use crate::window::counts_as_failure;
 use vitals_contracts::{HealthState, Micros, OutcomeClass, Policy, ProbeKind, ReasonCode};
 
@@ -143,10 +143,16 @@ impl PoolState {
         Some(self.refusal(o.endpoint, thresholds))
     }
 
-    /// An outcome of an endpoint on probation: passes end it, failures only start the count
-    /// again, unless they go on long enough to say the endpoint is down.
+    /// An outcome of an endpoint on probation. Held at the probation weight, a run of passes
+    /// makes its weight grow to full over the ramp ([`PROBATION_RAMP_MS`]), and a failure only
+    /// starts the count again; growing, a failure holds it at the probation weight again and
+    /// the next growth needs four times the run. Passes end it at full weight once it grew; a
+    /// probation for first tokens, whose few fast ones end it, through slow start. A
+    /// run of failures as long as two ejections' worth takes it out again.
     fn on_probation(&mut self, o: &Outcome<'_>, class: OutcomeClass, verdict: Verdict) -> Option<Change> {
         let down_after = 2 * self.policy.consecutive_failures.max(1) as u32;
+        let now = self.now;
+        let w = probation_weight(&self.policy, self.endpoints[o.endpoint].out_for());
         let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
         match verdict {
             Verdict::Neutral | Verdict::Canary => None,
@@ -159,14 +165,47 @@ impl PoolState {
                     );
                     return self.eject_again(o, reason);
                 }
-                None
+                let t = &self.endpoints[o.endpoint];
+                t.probation_growing().then(|| {
+                    let grown = t.ramp_until().map_or(1.0, |until| {
+                        let left = until.saturating_sub(now) as f64 / us(PROBATION_RAMP_MS) as f64;
+                        1.0 - (1.0 - w) * left.clamp(0.0, 1.0)
+                    });
+                    Change::new(
+                        HealthState::Recovering,
+                        ReasonCode::ProbationHeld,
+                        format!(
+                            "{} at weight {grown:.2} while its weight grew on probation; held at {w} again until {} outcomes in a row pass",
+                            class.as_str(),
+                            t.grow_passes_after(t.probation_falls() + 1)
+                        ),
+                        vec!["failure_while_growing".into()],
+                        vec![o.id.to_owned()],
+                    )
+                })
             }
             Verdict::Pass => {
                 let passes = t.probation_outcome(true);
                 // Slow first tokens are not a matter of chance: a few fast ones in a row show
                 // them gone. A share of failed calls is: it takes a long run of passes.
                 let needed = probation_passes(t, &self.policy);
-                (passes >= needed).then(|| {
+                let grown = t.ramp_until().is_none_or(|r| r <= now);
+                if t.probation_growing() {
+                    return (passes >= needed && grown).then(|| {
+                        let mut change = Change::new(
+                            HealthState::Healthy,
+                            ReasonCode::Recovered,
+                            format!("probation over: {passes} passing outcomes in a row and its weight grown to full"),
+                            vec![format!("probation_passes>={needed}")],
+                            vec![o.id.to_owned()],
+                        );
+                        change.probation = false;
+                        change
+                    });
+                }
+                // Slow first tokens end it through slow start; a share of failed calls only
+                // through a growth that held (however long the run that ends it).
+                if passes >= needed && t.out_for() == Some(Dimension::Ttft) {
                     let mut change = Change::new(
                         HealthState::Recovering,
                         ReasonCode::ProbationOver,
@@ -178,7 +217,20 @@ impl PoolState {
                         vec![o.id.to_owned()],
                     );
                     change.probation = false;
-                    change
+                    return Some(change);
+                }
+                let grow = t.probation_grow_passes();
+                (passes >= grow).then(|| {
+                    Change::new(
+                        HealthState::Recovering,
+                        ReasonCode::ProbationGrowing,
+                        format!(
+                            "{passes} passing outcomes in a row on probation; its weight grows from {w} to full over {} s while they go on passing, and {needed} end probation",
+                            PROBATION_RAMP_MS / 1000
+                        ),
+                        vec![format!("probation_passes>={grow}")],
+                        vec![o.id.to_owned()],
+                    )
                 })
             }
         }
