@@ -937,6 +937,11 @@ impl Tracker {
         base.saturating_mul(1i64 << k).clamp(1, policy.isolation_max_ms.max(1))
     }
 
+    /// Whether its last cooldown began within `ms` of `now`.
+    pub(crate) fn cooled_within(&self, now: Micros, ms: i64) -> bool {
+        self.cooled_at.is_some_and(|t| now.saturating_sub(t) <= us(ms))
+    }
+
     /// Cooldowns in a row including one begun `now`.
     fn cooldowns_in_a_row(&self, now: Micros, policy: &Policy) -> u16 {
         let recent = self

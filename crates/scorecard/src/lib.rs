@@ -79,7 +79,9 @@ pub enum Fault {
     SlowTtft { ttft_ms: i64 },
     /// This share of connections drops mid-call; the health route mostly still answers.
     Drops { share: f64 },
-    /// This share of calls gets 429, with the upstream's Retry-After if given.
+    /// This share of calls gets 429. With `retry_after_ms`, the upstream limits in windows of
+    /// that length from the fault's start (the last one ends with the fault) and its 429s say
+    /// when the current one ends, in whole seconds as a Retry-After header does.
     RateLimited { share: f64, retry_after_ms: Option<i64> },
     /// This share of calls is the callers' own fault (400): not an endpoint fault.
     ClientErrors { share: f64 },
@@ -182,6 +184,22 @@ impl Scenario {
             .iter()
             .find(|f| f.endpoint == ep && f.active(at))
             .map(|f| f.fault)
+    }
+
+    /// The Retry-After a 429 of `ep` at `at` carries: the time to the end of its limit's
+    /// window, rounded up to whole seconds (see [`Fault::RateLimited`]).
+    fn retry_after(&self, ep: usize, at: Micros) -> Option<i64> {
+        let f = self.faults.iter().find(|f| f.endpoint == ep && f.active(at))?;
+        let Fault::RateLimited {
+            retry_after_ms: Some(w),
+            ..
+        } = f.fault
+        else {
+            return None;
+        };
+        let w = (w * MS).max(1);
+        let end = (f.from + ((at - f.from) / w + 1) * w).min(f.to);
+        Some((end - at).div_euclid(SEC) * 1000 + if (end - at) % SEC > 0 { 1000 } else { 0 })
     }
 
     /// Whether a real fault of the endpoint could still explain a decision at `at`: active at
@@ -407,7 +425,10 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
                     score.failed += 1;
                     continue;
                 };
-                let a = answer(s.fault_at(ep, at), &mut rng, false);
+                let mut a = answer(s.fault_at(ep, at), &mut rng, false);
+                if a.retry_after_ms.is_some() {
+                    a.retry_after_ms = s.retry_after(ep, at);
+                }
                 if a.class.is_failure() {
                     score.failed += 1;
                 } else if a.ttft.is_some_and(|t| t > SLOW_MS * MS) {

@@ -1,9 +1,10 @@
 //! Cooldown: an upstream that answers 429 is not failing, it is asking for less. A run of 429s
 //! or a share of the recent calls starts a cooldown of the upstream's Retry-After (else the
 //! policy's); when its time is over the endpoint comes back through slow start, which finds what
-//! the upstream takes. A cooldown begun soon after the last (the upstream still cannot take the
-//! load) is twice as long, so that a limit that persists costs a few 429s per doubling, not a
-//! few every cycle.
+//! the upstream takes. A Retry-After is taken as said, every time: the upstream knows when its
+//! limit lifts. Without one, a cooldown begun soon after the last (the upstream still cannot
+//! take the load) is twice as long, so that a limit that persists costs a few 429s per
+//! doubling, not a few every cycle.
 
 use super::{Change, PoolState};
 use crate::endpoint::{Dimension, Tracker};
@@ -37,10 +38,19 @@ impl PoolState {
         let limited = t.recent_429s(all);
         let by_run = u32::from(t.consecutive_rate_limited()) >= run;
         let by_share = limited >= run;
-        if !(by_run || by_share) || !self.may_eject() {
+        // Back from a cooldown, a 429 with a Retry-After is the upstream saying its limit holds
+        // and when it lifts: one is enough (each more costs a user a failed call).
+        let announced = t.state() == HealthState::Recovering
+            && t.retry_after_ms().is_some()
+            && t.cooled_within(self.now, policy.isolation_reset_ms)
+            && t.consecutive_rate_limited() >= 1;
+        if !(by_run || by_share || announced) || !self.may_eject() {
             return None;
         }
         let mut thresholds = Vec::new();
+        if announced && !(by_run || by_share) {
+            thresholds.push("429_with_retry_after_after_cooldown".to_owned());
+        }
         if by_run {
             thresholds.push(format!("consecutive_429>={run}"));
         }
@@ -67,10 +77,17 @@ impl PoolState {
         let mut change = Change::new(
             HealthState::Unhealthy,
             ReasonCode::Cooldown,
-            format!(
-                "rate limited: {limited} of the last {all} calls were 429s; cooling down for {:.1} s ({source}), then slow start",
-                ms as f64 / 1000.0
-            ),
+            if by_run || by_share {
+                format!(
+                    "rate limited: {limited} of the last {all} calls were 429s; cooling down for {:.1} s ({source}), then slow start",
+                    ms as f64 / 1000.0
+                )
+            } else {
+                format!(
+                    "rate limited again after its cooldown: a 429 says the limit lifts in {:.1} s; cooling down until then ({source}), then slow start",
+                    ms as f64 / 1000.0
+                )
+            },
             thresholds,
             vec![],
         );
@@ -78,10 +95,14 @@ impl PoolState {
         Some(change)
     }
 
-    /// The cooldown `t` gets now: the upstream's latest Retry-After, else the policy's, doubled
-    /// for each cooldown in a row, bounded by the longest isolation.
+    /// The cooldown `t` gets now: the upstream's latest Retry-After, as it says (the upstream
+    /// knows when its limit lifts: a cooldown longer than that only idles capacity), else the
+    /// policy's, doubled for each cooldown in a row; bounded by the longest isolation.
     pub(super) fn cooldown_ms(&self, t: &Tracker) -> i64 {
-        t.cooldown_for(self.cooldown_base_ms(t), self.now, &self.policy)
+        match t.retry_after_ms() {
+            Some(_) => self.cooldown_base_ms(t),
+            None => t.cooldown_for(self.cooldown_base_ms(t), self.now, &self.policy),
+        }
     }
 
     fn cooldown_base_ms(&self, t: &Tracker) -> i64 {
