@@ -19,7 +19,8 @@
 //!   router as an `InternalServerError` 500 (measured with the installed 1.110.2 against a
 //!   closed port and a server that closes at once: both cool down by the failure-rate rule),
 //!   so the source's exception for `APIConnectionError` does not spare them. Its counts are
-//!   kept for 60 s from the first of them.
+//!   kept for 60 s from the first of them. `integrations/litellm/tests/test_anchor.py` holds
+//!   these against the real Router.
 
 use crate::{Judge, MS, POOL, SEC};
 use std::collections::HashMap;
