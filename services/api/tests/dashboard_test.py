@@ -76,6 +76,11 @@ with sync_playwright() as p:
     expect(page.locator("#incidents tbody tr")).to_have_count(2)
     expect(page.locator('#incidents tr[data-endpoint="b"]')).to_contain_text("10.0 s")
     expect(page.locator('#incidents tr[data-endpoint="a"]')).to_contain_text("ejected, readmitted")
+    # d was first seen at noon: its lane starts half way, nothing drawn before (it was drawn
+    # healthy from midnight).
+    d_first = page.locator('#lanes tr[data-endpoint="d"] rect').first
+    assert 370 <= float(d_first.get_attribute("x")) <= 390, d_first.get_attribute("x")
+    expect(page.locator('#lanes tr[data-endpoint="d"] svg')).to_have_attribute("aria-label", re.compile("first seen"))
     # The 10-second ejection of b is visible in the 24 h lane, labelled, with b's state now.
     blip = page.locator('#lanes tr[data-endpoint="b"] rect[data-state="unhealthy"]')
     expect(blip).to_have_count(1)
@@ -128,6 +133,9 @@ with sync_playwright() as p:
     expect(e2).to_be_visible(timeout=20000)
     figures["live_update_ms"] = int((time.monotonic() - t0) * 1000)
     expect(page.locator("#counts")).to_contain_text("unhealthy 2")
+    # The availability section of a range that ends now follows the live stream too: e2's lane
+    # ends in the state the table shows (it stayed as loaded before).
+    expect(page.locator('#lanes tr[data-endpoint="e2"] rect[data-state="unhealthy"]')).to_have_count(1, timeout=20000)
     page.screenshot(path=f"{shots}/pool-after-action.png")
     assert not errors, errors
     assert not missing, missing
