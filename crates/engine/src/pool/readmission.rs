@@ -165,8 +165,13 @@ impl PoolState {
                     );
                     return self.eject_again(o, reason);
                 }
+                // Growing, it falls back on a failure as slow start would eject on one: at
+                // once up to ~11 calls a second, busier on a run as long as its traffic's
+                // noise makes rare or failures that stand out from its peers' (1 % noise at
+                // thousands of calls a second fails one every few milliseconds).
                 let t = &self.endpoints[o.endpoint];
-                t.probation_growing().then(|| {
+                let falls = t.probation_growing() && self.fails_slow_start(o.endpoint, class);
+                falls.then(|| {
                     let grown = t.ramp_until().map_or(1.0, |until| {
                         let left = until.saturating_sub(now) as f64 / us(PROBATION_RAMP_MS) as f64;
                         1.0 - (1.0 - w) * left.clamp(0.0, 1.0)
