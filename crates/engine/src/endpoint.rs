@@ -30,6 +30,11 @@ pub const PROBATION_GROW_PASSES: u16 = 8;
 /// full, while its outcomes go on passing (the router's ramp, as in slow start).
 pub const PROBATION_RAMP_MS: i64 = 20000;
 
+/// The passes in a row a growth needs after `falls` growths fell back: × 4 for each.
+fn grow_passes(falls: u8) -> u16 {
+    PROBATION_GROW_PASSES << (2 * falls.min(3))
+}
+
 /// The weight of an endpoint on probation for `dim`: a trickle of real calls that keeps the
 /// evidence coming. A tenth of the slow-start weight when its calls may fail (a failed call
 /// costs its user an error, and probes see errors too); half of it for slow first tokens (a
@@ -501,17 +506,12 @@ impl Tracker {
     /// The passes in a row on probation after which its weight grows: [`PROBATION_GROW_PASSES`],
     /// × 4 for each growth that fell back in this probation.
     pub(crate) fn probation_grow_passes(&self) -> u16 {
-        self.grow_passes_after(self.probation_falls)
+        grow_passes(self.probation_falls)
     }
 
-    /// Growths that fell back in this probation.
-    pub(crate) fn probation_falls(&self) -> u8 {
-        self.probation_falls
-    }
-
-    /// [`Tracker::probation_grow_passes`] after `falls` growths that fell back: × 4 for each.
-    pub(crate) fn grow_passes_after(&self, falls: u8) -> u16 {
-        PROBATION_GROW_PASSES << (2 * falls.min(3))
+    /// [`Tracker::probation_grow_passes`] once the growth under way falls back.
+    pub(crate) fn grow_passes_after_a_fall(&self) -> u16 {
+        grow_passes(self.probation_falls.saturating_add(1))
     }
 
     pub(crate) fn retry_after_ms(&self) -> Option<u32> {

@@ -206,17 +206,21 @@ impl Litellm {
 
 impl Judge for Litellm {
     fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {
-        let mut names: Vec<&String> = self.deployments.keys().collect();
-        names.sort();
-        let over: Vec<String> = names
-            .into_iter()
-            .filter(|n| self.deployments[*n].cooling_until.is_some_and(|u| at >= u))
-            .cloned()
-            .collect();
-        for name in over {
-            let d = self.deployments.get_mut(&name).expect("known deployment");
-            d.cooling_until = None;
-            change(&name, &mut d.seq, false, at, "cooldown over".into(), out);
+        // Most signals end no cooldown: look for the ones that ended (in name order) only then.
+        let over = |d: &Deployment| d.cooling_until.is_some_and(|u| at >= u);
+        if self.deployments.values().any(over) {
+            let mut ended: Vec<String> = self
+                .deployments
+                .iter()
+                .filter(|(_, d)| over(d))
+                .map(|(n, _)| n.clone())
+                .collect();
+            ended.sort();
+            for name in ended {
+                let d = self.deployments.get_mut(&name).expect("known deployment");
+                d.cooling_until = None;
+                change(&name, &mut d.seq, false, at, "cooldown over".into(), out);
+            }
         }
         let Some(c) = call(signal) else { return };
         let d = self.deployments.entry(c.endpoint.clone()).or_default();

@@ -199,7 +199,8 @@ impl Scenario {
         };
         let w = (w * MS).max(1);
         let end = (f.from + ((at - f.from) / w + 1) * w).min(f.to);
-        Some((end - at).div_euclid(SEC) * 1000 + if (end - at) % SEC > 0 { 1000 } else { 0 })
+        // `end` is after `at`: the fault is active at `at`.
+        Some((end - at + SEC - 1) / SEC * 1000)
     }
 
     /// Whether a real fault of the endpoint could still explain a decision at `at`: active at

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use vitals_contracts::Micros;
 use vitals_contracts::Policy;
 use vitals_scorecard::anchors::{Envoy, Litellm};
-use vitals_scorecard::{run_judged, run_with, scenarios, Fault, Injection, Scenario, Score, SEC};
+use vitals_scorecard::{run_judged, run_with, scenarios, Scenario, Score, SEC};
 
 /// The policy every run is judged under: the default, or with the options' changes.
 static POLICY: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
@@ -215,24 +215,16 @@ fn anchors(chosen: &[&Scenario], seed: u64, runs: u64, worst: bool) {
 
 /// `--soak-hours`: false ejections under 1 % noise over a long run, per endpoint-week.
 fn soak(hours: u64, seed: u64, runs: u64) {
+    // The scorecard's `noise-1pct`, its noise lasting the whole soak.
     let duration = hours as i64 * 3600 * SEC;
-    let noise = |endpoint| Injection {
-        endpoint,
-        fault: Fault::Noise { share: 0.01 },
-        from: 0,
-        to: duration,
-        period: None,
-    };
-    let s = Scenario {
-        name: "noise-soak",
-        what: "1 % of calls fail at random everywhere, four endpoints at 5 calls/s each",
-        endpoints: 4,
-        rate: 20.0,
-        duration,
-        probe_every: 5 * SEC,
-        probe_kind: vitals_contracts::ProbeKind::Http,
-        faults: (0..4).map(noise).collect(),
-    };
+    let mut s = scenarios()
+        .into_iter()
+        .find(|s| s.name == "noise-1pct")
+        .expect("the noise scenario");
+    s.duration = duration;
+    for f in &mut s.faults {
+        f.to = duration;
+    }
     let (mut ejections, mut transitions, mut calls) = (0u64, 0u64, 0u64);
     for k in 0..runs {
         eprintln!("[scorecard] soak {hours} h, seed {} …", seed + k);

@@ -99,9 +99,11 @@ impl PoolState {
     /// knows when its limit lifts: a cooldown longer than that only idles capacity), else the
     /// policy's, doubled for each cooldown in a row; bounded by the longest isolation.
     pub(super) fn cooldown_ms(&self, t: &Tracker) -> i64 {
-        match t.retry_after_ms() {
-            Some(_) => self.cooldown_base_ms(t),
-            None => t.cooldown_for(self.cooldown_base_ms(t), self.now, &self.policy),
+        let base = self.cooldown_base_ms(t);
+        if t.retry_after_ms().is_some() {
+            base
+        } else {
+            t.cooldown_for(base, self.now, &self.policy)
         }
     }
 

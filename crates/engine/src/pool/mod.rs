@@ -479,10 +479,11 @@ impl PoolState {
             (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
             (HealthState::Healthy | HealthState::Suspect, _) => (1.0, 0),
             (HealthState::Degraded, _) => (self.policy.degraded_weight, 0),
-            (HealthState::Recovering, _) if t.probation_growing() => {
-                (probation_weight(&self.policy, t.out_for()), PROBATION_RAMP_MS)
-            }
-            (HealthState::Recovering, _) if t.probation() => (probation_weight(&self.policy, t.out_for()), 0),
+            // Held on probation, or growing from its weight to full over the ramp.
+            (HealthState::Recovering, _) if t.probation() => (
+                probation_weight(&self.policy, t.out_for()),
+                if t.probation_growing() { PROBATION_RAMP_MS } else { 0 },
+            ),
             (HealthState::Recovering, _) => (self.policy.slow_start_weight, self.policy.slow_start_ms),
             (HealthState::Unhealthy | HealthState::Maintenance, _) => (0.0, 0),
         }

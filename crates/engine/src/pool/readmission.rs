@@ -182,7 +182,7 @@ impl PoolState {
                         format!(
                             "{} at weight {grown:.2} while its weight grew on probation; held at {w} again until {} outcomes in a row pass",
                             class.as_str(),
-                            t.grow_passes_after(t.probation_falls() + 1)
+                            t.grow_passes_after_a_fall()
                         ),
                         vec!["failure_while_growing".into()],
                         vec![o.id.to_owned()],
