@@ -598,12 +598,18 @@ fn compare(
             continue;
         }
         if judged == Judged::Tail {
+            // An exit and a re-entry within the tolerance are one episode: where the flag
+            // clears across a healthy gap is chance, read in different orders by the engines.
             let episodes = |v: &[&Move]| {
-                v.iter()
-                    .enumerate()
-                    .filter(|(_, m)| m.2 == HealthState::Degraded)
-                    .map(|(i, m)| (m.0, v.get(i + 1).map(|n| n.0)))
-                    .collect::<Vec<_>>()
+                let mut out: Vec<(Micros, Option<Micros>)> = Vec::new();
+                for (i, m) in v.iter().enumerate().filter(|(_, m)| m.2 == HealthState::Degraded) {
+                    let until = v.get(i + 1).map(|n| n.0);
+                    match out.last_mut() {
+                        Some(last) if last.1.is_some_and(|e| m.0 - e <= TAIL) => last.1 = until,
+                        _ => out.push((m.0, until)),
+                    }
+                }
+                out
             };
             let (ex, ey) = (episodes(&all_x), episodes(&all_y));
             let near = |p: Option<Micros>, q: Option<Micros>| match (p, q) {
@@ -639,7 +645,9 @@ fn compare(
                     .find(|m| m.1 == "out")
                     .map(|m| (m.0, m.3.contains("failure_rate>")))
             };
-            let (ox, oy) = (first_out(&x), first_out(&y));
+            // Over every move: a cooldown of a short Retry-After is briefer than the states the
+            // moves' comparison leaves out, and still the first time the endpoint was out.
+            let (ox, oy) = (first_out(&moves(&all_x, 0)), first_out(&moves(&all_y, 0)));
             let window_rule = ox.is_some_and(|o| o.1) || oy.is_some_and(|o| o.1);
             // A fault that fails a share of the calls is decided by chance: a run of failures
             // comes by chance, and the two engines read different orders (each gateway's, beyond
