@@ -463,6 +463,13 @@ fn regime_changes(fleet: &[(u32, Vec<(Regime, i64)>)], ep: &str, r: Reporting) -
     out
 }
 
+/// Moves as lines for a failure message: time from the start, state, reason.
+fn listed(v: &[&Move]) -> Vec<String> {
+    v.iter()
+        .map(|m| format!("{} ms {:?}: {}", (m.0 - T0) / MS, m.2, m.3))
+        .collect()
+}
+
 /// Where a state puts an endpoint: out of rotation, back on trial (recovering), in rotation.
 fn rotation(s: HealthState) -> &'static str {
     match s {
@@ -627,14 +634,8 @@ fn compare(
             {
                 return Err(format!(
                     "{ep}: a latency tail, call by call {:#?}\nsummarized {:#?}",
-                    all_x
-                        .iter()
-                        .map(|m| format!("{} ms {:?}: {}", (m.0 - T0) / MS, m.2, m.3))
-                        .collect::<Vec<_>>(),
-                    all_y
-                        .iter()
-                        .map(|m| format!("{} ms {:?}: {}", (m.0 - T0) / MS, m.2, m.3))
-                        .collect::<Vec<_>>(),
+                    listed(&all_x),
+                    listed(&all_y),
                 ));
             }
             continue;
@@ -732,17 +733,12 @@ fn compare(
                 .all(|(i, m)| m.0 >= end - slack - inherited(&y, &x, i))
             && x.len().abs_diff(y.len()) <= 1;
         if differs.is_some() && apart.is_none() || !extra_at_cut {
-            let every = |v: &[&Move]| {
-                v.iter()
-                    .map(|m| format!("{} ms {:?}: {}", (m.0 - T0) / MS, m.2, m.3))
-                    .collect::<Vec<_>>()
-            };
             return Err(format!(
                 "{ep}: call by call {:#?}\nsummarized {:#?}\n(every move: call by call {:#?}\nsummarized {:#?})",
                 show(&x),
                 show(&y),
-                every(&all_x),
-                every(&all_y)
+                listed(&all_x),
+                listed(&all_y)
             ));
         }
         for (i, (p, q)) in x.iter().zip(&y).enumerate() {
