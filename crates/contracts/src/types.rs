@@ -54,6 +54,69 @@ impl OutcomeClass {
     }
 }
 
+/// Calls as users felt them, by what they got: the request-availability counts of an endpoint
+/// (or a pool) over some time, summed from the calls and summaries the processor read.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requests {
+    /// Calls that succeeded.
+    pub succeeded: i64,
+    /// Timeouts, refused or dropped connections, 5xx and invalid responses.
+    pub failed: i64,
+    /// 429s: the caller did not get an answer either.
+    pub rate_limited: i64,
+    /// 4xx and cancelled calls: the caller's doing, left out of the share.
+    pub neutral: i64,
+}
+
+impl Requests {
+    /// Count `n` calls of a class.
+    pub fn add(&mut self, class: OutcomeClass, n: i64) {
+        let slot = match class {
+            OutcomeClass::Success => &mut self.succeeded,
+            OutcomeClass::RateLimited => &mut self.rate_limited,
+            c if c.is_neutral() => &mut self.neutral,
+            _ => &mut self.failed,
+        };
+        *slot = slot.saturating_add(n);
+    }
+
+    /// The calls of a summary (or any per-class counts).
+    pub fn of_counts(counts: &crate::summary::OutcomeCounts) -> Requests {
+        let mut r = Requests::default();
+        for (c, n) in counts.iter() {
+            r.add(c, n);
+        }
+        r
+    }
+
+    pub fn merge(&mut self, o: &Requests) {
+        self.succeeded = self.succeeded.saturating_add(o.succeeded);
+        self.failed = self.failed.saturating_add(o.failed);
+        self.rate_limited = self.rate_limited.saturating_add(o.rate_limited);
+        self.neutral = self.neutral.saturating_add(o.neutral);
+    }
+
+    /// The calls the share is taken over: every call but the neutral ones.
+    pub fn counted(&self) -> i64 {
+        self.succeeded
+            .saturating_add(self.failed)
+            .saturating_add(self.rate_limited)
+    }
+
+    /// Every call, neutral ones included.
+    pub fn total(&self) -> i64 {
+        self.counted().saturating_add(self.neutral)
+    }
+
+    /// Request availability: succeeded / (succeeded + failed + rate limited); None without such
+    /// calls.
+    pub fn availability(&self) -> Option<f64> {
+        let n = self.counted();
+        (n > 0).then(|| self.succeeded as f64 / n as f64)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallOutcome {
     pub event_id: String,

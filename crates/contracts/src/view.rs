@@ -572,6 +572,14 @@ pub struct UptimeBucket {
     pub maintenance_s: f64,
     /// `available_s / (observed_s − maintenance_s)`; absent when that is 0.
     pub availability: Option<f64>,
+    /// The calls in this bucket by what they got (from the processor's per-minute counts of
+    /// every call and summary it read; zeros before the counts existed).
+    #[serde(default)]
+    pub requests: c::Requests,
+    /// Request availability: the share of those calls that succeeded (4xx and cancelled calls
+    /// left out); absent without calls.
+    #[serde(default)]
+    pub request_availability: Option<f64>,
 }
 
 /// One endpoint over a range.
@@ -588,9 +596,17 @@ pub struct EndpointUptime {
     pub state_s: BTreeMap<String, f64>,
     /// Incidents that overlap the range.
     pub incidents: usize,
-    /// Calls counted in the evidence of its transitions in the range: the weight of the
-    /// traffic-weighted estimate.
+    /// Calls counted in the evidence of its transitions in the range (the traffic-weighted
+    /// figure's weight where the range has no per-minute counts).
     pub calls: i64,
+    /// The calls in this range by what they got (from the processor's per-minute counts of
+    /// every call and summary it read; zeros before the counts existed).
+    #[serde(default)]
+    pub requests: c::Requests,
+    /// Request availability: the share of those calls that succeeded (4xx and cancelled calls
+    /// left out); absent without calls.
+    #[serde(default)]
+    pub request_availability: Option<f64>,
     pub buckets: Vec<UptimeBucket>,
 }
 
@@ -614,8 +630,17 @@ pub struct PoolFigures {
     pub availability: Option<f64>,
     /// `all_available_s / (observed_s − maintenance_s)`.
     pub all_availability: Option<f64>,
-    /// An estimate: the endpoints' availabilities weighted by the calls in their evidence.
+    /// The endpoints' availabilities weighted by the calls each served in the range (by the
+    /// calls in their evidence, an estimate, for endpoints without per-minute counts).
     pub traffic_weighted_availability: Option<f64>,
+    /// The calls in this range, every endpoint's by what they got (from the processor's per-minute counts of
+    /// every call and summary it read; zeros before the counts existed).
+    #[serde(default)]
+    pub requests: c::Requests,
+    /// Request availability: the share of those calls that succeeded (4xx and cancelled calls
+    /// left out); absent without calls.
+    #[serde(default)]
+    pub request_availability: Option<f64>,
     pub incidents: usize,
     pub buckets: Vec<UptimeBucket>,
 }

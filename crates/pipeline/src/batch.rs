@@ -2,7 +2,9 @@
 //! snapshots of the partitions it touched.
 
 use std::collections::{BTreeMap, HashMap};
-use vitals_contracts::{encode, keys, EndpointState, HealthChanged, Micros, Policy, PoolHealthChanged, Record};
+use vitals_contracts::{
+    encode, keys, EndpointState, HealthChanged, Micros, Policy, PoolHealthChanged, Record, Requests,
+};
 use vitals_engine::Decision;
 
 /// One event to publish, with a key that makes a replayed insert a no-op.
@@ -31,6 +33,32 @@ pub struct PartitionWrite {
     pub epoch: i64,
     pub next_offset: i64,
     pub snapshot: Option<Snapshot>,
+    /// The calls counted since the last counts were written, when they are written with this
+    /// batch (on the processor's timer, and always with a snapshot).
+    pub requests: Option<Counted>,
+}
+
+/// The calls of one endpoint in one minute of stream time, by what they got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rollup {
+    pub pool: String,
+    pub endpoint: String,
+    /// The minute's start (µs, a multiple of [`MINUTE_US`]).
+    pub minute: Micros,
+    pub requests: Requests,
+}
+
+/// A minute in µs.
+pub const MINUTE_US: Micros = 60_000_000;
+
+/// What a partition counted from offset `from` up to `to` (exclusive): written in the batch's
+/// transaction, which moves the partition's counted offset from `from` to `to` — so each
+/// record's call is counted once, however often it is replayed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counted {
+    pub from: i64,
+    pub to: i64,
+    pub rollups: Vec<Rollup>,
 }
 
 #[derive(Debug, Default)]

@@ -7,9 +7,10 @@
 
 pub mod batch;
 
-pub use batch::{BatchWrite, OutboxRow, PartitionWrite, PolicyInForce, Snapshot, Topics};
+pub use batch::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot, Topics, MINUTE_US};
 
-use vitals_contracts::{decode_signal, validate_signal, Micros, Signal};
+use std::collections::HashMap;
+use vitals_contracts::{decode_signal, validate_signal, Micros, Requests, Signal};
 use vitals_engine::{Decision, Engine};
 
 /// One input partition: its engine and where it stands in the log.
@@ -27,6 +28,11 @@ pub struct Partition {
     /// A record was applied since the last [`Partition::write`].
     unwritten: bool,
     decisions: Vec<Decision>,
+    /// The first offset whose calls are not counted in the database: calls from here on are
+    /// counted into `pending` (replayed ones too), calls before it never again.
+    counted_from: i64,
+    /// Calls counted since `counted_from`: pool → endpoint → (minute, calls), latest minute last.
+    pending: HashMap<String, HashMap<String, Vec<(Micros, Requests)>>>,
 }
 
 impl Partition {
@@ -48,6 +54,47 @@ impl Partition {
             since_snapshot: 0,
             unwritten: false,
             decisions: Vec::new(),
+            counted_from: 0,
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Count calls from `offset` on (the partition's counted offset in the database; the
+    /// default, 0, counts every call read).
+    pub fn counting_from(mut self, offset: i64) -> Partition {
+        self.counted_from = offset.max(0);
+        self
+    }
+
+    /// Calls are counted and not written yet, or records were read past the counted offset: a
+    /// write with `flush_requests` has something to record.
+    pub fn counting(&self) -> bool {
+        !self.pending.is_empty() || self.next_offset.is_some_and(|n| n > self.counted_from)
+    }
+
+    /// Count a call, or a summary's calls, into the minute of stream time `at`.
+    fn count(&mut self, at: Micros, signal: &Signal) {
+        let (pool, endpoint, requests) = match signal {
+            Signal::Call(c) => {
+                let mut r = Requests::default();
+                r.add(c.outcome, 1);
+                (&c.pool, &c.endpoint, r)
+            }
+            Signal::Summary(s) => (&s.pool, &s.endpoint, Requests::of_counts(&s.calls)),
+            _ => return,
+        };
+        let minute = at.div_euclid(MINUTE_US) * MINUTE_US;
+        let endpoints = match self.pending.get_mut(pool.as_str()) {
+            Some(e) => e,
+            None => self.pending.entry(pool.clone()).or_default(),
+        };
+        let minutes = match endpoints.get_mut(endpoint.as_str()) {
+            Some(m) => m,
+            None => endpoints.entry(endpoint.clone()).or_default(),
+        };
+        match minutes.iter_mut().rev().find(|(m, _)| *m == minute) {
+            Some((_, r)) => r.merge(&requests),
+            None => minutes.push((minute, requests)),
         }
     }
 
@@ -114,6 +161,9 @@ impl Partition {
             }
             return true;
         }
+        if offset >= self.counted_from {
+            self.count(at, &signal);
+        }
         let first = self.engine.apply(at, &signal, &mut self.decisions);
         if replay {
             self.decisions.clear();
@@ -137,11 +187,14 @@ impl Partition {
         true
     }
 
-    /// What the batch records for this partition: its next offset, and a snapshot when `force`
-    /// or when `every` records have been applied since the last one. None when there is nothing
-    /// to record (no record applied since the last write, and no snapshot forced).
-    pub fn write(&mut self, every: u64, force: bool) -> Option<PartitionWrite> {
-        let next = self.next_offset.filter(|_| self.unwritten || force)?;
+    /// What the batch records for this partition: its next offset, a snapshot when `force` or
+    /// when `every` records have been applied since the last one, and the calls counted since
+    /// the last counts when `flush_requests` or with a snapshot (a snapshot's offset is never
+    /// past the counted offset, so a restart replays every call not yet counted). None when there
+    /// is nothing to record.
+    pub fn write(&mut self, every: u64, force: bool, flush_requests: bool) -> Option<PartitionWrite> {
+        let counting = flush_requests && self.counting();
+        let next = self.next_offset.filter(|_| self.unwritten || force || counting)?;
         self.unwritten = false;
         let snapshot = (force || self.since_snapshot >= every).then(|| {
             self.since_snapshot = 0;
@@ -152,11 +205,28 @@ impl Partition {
                 pools: s.pools,
             }
         });
+        let requests = (counting || (snapshot.is_some() && self.counting())).then(|| {
+            let from = std::mem::replace(&mut self.counted_from, next);
+            let mut rollups = Vec::new();
+            for (pool, endpoints) in self.pending.drain() {
+                for (endpoint, minutes) in endpoints {
+                    rollups.extend(minutes.into_iter().map(|(minute, requests)| Rollup {
+                        pool: pool.clone(),
+                        endpoint: endpoint.clone(),
+                        minute,
+                        requests,
+                    }));
+                }
+            }
+            rollups.sort_by(|a, b| (&a.pool, &a.endpoint, a.minute).cmp(&(&b.pool, &b.endpoint, b.minute)));
+            Counted { from, to: next, rollups }
+        });
         Some(PartitionWrite {
             partition: self.partition,
             epoch: self.epoch,
             next_offset: next,
             snapshot,
+            requests,
         })
     }
 }
@@ -265,11 +335,11 @@ mod tests {
             "before the position: skipped"
         );
         assert_eq!(out.records, 5);
-        let w = p.write(1_000, false).unwrap();
+        let w = p.write(1_000, false, false).unwrap();
         assert_eq!((w.partition, w.next_offset), (3, 5));
         assert!(w.snapshot.is_none());
-        assert!(p.write(1_000, false).is_none(), "nothing new since the last write");
-        let w = p.write(1_000, true).unwrap();
+        assert!(p.write(1_000, false, false).is_none(), "nothing new since the last write");
+        let w = p.write(1_000, true, false).unwrap();
         let s = w.snapshot.unwrap();
         let restored = Engine::from_snapshot(
             Policy::default(),
@@ -327,4 +397,98 @@ mod tests {
             .collect();
         assert_eq!(outbox_keys(&tail), new_keys);
     }
+
+    /// A processor that stops at any point, after writing its counts and snapshots at any
+    /// points before, and a successor that resumes from the last snapshot with the counted
+    /// offset: every call of the log is counted once, by minute, whatever the points.
+    #[test]
+    fn calls_are_counted_once_across_any_restart() {
+        let t = topics();
+        let classes = [
+            OutcomeClass::Success,
+            OutcomeClass::ServerError,
+            OutcomeClass::RateLimited,
+            OutcomeClass::ClientError,
+            OutcomeClass::Success,
+        ];
+        let n = 14i64;
+        // Four records a minute apart in stream time, one of them garbage (not counted).
+        let records: Vec<(Option<i64>, Vec<u8>)> = (0..n)
+            .map(|i| {
+                let ts = Some(1_700_000_000_000 + i * 20_000);
+                let body = if i == 6 {
+                    b"garbage".to_vec()
+                } else {
+                    call(if i % 3 == 0 { "b" } else { "a" }, i as u64, classes[i as usize % 5])
+                };
+                (ts, body)
+            })
+            .collect();
+        let sum = |rollups: &[Rollup]| {
+            let mut by: std::collections::BTreeMap<(String, Micros), Requests> = Default::default();
+            for r in rollups {
+                by.entry((r.endpoint.clone(), r.minute)).or_default().merge(&r.requests);
+            }
+            by
+        };
+        let mut whole = Partition::new(0, 1, Engine::new(Policy::default()), None, None);
+        let mut out = BatchWrite::default();
+        for (o, (ts, r)) in records.iter().enumerate() {
+            whole.step(o as i64, *ts, Some(b"p"), Some(r), &t, &mut out);
+        }
+        let all = whole.write(1_000, false, true).unwrap().requests.unwrap();
+        assert_eq!((all.from, all.to), (0, n));
+        let expected = sum(&all.rollups);
+        assert_eq!(expected.values().map(Requests::total).sum::<i64>(), n - 1);
+        assert!(expected.len() >= 4, "two endpoints over several minutes: {expected:?}");
+        for snap_at in 1..n {
+            for flush_at in snap_at..n {
+                for stop_at in flush_at..=n {
+                    let mut written: Vec<Rollup> = Vec::new();
+                    let mut first = Partition::new(0, 1, Engine::new(Policy::default()), None, None);
+                    let (mut snapshot, mut counted) = (None, 0);
+                    let mut out = BatchWrite::default();
+                    for o in 0..stop_at {
+                        let (ts, r) = &records[o as usize];
+                        first.step(o, *ts, Some(b"p"), Some(r), &t, &mut out);
+                        let (force, flush) = (o + 1 == snap_at, o + 1 == flush_at);
+                        if let Some(w) = (force || flush).then(|| first.write(1_000, force, flush)).flatten() {
+                            if let Some(c) = w.requests {
+                                assert_eq!(c.from, counted, "counts follow on");
+                                counted = c.to;
+                                written.extend(c.rollups);
+                            }
+                            if let Some(s) = w.snapshot {
+                                snapshot = Some(s);
+                            }
+                        }
+                    }
+                    // The first stops here: what it counted and did not write is lost.
+                    let s = snapshot.expect("a snapshot was written");
+                    assert!(s.offset <= counted, "a snapshot is never past the counted offset");
+                    let engine = Engine::from_snapshot(
+                        Policy::default(),
+                        s.stream_time,
+                        s.pools.iter().map(|(_, b)| b.as_slice()),
+                    )
+                    .unwrap();
+                    let mut next = Partition::new(0, 2, engine, Some(s.offset), Some(counted)).counting_from(counted);
+                    for o in s.offset..n {
+                        let (ts, r) = &records[o as usize];
+                        next.step(o, *ts, Some(b"p"), Some(r), &t, &mut out);
+                    }
+                    if let Some(c) = next.write(1_000, false, true).and_then(|w| w.requests) {
+                        assert_eq!((c.from, c.to), (counted, n));
+                        written.extend(c.rollups);
+                    }
+                    assert_eq!(
+                        sum(&written),
+                        expected,
+                        "snapshot at {snap_at}, counts at {flush_at}, stopped at {stop_at}"
+                    );
+                }
+            }
+        }
+    }
+
 }
