@@ -8,7 +8,8 @@ use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
 use vitals_contracts::{EndpointState, HealthChanged, Policy, PoolHealthChanged};
 use vitals_engine::Engine;
-use vitals_pipeline::{BatchWrite, OutboxRow, PartitionWrite, PolicyInForce, Snapshot};
+use vitals_contracts::{Micros, Requests};
+use vitals_pipeline::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot};
 
 /// Where a batch transaction spent its time, statement by statement (wall time, including the
 /// round trip to Postgres).
@@ -22,12 +23,13 @@ pub struct StatementTimes {
     pub pool_events: Duration,
     pub outbox: Duration,
     pub snapshots: Duration,
+    pub requests: Duration,
     pub commit: Duration,
 }
 
 impl StatementTimes {
     /// (statement, seconds), in the order the transaction runs them.
-    pub fn named(&self) -> [(&'static str, Duration); 9] {
+    pub fn named(&self) -> [(&'static str, Duration); 10] {
         [
             ("begin", self.begin),
             ("offsets", self.offsets),
@@ -37,6 +39,7 @@ impl StatementTimes {
             ("pool_events", self.pool_events),
             ("outbox", self.outbox),
             ("snapshots", self.snapshots),
+            ("requests", self.requests),
             ("commit", self.commit),
         ]
     }
@@ -72,6 +75,8 @@ pub struct Restored {
     pub committed_offset: Option<i64>,
     pub epoch: i64,
     pub pools: usize,
+    /// The first offset whose calls are not counted in the request rollups yet.
+    pub requests_offset: i64,
 }
 
 /// The audit log of one consumer group reading one signals topic.
@@ -90,10 +95,13 @@ impl AuditLog {
     pub async fn claim_partition(&self, partition: i32, default_policy: &Policy) -> Result<Restored, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "INSERT INTO consumer_offsets (consumer_group, topic, partition, next_offset, epoch)
-             VALUES ($1, $2, $3, -1, 1)
-             ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET epoch = consumer_offsets.epoch + 1
-             RETURNING next_offset, epoch",
+            "INSERT INTO consumer_offsets (consumer_group, topic, partition, next_offset, epoch, requests_offset)
+             VALUES ($1, $2, $3, -1, 1, 0)
+             ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET epoch = consumer_offsets.epoch + 1,
+                 requests_offset = CASE WHEN consumer_offsets.requests_offset < 0
+                                        THEN GREATEST(consumer_offsets.next_offset, 0)
+                                        ELSE consumer_offsets.requests_offset END
+             RETURNING next_offset, epoch, requests_offset",
         )
         .bind(&self.group)
         .bind(&self.topic)
@@ -102,6 +110,7 @@ impl AuditLog {
         .await?;
         let committed: i64 = row.get(0);
         let epoch: i64 = row.get(1);
+        let requests_offset: i64 = row.get(2);
         let snap = sqlx::query(
             "SELECT snapshot_offset, stream_time FROM partition_snapshots
              WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
@@ -157,6 +166,7 @@ impl AuditLog {
             committed_offset: (committed >= 0).then_some(committed),
             epoch,
             pools,
+            requests_offset,
         })
     }
 
@@ -181,35 +191,51 @@ impl AuditLog {
             .filter(|(p, _, _)| Retention::keeps(cutoff, p.stream_time))
             .collect();
         let expired = (b.transitions.len() - transitions.len()) + (b.pool_events.len() - pool_events.len());
+        let counted: Vec<&Counted> = b.partitions.iter().filter_map(|p| p.requests.as_ref()).collect();
+        let mut minutes: Vec<Micros> = counted
+            .iter()
+            .flat_map(|c| c.rollups.iter().map(|r| r.minute))
+            .filter(|m| Retention::keeps(cutoff, *m))
+            .collect();
+        minutes.dedup();
         let times = transitions.iter().map(|(h, _, _)| h.stream_time);
         self.months
             .ensure(
                 &self.pool,
-                times.chain(pool_events.iter().map(|(p, _, _)| p.stream_time)),
+                times
+                    .chain(pool_events.iter().map(|(p, _, _)| p.stream_time))
+                    .chain(minutes.iter().copied()),
             )
             .await?;
         let mut tx = self.pool.begin().await?;
         t.begin = lap.next();
         // One statement for every partition of the batch; a partition whose epoch moved on
         // (another processor claimed it) is not updated, and the batch is refused.
-        let updated: Vec<i32> = sqlx::query_scalar(
-            "UPDATE consumer_offsets c SET next_offset = GREATEST(c.next_offset, u.next_offset)
-             FROM UNNEST($3::int4[], $4::int8[], $5::int8[]) AS u(partition, next_offset, epoch)
+        // The counted offset moves with the next offset; `old` is the row as it was, so that
+        // counts a committed batch already added (a retried write) are not added again.
+        let updated: Vec<(i32, i64)> = sqlx::query_as(
+            "UPDATE consumer_offsets c SET next_offset = GREATEST(c.next_offset, u.next_offset),
+                 requests_offset = GREATEST(c.requests_offset, u.counted_to)
+             FROM UNNEST($3::int4[], $4::int8[], $5::int8[], $6::int8[]) AS u(partition, next_offset, epoch, counted_to),
+                  consumer_offsets old
              WHERE c.consumer_group = $1 AND c.topic = $2 AND c.partition = u.partition AND c.epoch = u.epoch
-             RETURNING c.partition",
+               AND old.consumer_group = c.consumer_group AND old.topic = c.topic AND old.partition = c.partition
+             RETURNING c.partition, old.requests_offset",
         )
         .bind(&self.group)
         .bind(&self.topic)
         .bind(column(&b.partitions, |p| p.partition))
         .bind(column(&b.partitions, |p| p.next_offset))
         .bind(column(&b.partitions, |p| p.epoch))
+        .bind(column(&b.partitions, |p| p.requests.as_ref().map_or(-1, |c| c.to)))
         .fetch_all(&mut *tx)
         .await?;
+        let counted_before: std::collections::HashMap<i32, i64> = updated.iter().copied().collect();
         let fenced: Vec<i32> = b
             .partitions
             .iter()
             .map(|p| p.partition)
-            .filter(|p| !updated.contains(p))
+            .filter(|p| !counted_before.contains_key(p))
             .collect();
         if !fenced.is_empty() {
             tx.rollback().await?;
@@ -251,6 +277,20 @@ impl AuditLog {
             }
         }
         t.snapshots = lap.next();
+        let rollups: Vec<&Rollup> = b
+            .partitions
+            .iter()
+            .filter_map(|p| p.requests.as_ref().map(|c| (p.partition, c)))
+            .filter(|(p, c)| counted_before.get(p).is_some_and(|before| *before < c.to))
+            .flat_map(|(_, c)| c.rollups.iter())
+            .filter(|r| Retention::keeps(cutoff, r.minute))
+            .collect();
+        if !rollups.is_empty() {
+            write_rollups(&mut tx, &rollups)
+                .await
+                .map_err(|e| self.month_missing(e))?;
+        }
+        t.requests = lap.next();
         tx.commit().await?;
         t.commit = lap.next();
         Ok(Written {
@@ -365,6 +405,48 @@ async fn insert_transitions(
     .bind(column(rows, |(_, _, o)| *o))
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// An hour in µs.
+pub const HOUR_US: Micros = 3_600_000_000;
+
+/// The calls counted by minute, added to the minute and hour rows they fall in. Rows of one key
+/// are summed first (one upsert may not touch a row twice, and a pool read from two partitions
+/// gives one endpoint's minute twice).
+async fn write_rollups(tx: &mut Transaction<'_, Postgres>, rows: &[&Rollup]) -> Result<(), sqlx::Error> {
+    let mut minutes: std::collections::BTreeMap<(&str, &str, Micros), Requests> = Default::default();
+    let mut hours: std::collections::BTreeMap<(&str, &str, Micros), Requests> = Default::default();
+    for r in rows {
+        let (p, e) = (r.pool.as_str(), r.endpoint.as_str());
+        minutes.entry((p, e, r.minute)).or_default().merge(&r.requests);
+        let hour = r.minute.div_euclid(HOUR_US) * HOUR_US;
+        hours.entry((p, e, hour)).or_default().merge(&r.requests);
+    }
+    for (table, at, sums) in [
+        ("request_rollups", "minute", &minutes),
+        ("request_rollups_hourly", "hour", &hours),
+    ] {
+        let rows: Vec<(&(&str, &str, Micros), &Requests)> = sums.iter().collect();
+        sqlx::query(&format!(
+            "INSERT INTO {table} (pool, endpoint, {at}, succeeded, failed, rate_limited, neutral)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
+             ON CONFLICT (pool, endpoint, {at}) DO UPDATE SET
+                 succeeded = {table}.succeeded + excluded.succeeded,
+                 failed = {table}.failed + excluded.failed,
+                 rate_limited = {table}.rate_limited + excluded.rate_limited,
+                 neutral = {table}.neutral + excluded.neutral"
+        ))
+        .bind(column(&rows, |(k, _)| k.0))
+        .bind(column(&rows, |(k, _)| k.1))
+        .bind(column(&rows, |(k, _)| timestamp(k.2)))
+        .bind(column(&rows, |(_, r)| r.succeeded))
+        .bind(column(&rows, |(_, r)| r.failed))
+        .bind(column(&rows, |(_, r)| r.rate_limited))
+        .bind(column(&rows, |(_, r)| r.neutral))
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 

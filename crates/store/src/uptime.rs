@@ -5,8 +5,8 @@
 use crate::{timestamp, StoreError};
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
-use vitals_contracts::{Evidence, HealthState, Micros};
-use vitals_uptime::{Change, History, PoolFlags};
+use vitals_contracts::{Evidence, HealthState, Micros, Requests};
+use vitals_uptime::{Change, History, PoolFlags, Range};
 
 fn state(s: &str) -> Result<HealthState, StoreError> {
     HealthState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
@@ -73,6 +73,7 @@ pub async fn histories(
         if out.last().is_none_or(|h| h.endpoint != name) {
             let seen: DateTime<Utc> = r.try_get(1)?;
             out.push(History {
+                requests: Vec::new(),
                 endpoint: name,
                 seen: seen.timestamp_micros(),
                 changes: Vec::new(),
@@ -93,6 +94,74 @@ pub async fn histories(
         });
     }
     Ok(out)
+}
+
+/// Add each endpoint's calls in the range to its history: the minutes that start in `[from,
+/// to)`, summed by the range's bucket in Postgres (one row per endpoint and bucket). Whole hours
+/// are read from the hourly rollups and only the minutes at the edges from the minute rollups,
+/// so a month costs hundreds of rows per endpoint, not tens of thousands.
+pub async fn with_requests(
+    db: &PgPool,
+    pool: &str,
+    endpoint: Option<&str>,
+    range: &Range,
+    histories: &mut [History],
+) -> Result<(), StoreError> {
+    const HOUR: Micros = crate::audit::HOUR_US;
+    if histories.is_empty() || range.from >= range.to {
+        return Ok(());
+    }
+    // Hours that lie wholly inside the range, and the minutes around them.
+    let first_hour = (range.from + HOUR - 1).div_euclid(HOUR) * HOUR;
+    let last_hour = range.to.div_euclid(HOUR) * HOUR;
+    let (hours, edges) = if first_hour < last_hour {
+        ((first_hour, last_hour), [(range.from, first_hour), (last_hour, range.to)])
+    } else {
+        ((0, 0), [(range.from, range.to), (0, 0)])
+    };
+    let rows: Vec<(String, DateTime<Utc>, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT endpoint,
+                CASE WHEN $9::int8 IS NULL THEN $3
+                     ELSE GREATEST($3, date_bin(make_interval(secs => $9::int8 / 1e6), at, TIMESTAMPTZ 'epoch')) END,
+                sum(succeeded)::int8, sum(failed)::int8, sum(rate_limited)::int8, sum(neutral)::int8
+         FROM (SELECT endpoint, minute AS at, succeeded, failed, rate_limited, neutral FROM request_rollups
+               WHERE pool = $1 AND ($2::text IS NULL OR endpoint = $2)
+                 AND ((minute >= $3 AND minute < $4) OR (minute >= $5 AND minute < $6))
+               UNION ALL
+               SELECT endpoint, hour, succeeded, failed, rate_limited, neutral FROM request_rollups_hourly
+               WHERE pool = $1 AND ($2::text IS NULL OR endpoint = $2) AND hour >= $7 AND hour < $8) x
+         GROUP BY 1, 2",
+    )
+    .bind(pool)
+    .bind(endpoint)
+    .bind(timestamp(edges[0].0))
+    .bind(timestamp(edges[0].1))
+    .bind(timestamp(edges[1].0))
+    .bind(timestamp(edges[1].1))
+    .bind(timestamp(hours.0))
+    .bind(timestamp(hours.1))
+    .bind(range.bucket.filter(|w| *w > 0))
+    .fetch_all(db)
+    .await?;
+    let index: std::collections::HashMap<String, usize> = histories
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.endpoint.clone(), i))
+        .collect();
+    for (name, at, succeeded, failed, rate_limited, neutral) in rows {
+        if let Some(i) = index.get(&name) {
+            histories[*i].requests.push((
+                at.timestamp_micros(),
+                Requests {
+                    succeeded,
+                    failed,
+                    rate_limited,
+                    neutral,
+                },
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The pool's panic and correlated-outage flags at `from` and each decision before `to`.

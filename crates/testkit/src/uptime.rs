@@ -60,8 +60,9 @@ pub fn evidence_json() -> serde_json::Value {
 /// API, dashboard and CLI tests so that all three show the same figures: pool `up` over
 /// `[t0, t0 + 24 h)` — `a` out since before the range (an incident that started 20 min before
 /// it), `b` ejected for 10 s at 05:00, `c` in maintenance 02:00–03:00, `d` first seen at 12:00;
-/// the pool in panic for those 10 s.
+/// the pool in panic for those 10 s; the calls of [`UPTIME_REQUESTS`].
 pub async fn seed_uptime(db: &PgPool, t0: i64) {
+    seed_requests(db, t0).await;
     const MIN: i64 = 60_000_000;
     const H: i64 = 60 * MIN;
     for (ep, state, seen) in [
@@ -134,6 +135,64 @@ pub async fn seed_uptime(db: &PgPool, t0: i64) {
         .execute(db)
         .await
         .unwrap();
+    }
+}
+
+/// Calls counted for an endpoint in the minute starting at `minute_us`, written as the processor
+/// writes them: into the minute rollups and added to the hour's.
+pub async fn insert_requests(db: &PgPool, pool: &str, endpoint: &str, minute_us: i64, r: vitals_contracts::Requests) {
+    create_month(db, minute_us).await;
+    let hour_us = minute_us.div_euclid(3_600_000_000) * 3_600_000_000;
+    for (table, at, t) in [
+        ("request_rollups", "minute", minute_us),
+        ("request_rollups_hourly", "hour", hour_us),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO {table} (pool, endpoint, {at}, succeeded, failed, rate_limited, neutral)
+             VALUES ($1, $2, to_timestamp($3::double precision / 1e6), $4, $5, $6, $7)
+             ON CONFLICT (pool, endpoint, {at}) DO UPDATE SET succeeded = {table}.succeeded + excluded.succeeded,
+               failed = {table}.failed + excluded.failed, rate_limited = {table}.rate_limited + excluded.rate_limited,
+               neutral = {table}.neutral + excluded.neutral"
+        ))
+        .bind(pool)
+        .bind(endpoint)
+        .bind(t)
+        .bind(r.succeeded)
+        .bind(r.failed)
+        .bind(r.rate_limited)
+        .bind(r.neutral)
+        .execute(db)
+        .await
+        .unwrap();
+    }
+}
+
+/// The fixture's calls (pool `up`), as (endpoint, minute after `t0`, succeeded, failed, rate
+/// limited, neutral). Over `[t0, t0 + 24 h)`: a 70 of 120 succeeded (and 7 neutral), b 40 of 60,
+/// c 30 of 60, d 100 of 100 — the pool 240 of 340 (70.588 %). a's row 5 minutes before `t0` is
+/// outside that range. Over `[t0 + 4 h 30 min, t0 + 6 h 30 min)`, a range with one whole hour
+/// and two half hours: a 50 of 50, b 40 of 60 (25 of 45 in the hour from 05:00, 15 of 15 after
+/// 06:00).
+pub const UPTIME_REQUESTS: &[(&str, i64, i64, i64, i64, i64)] = &[
+    ("a", -5, 0, 99, 0, 0),
+    ("a", 10, 20, 50, 0, 0),
+    ("a", 5 * 60 + 30, 50, 0, 0, 7),
+    ("b", 5 * 60, 25, 10, 10, 0),
+    ("b", 6 * 60 + 1, 15, 0, 0, 0),
+    ("c", 2 * 60 + 30, 30, 30, 0, 0),
+    ("d", 13 * 60, 100, 0, 0, 0),
+];
+
+/// Write [`UPTIME_REQUESTS`] for the fixture at `t0`.
+pub async fn seed_requests(db: &PgPool, t0: i64) {
+    for (ep, minute, succeeded, failed, rate_limited, neutral) in UPTIME_REQUESTS {
+        let r = vitals_contracts::Requests {
+            succeeded: *succeeded,
+            failed: *failed,
+            rate_limited: *rate_limited,
+            neutral: *neutral,
+        };
+        insert_requests(db, "up", ep, t0 + minute * 60_000_000, r).await;
     }
 }
 

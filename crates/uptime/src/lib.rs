@@ -24,13 +24,18 @@
 //!   known endpoint that is not in maintenance in rotation (`all_availability`), over the
 //!   seconds with at least one endpoint known; seconds in panic mode and with a correlated outage
 //!   suspected, from the pool's decisions.
-//! * **Traffic-weighted availability** (an estimate): each endpoint's availability weighted by
-//!   the calls its transitions' evidence counted in the range. Evidence is recorded only at
-//!   transitions, so this follows the traffic an endpoint had when something changed.
+//! * **Request availability**: the share of calls that succeeded — succeeded / (succeeded +
+//!   failed + rate limited), 4xx and cancelled calls left out — from the processor's counts of
+//!   every call and summary it read, by endpoint and minute of stream time. A range (or bucket)
+//!   holds the minutes that start in it. For the pool, every endpoint's calls summed.
+//! * **Traffic-weighted availability**: each endpoint's availability weighted by the calls it
+//!   served in the range (every call counted). Over history without counts (before the
+//!   processor counted calls) it is an estimate: weighted by the calls its transitions' evidence
+//!   counted in the range, which follows the traffic an endpoint had when something changed.
 
 use std::collections::BTreeMap;
 use vitals_contracts::view::{self, EndpointUptime, PoolFigures, UptimeBucket};
-use vitals_contracts::{HealthState, Micros};
+use vitals_contracts::{HealthState, Micros, Requests};
 
 const SEC: f64 = 1_000_000.0;
 
@@ -75,11 +80,14 @@ pub struct Change {
 /// from far enough back — the last one before the range's start at least and, when that left it
 /// anything but healthy, back to its last departure from healthy (so that an incident under way
 /// at the start is seen whole).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct History {
     pub endpoint: String,
     pub seen: Micros,
     pub changes: Vec<Change>,
+    /// Its calls by what they got, each at the start of the minutes they were counted in (or of
+    /// a span of whole minutes summed, which lies inside one bucket of the range); in any order.
+    pub requests: Vec<(Micros, Requests)>,
 }
 
 /// A range `[from, to)` in µs, and optional buckets of `bucket` µs aligned to the epoch (UTC hours
@@ -117,6 +125,17 @@ struct Segment {
 }
 
 impl History {
+    /// Its calls counted in minutes that start in `[from, to)`.
+    pub fn requests_in(&self, from: Micros, to: Micros) -> Requests {
+        let mut r = Requests::default();
+        for (at, n) in &self.requests {
+            if *at >= from && *at < to {
+                r.merge(n);
+            }
+        }
+        r
+    }
+
     /// The state (and weight) before the first change: what that change left.
     fn initial(&self) -> (HealthState, f64) {
         match self.changes.first() {
@@ -269,7 +288,7 @@ impl Tally {
         (base > 0).then(|| self.available as f64 / base as f64)
     }
 
-    fn bucket(&self, (start, end): (Micros, Micros)) -> UptimeBucket {
+    fn bucket(&self, (start, end): (Micros, Micros), requests: Requests) -> UptimeBucket {
         UptimeBucket {
             start: view::time(start),
             end: view::time(end),
@@ -277,6 +296,8 @@ impl Tally {
             available_s: self.available as f64 / SEC,
             maintenance_s: self.maintenance as f64 / SEC,
             availability: self.availability(),
+            requests,
+            request_availability: requests.availability(),
         }
     }
 }
@@ -314,6 +335,7 @@ pub fn endpoint(h: &History, range: &Range) -> EndpointUptime {
         .filter(|c| c.at >= range.from && c.at < range.to)
         .map(|c| c.calls.max(0))
         .sum();
+    let requests = h.requests_in(range.from, range.to);
     EndpointUptime {
         endpoint: h.endpoint.clone(),
         observed_s: total.observed as f64 / SEC,
@@ -323,7 +345,13 @@ pub fn endpoint(h: &History, range: &Range) -> EndpointUptime {
         state_s,
         incidents: h.incidents(range).len(),
         calls,
-        buckets: tallies.iter().zip(&buckets).map(|(t, b)| t.bucket(*b)).collect(),
+        requests,
+        request_availability: requests.availability(),
+        buckets: tallies
+            .iter()
+            .zip(&buckets)
+            .map(|(t, b)| t.bucket(*b, h.requests_in(b.0, b.1)))
+            .collect(),
     }
 }
 
@@ -437,15 +465,30 @@ fn pool_of(histories: &[History], endpoints: &[EndpointUptime], flags: &PoolFlag
         state = (*p, *o);
     }
     flag_time(state, t, range.to);
+    let mut requests = Requests::default();
+    for e in endpoints {
+        requests.merge(&e.requests);
+    }
+    // Weighted by every call each endpoint served where the range has counts; by the calls in
+    // its evidence (the estimate) where it has none at all.
+    let counted = requests.total() > 0;
     let weighted = {
         let (mut num, mut den) = (0.0, 0.0);
         for e in endpoints {
-            if let (Some(a), true) = (e.availability, e.calls > 0) {
-                num += a * e.calls as f64;
-                den += e.calls as f64;
+            let w = if counted { e.requests.total() } else { e.calls };
+            if let (Some(a), true) = (e.availability, w > 0) {
+                num += a * w as f64;
+                den += w as f64;
             }
         }
         (den > 0.0).then(|| num / den)
+    };
+    let bucket_requests = |b: &(Micros, Micros)| {
+        let mut r = Requests::default();
+        for h in histories {
+            r.merge(&h.requests_in(b.0, b.1));
+        }
+        r
     };
     PoolFigures {
         observed_s: any.observed as f64 / SEC,
@@ -457,8 +500,14 @@ fn pool_of(histories: &[History], endpoints: &[EndpointUptime], flags: &PoolFlag
         availability: any.availability(),
         all_availability: all.availability(),
         traffic_weighted_availability: weighted,
+        requests,
+        request_availability: requests.availability(),
         incidents,
-        buckets: any_b.iter().zip(&buckets).map(|(t, b)| t.bucket(*b)).collect(),
+        buckets: any_b
+            .iter()
+            .zip(&buckets)
+            .map(|(t, b)| t.bucket(*b, bucket_requests(b)))
+            .collect(),
     }
 }
 

@@ -26,6 +26,7 @@ fn change(at: Micros, seq: i64, from: S, to: S, weight: f64, code: &str) -> Chan
 /// An endpoint known since an hour before the range, with `changes`.
 fn seen_an_hour_before(endpoint: &str, changes: Vec<Change>) -> History {
     History {
+        requests: Vec::new(),
         endpoint: endpoint.into(),
         seen: T0 - HOUR,
         changes,
@@ -43,6 +44,7 @@ fn hour() -> Range {
 /// Out since before the range: the incident is listed whole, with its true start and first sign.
 fn mid_incident() -> History {
     History {
+        requests: Vec::new(),
         endpoint: "a".into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -103,6 +105,7 @@ fn a_range_that_starts_mid_incident_counts_from_its_start_and_lists_the_incident
 #[test]
 fn an_endpoint_first_seen_inside_the_range_counts_from_then() {
     let h = History {
+        requests: Vec::new(),
         endpoint: "new".into(),
         seen: T0 + 30 * MIN,
         changes: vec![],
@@ -113,6 +116,7 @@ fn an_endpoint_first_seen_inside_the_range_counts_from_then() {
         (1800.0, 1800.0, Some(1.0))
     );
     let never = History {
+        requests: Vec::new(),
         seen: T0 + 2 * HOUR,
         ..h
     };
@@ -123,6 +127,7 @@ fn an_endpoint_first_seen_inside_the_range_counts_from_then() {
 #[test]
 fn maintenance_is_left_out_of_availability_and_is_no_incident() {
     let h = History {
+        requests: Vec::new(),
         endpoint: "m".into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -139,6 +144,7 @@ fn maintenance_is_left_out_of_availability_and_is_no_incident() {
 #[test]
 fn degraded_at_weight_zero_is_out_and_at_a_quarter_is_in_rotation() {
     let h = History {
+        requests: Vec::new(),
         endpoint: "d".into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -162,6 +168,7 @@ fn degraded_at_weight_zero_is_out_and_at_a_quarter_is_in_rotation() {
 #[test]
 fn a_pool_counts_time_with_one_and_with_every_endpoint_in_rotation_and_its_panic() {
     let out = |name: &str, from: Micros, to: Micros| History {
+        requests: Vec::new(),
         endpoint: name.into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -184,6 +191,7 @@ fn a_pool_counts_time_with_one_and_with_every_endpoint_in_rotation_and_its_panic
     assert!((w - 3000.0 / 3600.0).abs() < 1e-12, "both weigh the same: {w}");
     // Both in maintenance for a while: neither available nor out.
     let maint = |name: &str| History {
+        requests: Vec::new(),
         endpoint: name.into(),
         seen: T0 - HOUR,
         changes: vec![change(
@@ -204,6 +212,7 @@ fn a_pool_counts_time_with_one_and_with_every_endpoint_in_rotation_and_its_panic
 #[test]
 fn the_figures_a_page_is_chosen_from_are_the_whole_answers_less_the_endpoints_buckets() {
     let out = |name: &str, from: Micros, to: Micros| History {
+        requests: Vec::new(),
         endpoint: name.into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -232,6 +241,7 @@ fn the_figures_a_page_is_chosen_from_are_the_whole_answers_less_the_endpoints_bu
 #[test]
 fn buckets_align_to_hours_and_clip_to_the_range() {
     let h = History {
+        requests: Vec::new(),
         endpoint: "b".into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -251,6 +261,7 @@ fn buckets_align_to_hours_and_clip_to_the_range() {
     assert_eq!(e.buckets[1].start.timestamp_micros(), T0 + HOUR);
     // A 10-second ejection inside a day is still 10 seconds of its hour.
     let blip = History {
+        requests: Vec::new(),
         endpoint: "blip".into(),
         seen: T0 - HOUR,
         changes: vec![
@@ -279,6 +290,7 @@ fn buckets_align_to_hours_and_clip_to_the_range() {
 #[test]
 fn recovering_endpoints_that_fail_again_start_a_new_incident_with_no_time_to_out() {
     let h = History {
+        requests: Vec::new(),
         endpoint: "f".into(),
         seen: T0 - HOUR,
         changes: vec![

@@ -191,6 +191,7 @@ impl Book {
         let key = (h.pool.clone(), h.endpoint.clone());
         let r = self.recent.entry(key.clone()).or_insert_with(|| Recent {
             history: vitals_uptime::History {
+                requests: Vec::new(),
                 endpoint: h.endpoint.clone(),
                 // Known to the alerter: counted over the whole window.
                 seen: Micros::MIN / 4,

@@ -144,7 +144,8 @@ pub async fn uptime(
         return Err(ApiError::NotFound(format!("pool {pool:?}")));
     }
     let r = Range { from, to, bucket };
-    let histories = store::histories(&app.db, &pool, None, from, to).await?;
+    let mut histories = store::histories(&app.db, &pool, None, from, to).await?;
+    store::with_requests(&app.db, &pool, None, &r, &mut histories).await?;
     let flags = store::pool_flags(&app.db, &pool, from, to).await?;
     // Every endpoint's figures without buckets (to order them and for the pool's), then the
     // buckets of the page's endpoints only: a 1,000-endpoint pool over 31 days hourly was a

@@ -58,7 +58,40 @@ async fn uptime_and_incidents_of_a_known_log_are_exact() {
     assert_eq!(p["all_available_s"], 86_400.0 - 610.0);
     assert_eq!((p["panic_s"].as_f64(), p["incidents"].as_i64()), (Some(10.0), Some(2)));
     assert_eq!(p["buckets"].as_array().unwrap().len(), 24);
+    // Request availability, from the fixture's calls: the minutes that start in the range.
+    let req = |v: &serde_json::Value| {
+        let r = &v["requests"];
+        let n = |k: &str| r[k].as_i64().unwrap();
+        (n("succeeded"), n("failed") + n("rate_limited") + n("succeeded"), n("neutral"))
+    };
+    assert_eq!(req(by["a"]), (70, 120, 7), "a's row before the range left out");
+    assert_eq!((req(by["b"]), req(by["c"]), req(by["d"])), ((40, 60, 0), (30, 60, 0), (100, 100, 0)));
+    assert_eq!(req(p), (240, 340, 7));
+    assert_eq!(p["request_availability"].as_f64(), Some(240.0 / 340.0));
+    assert_eq!(by["c"]["request_availability"].as_f64(), Some(0.5));
+    assert_eq!(req(&by["b"]["buckets"][5]), (25, 45, 0), "b's calls in the hour from 05:00");
+    assert_eq!(req(&p["buckets"][0]), (20, 70, 0));
+    assert!(p["buckets"][1]["request_availability"].is_null(), "no calls: no share");
+    // Weighted by the calls each served (a 127, b, c 60, d 100), not by evidence.
+    let weighted = (f("a", "availability") * 127.0 + f("b", "availability") * 60.0 + 60.0 + 100.0) / 347.0;
+    assert!((p["traffic_weighted_availability"].as_f64().unwrap() - weighted).abs() < 1e-12, "{p}");
+    // A range with one whole hour between two half hours: the hour from the hourly rollups,
+    // the halves from the minutes, in buckets clipped to the range.
+    let odd = format!("from={}&to={}", iso(t0 + 4 * H + H / 2), iso(t0 + 6 * H + H / 2));
+    let (s, o) = api.get(&format!("/v1/pools/up/uptime?{odd}&bucket=hour")).await;
+    assert_eq!(s, 200, "{o}");
+    let ob: std::collections::HashMap<&str, &serde_json::Value> = o["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["endpoint"].as_str().unwrap(), e))
+        .collect();
+    assert_eq!((req(ob["a"]), req(ob["b"])), ((50, 50, 7), (40, 60, 0)));
+    let b_buckets: Vec<_> = ob["b"]["buckets"].as_array().unwrap().iter().map(req).collect();
+    assert_eq!(b_buckets, vec![(0, 0, 0), (25, 45, 0), (15, 15, 0)]);
+    assert_eq!(req(&o["pool_figures"]), (90, 110, 7));
     let (_, daily) = api.get(&format!("/v1/pools/up/uptime?{range}&bucket=day")).await;
+    assert_eq!(req(&daily["pool_figures"]["buckets"][0]), (240, 340, 7));
     assert_eq!(daily["pool_figures"]["buckets"].as_array().unwrap().len(), 1);
     assert!(u["next_cursor"].is_null(), "every endpoint on one page: {u}");
 

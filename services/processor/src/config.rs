@@ -39,6 +39,11 @@ pub struct Config {
     /// recovery replays at most this many records.
     #[arg(long, env = "VITALS_SNAPSHOT_EVERY", default_value_t = 50_000)]
     pub snapshot_every: u64,
+    /// The calls counted for request availability are written (with the batch of the moment, in
+    /// its transaction) at most this often and with every snapshot: how far the per-minute
+    /// counts may lag the audit log. Shorter costs Postgres more upserts.
+    #[arg(long, env = "VITALS_REQUESTS_FLUSH_MS", default_value_t = 5_000)]
+    pub requests_flush_ms: u64,
     /// Period of the tick records this processor writes to every signals partition (0: none).
     /// Ticks move stream time so that silence is detected.
     #[arg(long, env = "VITALS_TICK_INTERVAL_MS", default_value_t = 1_000)]
@@ -82,6 +87,7 @@ impl std::fmt::Debug for Config {
             .field("batch_max_records", &self.batch_max_records)
             .field("batch_max_ms", &self.batch_max_ms)
             .field("snapshot_every", &self.snapshot_every)
+            .field("requests_flush_ms", &self.requests_flush_ms)
             .field("tick_interval_ms", &self.tick_interval_ms)
             .field("view_tick_interval_ms", &self.view_tick_interval_ms)
             .field("http_addr", &self.http_addr)
@@ -106,6 +112,9 @@ impl Config {
         if self.snapshot_every == 0 {
             return err("--snapshot-every must be at least 1".into());
         }
+        if self.requests_flush_ms == 0 {
+            return err("--requests-flush-ms must be at least 1".into());
+        }
         if self.audit_retention_days < 0 {
             return err("--audit-retention-days must be at least 0".into());
         }
@@ -123,6 +132,10 @@ impl Config {
 
     pub fn batch_max_wait(&self) -> Duration {
         Duration::from_millis(self.batch_max_ms)
+    }
+
+    pub fn requests_flush(&self) -> Duration {
+        Duration::from_millis(self.requests_flush_ms)
     }
 }
 

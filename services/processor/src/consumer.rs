@@ -65,6 +65,9 @@ pub struct Processor {
     /// (added to the metrics once per batch, not once per record).
     step_time: Duration,
     recv_time: Duration,
+    /// When the counted calls were last written; they go with the next batch once
+    /// `requests_flush_ms` has passed (and with every snapshot).
+    requests_flushed: Instant,
 }
 
 impl Processor {
@@ -118,6 +121,7 @@ impl Processor {
             progress,
             step_time: Duration::ZERO,
             recv_time: Duration::ZERO,
+            requests_flushed: Instant::now(),
         })
     }
 
@@ -143,6 +147,10 @@ impl Processor {
         // Armed when a batch takes its first record; polled only while a batch waits.
         let linger = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(linger);
+        // Due when the counted calls should be written: polled only while no batch is filling
+        // (a batch takes them when it goes) and some partition has counted calls to write.
+        let counts_due = tokio::time::sleep(self.cfg.requests_flush());
+        tokio::pin!(counts_due);
         loop {
             let waiting = Instant::now();
             tokio::select! {
@@ -158,6 +166,11 @@ impl Processor {
                 // slower the database, the fewer and larger the transactions.
                 _ = &mut linger, if self.batch_started.is_some() && self.in_flight.is_none() => {
                     self.flush(false).await?;
+                }
+                _ = &mut counts_due, if self.batch_started.is_none() && self.in_flight.is_none() && self.counting() => {
+                    self.flush(false).await?;
+                    let due = self.requests_flushed + self.cfg.requests_flush();
+                    counts_due.as_mut().reset(tokio::time::Instant::from_std(due));
                 }
                 feed = self.feed.recv() => {
                     self.recv_time += waiting.elapsed();
@@ -219,6 +232,11 @@ impl Processor {
         Ok(())
     }
 
+    /// Some partition has counted calls (or read records) that are not written yet.
+    fn counting(&self) -> bool {
+        self.partitions.values().any(Partition::counting)
+    }
+
     fn batch_full(&self) -> bool {
         self.batch.records as usize >= self.cfg.batch_max_records
     }
@@ -240,10 +258,14 @@ impl Processor {
         let mut batch = std::mem::take(&mut self.batch);
         let every = self.cfg.snapshot_every;
         let closing = Instant::now();
+        let counts = snapshot_all || self.requests_flushed.elapsed() >= self.cfg.requests_flush();
+        if counts {
+            self.requests_flushed = closing;
+        }
         batch.partitions.extend(
             self.partitions
                 .values_mut()
-                .filter_map(|ps| ps.write(every, snapshot_all)),
+                .filter_map(|ps| ps.write(every, snapshot_all, counts)),
         );
         let waiting = Instant::now();
         self.finish_write().await?;
@@ -317,7 +339,8 @@ fn apply_rebalance(events: Vec<Rebalanced>, partitions: &mut HashMap<i32, Partit
                 for (p, r) in rs {
                     partitions.insert(
                         p,
-                        Partition::new(p, r.epoch, r.engine, r.start_offset, r.committed_offset),
+                        Partition::new(p, r.epoch, r.engine, r.start_offset, r.committed_offset)
+                            .counting_from(r.requests_offset),
                     );
                 }
             }

@@ -10,7 +10,9 @@
 //! After each case: no processor stopped by itself; the audit log (transitions and pool events)
 //! and the endpoint-state projection are what `vitals simulate` (the oracle, run per partition
 //! on the same records) decides, less what retention does not keep; every change reached the
-//! changes topic, each seq of an endpoint with one content only.
+//! changes topic, each seq of an endpoint with one content only; the request rollups (by minute
+//! and by hour) hold every call of the records once, by what it got — counted by one
+//! uninterrupted record step over each partition — less the months retention does not keep.
 //!
 //! The test command runs the kept regressions and `VITALS_GEN_CASES` (default 2) new seeds;
 //! `VITALS_GEN_SEED=N` replays one seed; `VITALS_GEN_SECS=3600 VITALS_GEN_CASES=1000000` runs
@@ -486,6 +488,7 @@ impl Fleet<'_> {
         let batch = self.rng.pick(&["1", "3", "50", "1000", "20000"]).to_string();
         let linger = self.rng.pick(&["1", "5", "50"]).to_string();
         let snapshot = self.rng.pick(&["1", "7", "300", "50000"]).to_string();
+        let counts = self.rng.pick(&["1", "200", "5000"]).to_string();
         let retention = self.retention_days.to_string();
         let args = [
             "--batch-max-records",
@@ -494,6 +497,8 @@ impl Fleet<'_> {
             &linger,
             "--snapshot-every",
             &snapshot,
+            "--requests-flush-ms",
+            &counts,
             "--audit-retention-days",
             &retention,
             "--audit-retention-every-secs",
@@ -555,6 +560,80 @@ async fn wait_consumed(db: &Db, fleet: &mut Fleet<'_>, n: i64) {
         assert!(Instant::now() < end, "{at} of {n} records consumed in {LONG:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn wait_counted(db: &Db, fleet: &mut Fleet<'_>, n: i64) {
+    let end = Instant::now() + LONG;
+    loop {
+        fleet.alive();
+        let at = db.counted(fleet.name).await;
+        if at >= n {
+            return;
+        }
+        assert!(Instant::now() < end, "{at} of {n} records counted in {LONG:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+type Counts = BTreeMap<(String, String, i64), Requests>;
+
+/// The calls of a case's records, by pool, endpoint and minute (`unit`: µs a minute or an hour),
+/// from one uninterrupted record step over each partition (a call the engine refuses is not
+/// counted), less the months retention does not keep.
+fn requests_of(case: &Case, cutoff: Option<chrono::DateTime<chrono::Utc>>, unit: i64) -> Counts {
+    let topics = vitals_pipeline::Topics {
+        signals: "s".into(),
+        changes: "c".into(),
+        state: "st".into(),
+        dlq: "d".into(),
+    };
+    let mut out = Counts::new();
+    for p in 0..case.partitions {
+        let engine = vitals_engine::Engine::new(Policy::default());
+        let mut part = vitals_pipeline::Partition::new(p, 1, engine, None, None);
+        let mut batch = vitals_pipeline::BatchWrite::default();
+        let recs = case.phases.iter().flat_map(|(r, _)| r).filter(|r| r.partition == p);
+        for (offset, r) in recs.enumerate() {
+            let bytes = encode_signal(&r.signal).unwrap();
+            part.step(
+                offset as i64,
+                Some(r.ts_ms),
+                r.key.as_deref().map(str::as_bytes),
+                Some(&bytes),
+                &topics,
+                &mut batch,
+            );
+        }
+        let counted = part.write(u64::MAX, false, true).and_then(|w| w.requests);
+        for r in counted.into_iter().flat_map(|c| c.rollups) {
+            if Retention::keeps(cutoff, r.minute) {
+                let at = r.minute.div_euclid(unit) * unit;
+                out.entry((r.pool, r.endpoint, at)).or_default().merge(&r.requests);
+            }
+        }
+    }
+    out
+}
+
+async fn rollups_in(db: &Db, table: &str, at: &str) -> Counts {
+    let rows: Vec<(String, String, i64, i64, i64, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT pool, endpoint, (extract(epoch FROM {at}) * 1000000)::int8, succeeded, failed, rate_limited, neutral
+         FROM {table}"
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(p, e, at, succeeded, failed, rate_limited, neutral)| {
+            let r = Requests {
+                succeeded,
+                failed,
+                rate_limited,
+                neutral,
+            };
+            ((p, e, at), r)
+        })
+        .collect()
 }
 
 /// Run one case; what it did, for the figures.
@@ -734,6 +813,21 @@ async fn run_case(case: &Case) -> (usize, u32, u32) {
             case.seed
         );
     }
+
+    // Every call counted once: the processors counted up to the end of every partition, and the
+    // rollups hold what one uninterrupted pass counts.
+    wait_counted(&db, &mut fleet, produced).await;
+    let minutes = rollups_in(&db, "request_rollups", "minute").await;
+    let want = requests_of(case, cutoff, vitals_pipeline::MINUTE_US);
+    assert!(
+        want.values().any(|r| r.total() > 0) || case.retention_days > 0,
+        "seed {}: the case has calls",
+        case.seed
+    );
+    assert_eq!(minutes, want, "seed {}: request rollups by minute", case.seed);
+    let hours = rollups_in(&db, "request_rollups_hourly", "hour").await;
+    let want = requests_of(case, cutoff, 3_600_000_000);
+    assert_eq!(hours, want, "seed {}: request rollups by hour", case.seed);
 
     // The state projection follows every endpoint's last change (expired rows too).
     let mut last: BTreeMap<(String, String), (i64, String)> = BTreeMap::new();

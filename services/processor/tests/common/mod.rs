@@ -145,6 +145,22 @@ impl Db {
         .unwrap_or(0)
     }
 
+    /// Records whose calls the group has counted into the request rollups, over all partitions.
+    pub async fn counted(&self, group: &str) -> i64 {
+        if !self.ready().await {
+            return 0;
+        }
+        sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT sum(greatest(requests_offset, 0))::bigint FROM consumer_offsets WHERE consumer_group = $1",
+        )
+        .bind(group)
+        .fetch_one(&self.pool)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+    }
+
     pub async fn wait_consumed(&self, group: &str, n: i64, deadline: Duration) {
         wait_until(&format!("{n} records consumed by {group}"), deadline, || async {
             self.consumed(group).await >= n
