@@ -219,7 +219,11 @@ impl Partition {
                 }
             }
             rollups.sort_by(|a, b| (&a.pool, &a.endpoint, a.minute).cmp(&(&b.pool, &b.endpoint, b.minute)));
-            Counted { from, to: next, rollups }
+            Counted {
+                from,
+                to: next,
+                rollups,
+            }
         });
         Some(PartitionWrite {
             partition: self.partition,
@@ -338,7 +342,10 @@ mod tests {
         let w = p.write(1_000, false, false).unwrap();
         assert_eq!((w.partition, w.next_offset), (3, 5));
         assert!(w.snapshot.is_none());
-        assert!(p.write(1_000, false, false).is_none(), "nothing new since the last write");
+        assert!(
+            p.write(1_000, false, false).is_none(),
+            "nothing new since the last write"
+        );
         let w = p.write(1_000, true, false).unwrap();
         let s = w.snapshot.unwrap();
         let restored = Engine::from_snapshot(
@@ -490,5 +497,4 @@ mod tests {
             }
         }
     }
-
 }

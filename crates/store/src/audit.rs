@@ -7,8 +7,8 @@ use crate::{timestamp, StoreError};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
 use vitals_contracts::{EndpointState, HealthChanged, Policy, PoolHealthChanged};
-use vitals_engine::Engine;
 use vitals_contracts::{Micros, Requests};
+use vitals_engine::Engine;
 use vitals_pipeline::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot};
 
 /// Where a batch transaction spent its time, statement by statement (wall time, including the

@@ -115,7 +115,10 @@ pub async fn with_requests(
     let first_hour = (range.from + HOUR - 1).div_euclid(HOUR) * HOUR;
     let last_hour = range.to.div_euclid(HOUR) * HOUR;
     let (hours, edges) = if first_hour < last_hour {
-        ((first_hour, last_hour), [(range.from, first_hour), (last_hour, range.to)])
+        (
+            (first_hour, last_hour),
+            [(range.from, first_hour), (last_hour, range.to)],
+        )
     } else {
         ((0, 0), [(range.from, range.to), (0, 0)])
     };

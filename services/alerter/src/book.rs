@@ -214,31 +214,11 @@ impl Book {
     }
 
     fn history(&self, pool: &str, endpoint: Option<&str>) -> String {
-        let Some(api) = &self.links.api else {
-            return String::new();
-        };
-        let api = api.trim_end_matches('/');
-        match endpoint {
-            Some(e) => format!("{api}/v1/transitions?pool={pool}&endpoint={e}"),
-            None => format!("{api}/v1/transitions?pool={pool}"),
-        }
+        history(&self.links, pool, endpoint)
     }
 
     fn annotations(&self, summary: String, pool: &str, endpoint: Option<&str>) -> BTreeMap<String, String> {
-        let mut a = BTreeMap::from([("summary".to_owned(), summary)]);
-        let history = self.history(pool, endpoint);
-        if !history.is_empty() {
-            a.insert("history".into(), history);
-        }
-        if let Some(d) = &self.links.dashboard {
-            let d = d.trim_end_matches('/');
-            let url = match endpoint {
-                Some(e) => format!("{d}/#/pools/{pool}/endpoints/{e}"),
-                None => format!("{d}/#/pools/{pool}"),
-            };
-            a.insert("dashboard".into(), url);
-        }
-        a
+        annotations(&self.links, summary, pool, endpoint)
     }
 
     /// An endpoint's transition: the alerts to send now (none for a duplicate or a change that
@@ -361,6 +341,36 @@ impl Book {
         v.sort_by(|a, b| a.labels.cmp(&b.labels));
         v
     }
+}
+
+/// The API's history of an endpoint (or a pool), if the API's URL is known.
+pub fn history(links: &Links, pool: &str, endpoint: Option<&str>) -> String {
+    let Some(api) = &links.api else {
+        return String::new();
+    };
+    let api = api.trim_end_matches('/');
+    match endpoint {
+        Some(e) => format!("{api}/v1/transitions?pool={pool}&endpoint={e}"),
+        None => format!("{api}/v1/transitions?pool={pool}"),
+    }
+}
+
+/// An alert's annotations: its summary, and links to the history and the dashboard.
+pub fn annotations(links: &Links, summary: String, pool: &str, endpoint: Option<&str>) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::from([("summary".to_owned(), summary)]);
+    let history = history(links, pool, endpoint);
+    if !history.is_empty() {
+        a.insert("history".into(), history);
+    }
+    if let Some(d) = &links.dashboard {
+        let d = d.trim_end_matches('/');
+        let url = match endpoint {
+            Some(e) => format!("{d}/#/pools/{pool}/endpoints/{e}"),
+            None => format!("{d}/#/pools/{pool}"),
+        };
+        a.insert("dashboard".into(), url);
+    }
+    a
 }
 
 /// A Slack-compatible webhook body for one alert.

@@ -9,9 +9,12 @@
 //! Alertmanager that restarted learns them again). Delivery is retried with backoff, and the
 //! group's offsets advance only after delivery: at least once (Alertmanager de-duplicates).
 //! At start the alerter reads the changes topic from its beginning to rebuild what is firing,
-//! sending only what comes after its committed offsets.
+//! sending only what comes after its committed offsets. With `--success-below` (and
+//! `--api-url`), `VitalsEndpointSuccessLow` fires while too few of an endpoint's calls succeeded
+//! over `--success-window-secs`, read from the API's request availability ([`success`]).
 
 mod book;
+mod success;
 
 use anyhow::Context as _;
 use book::{slack, Alert, AvailabilityRule, Book, Links};
@@ -20,6 +23,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::time::Duration;
+use success::{Reader, SuccessBook, SuccessRule};
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::codec::peek_kind;
 use vitals_contracts::{decode, HealthChanged, PoolHealthChanged, SchemaKind, Tick};
@@ -64,6 +68,26 @@ struct Config {
     #[arg(long, env = "VITALS_ALERT_AVAILABILITY_WINDOW_SECS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(1..=31 * 86_400))]
     availability_window_secs: u64,
+    /// Fire `VitalsEndpointSuccessLow` while less than this share (e.g. 0.99) of an endpoint's
+    /// calls succeeded over the last --success-window-secs: request availability, read from the
+    /// API (needs --api-url).
+    #[arg(long, env = "VITALS_ALERT_SUCCESS_BELOW", value_parser = share)]
+    success_below: Option<f64>,
+    /// The request-availability rule's trailing window (whole minutes of the processor's counts).
+    #[arg(long, env = "VITALS_ALERT_SUCCESS_WINDOW_SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(60..=31 * 86_400))]
+    success_window_secs: u64,
+    /// Fewer calls than this in the window say nothing either way.
+    #[arg(long, env = "VITALS_ALERT_SUCCESS_MIN_CALLS", default_value_t = 20,
+          value_parser = clap::value_parser!(i64).range(1..))]
+    success_min_calls: i64,
+    /// How often the request-availability rule reads the API.
+    #[arg(long, env = "VITALS_ALERT_SUCCESS_CHECK_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    success_check_secs: u64,
+    /// A reader token for the API (when it requires one).
+    #[arg(long, env = "VITALS_API_TOKEN")]
+    api_token: Option<String>,
 }
 
 fn share(s: &str) -> Result<f64, String> {
@@ -74,6 +98,7 @@ fn share(s: &str) -> Result<f64, String> {
 }
 
 /// Where alerts go, with retries until they are taken.
+#[derive(Clone)]
 struct Sinks {
     client: reqwest::Client,
     alertmanagers: Vec<String>,
@@ -186,8 +211,49 @@ fn start(cfg: &Config) -> anyhow::Result<(StreamConsumer, HashMap<i32, i64>, Has
     Ok((consumer, delivered_to, ends))
 }
 
+/// The request-availability rule: every `every`, each pool's endpoints over the trailing window
+/// from the API; what fires or resolves is delivered, what is firing re-sent to Alertmanager. An
+/// API that cannot be read is logged and read again at the next check (nothing resolves).
+async fn check_success(mut book: SuccessBook, api: Reader, sinks: Sinks, every: Duration, cancel: CancellationToken) {
+    let mut timer = tokio::time::interval(every);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = timer.tick() => {}
+        }
+        let now = chrono::Utc::now();
+        let from = now - chrono::Duration::seconds(book.window_secs() as i64);
+        let pools = match api.pools().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the pools for the request-availability rule");
+                continue;
+            }
+        };
+        let mut send = book.keep_pools(&pools, now);
+        for pool in &pools {
+            match api.endpoints(pool, from, now).await {
+                Ok(endpoints) => send.extend(book.judge(pool, &endpoints, now)),
+                Err(e) => tracing::warn!(pool, error = %e, "cannot read a pool's request availability"),
+            }
+        }
+        if !sinks.deliver(&send, &cancel).await {
+            return;
+        }
+        let firing = book.firing();
+        if !firing.is_empty() && !sinks.to_alertmanagers(&firing, &cancel).await {
+            return;
+        }
+    }
+}
+
 async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     cfg.kafka.check().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        cfg.success_below.is_none() || cfg.api_url.is_some(),
+        "--success-below reads request availability from the API: give --api-url"
+    );
     anyhow::ensure!(
         !cfg.alertmanagers.is_empty() || cfg.webhook_url.is_some(),
         "nowhere to send alerts: give --alertmanager-url or --webhook-url"
@@ -223,6 +289,30 @@ async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             below,
             window_us: cfg.availability_window_secs as i64 * 1_000_000,
         });
+    }
+    if let (Some(below), Some(api)) = (cfg.success_below, cfg.api_url.clone()) {
+        let rule = SuccessRule {
+            below,
+            window_secs: cfg.success_window_secs,
+            min_calls: cfg.success_min_calls,
+        };
+        let reader = Reader {
+            client: sinks.client.clone(),
+            base: api,
+            token: cfg.api_token.clone(),
+        };
+        let links = Links {
+            api: cfg.api_url.clone(),
+            dashboard: cfg.dashboard_url.clone(),
+        };
+        let every = Duration::from_secs(cfg.success_check_secs);
+        tokio::spawn(check_success(
+            SuccessBook::new(rule, links),
+            reader,
+            sinks.clone(),
+            every,
+            cancel.clone(),
+        ));
     }
     tracing::info!(topic, ?delivered_to, "rebuilding what is firing from the changes topic");
     let mut caught_up = ends.is_empty();

@@ -372,3 +372,103 @@ async fn an_availability_alert_fires_below_its_threshold_and_resolves() {
     )
     .await;
 }
+
+/// With `--success-below 0.99 --success-min-calls 20`, the alerter reads request availability
+/// from a real API over a schema holding counted calls: an endpoint 40 of 100 of whose calls
+/// succeeded in the window has a firing `VitalsEndpointSuccessLow` in a real Alertmanager with
+/// its true figure, one with 5 calls (too few) and one whose calls all succeeded have none; once
+/// its calls succeed again (10,000 more) it resolves. Without `--api-url` the rule is refused at
+/// start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_success_alert_fires_from_the_apis_figures_and_resolves() {
+    let name = unique("success");
+    let topics = Topics::create(&name, 1, Stamp::LogAppendTime).await;
+    let db = vitals_testkit::migrated_schema(&name).await;
+    const MIN: i64 = 60_000_000;
+    let minute = now_us().div_euclid(MIN) * MIN - 2 * MIN;
+    for ep in ["s1", "s2", "s3"] {
+        sqlx::query(
+            "INSERT INTO endpoint_state (pool, endpoint, seq, state, weight, ramp_ms, score, failure_rate, since, reason, policy_version, first_seen)
+             VALUES ('sp/1', $1, 0, 'healthy', 1, 0, 100, 0, now(), 'r', 0, now() - interval '1 hour')",
+        )
+        .bind(ep)
+        .execute(&db)
+        .await
+        .unwrap();
+    }
+    let calls = |succeeded: i64, failed: i64| vitals_contracts::Requests {
+        succeeded,
+        failed,
+        ..Default::default()
+    };
+    use vitals_testkit::uptime::insert_requests;
+    insert_requests(&db, "sp/1", "s1", minute, calls(40, 60)).await;
+    insert_requests(&db, "sp/1", "s2", minute, calls(0, 5)).await;
+    insert_requests(&db, "sp/1", "s3", minute, calls(100, 0)).await;
+    let api_port = free_port();
+    let _api = vitals_testkit::start_api(&topics, &name, api_port, &[]).await;
+    let (_, am_port, _am) = alertmanager(free_port()).await;
+    let api_url = format!("http://127.0.0.1:{api_port}");
+    let am_url = format!("http://127.0.0.1:{am_port}");
+    let mut args: Vec<String> = [
+        "--brokers",
+        &brokers(),
+        "--changes-topic",
+        &topics.changes,
+        "--group",
+        &name,
+        "--alertmanager-url",
+        &am_url,
+        "--success-below",
+        "0.99",
+        "--success-window-secs",
+        "600",
+        "--success-check-secs",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Without the API's URL there is nothing to read the figures from: refused at start.
+    let refused = std::process::Command::new(vitals_testkit::binary("vitals-alerter"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("--success-below reads request availability from the API: give --api-url"),
+        "{err}"
+    );
+    args.extend(["--api-url".to_string(), api_url]);
+    let _alerter = Service::start("vitals-alerter", "alerter-success", &args);
+    wait_until(
+        "the success alert in Alertmanager",
+        Duration::from_secs(60),
+        || async move {
+            am_active(am_port, "VitalsEndpointSuccessLow", "s1")
+                .await
+                .is_some_and(|v| v.len() == 1)
+        },
+    )
+    .await;
+    let summary = am_active(am_port, "VitalsEndpointSuccessLow", "s1").await.unwrap();
+    assert_eq!(
+        summary,
+        vec!["sp/1/s1: 40.000 % of 100 calls succeeded over the last 600 s (alert below 99.000 %)".to_string()]
+    );
+    for quiet in ["s2", "s3"] {
+        assert_eq!(
+            am_active(am_port, "VitalsEndpointSuccessLow", quiet).await,
+            Some(vec![]),
+            "{quiet}"
+        );
+    }
+    insert_requests(&db, "sp/1", "s1", minute + MIN, calls(10_000, 0)).await;
+    wait_until("the success alert resolved", Duration::from_secs(60), || async move {
+        am_active(am_port, "VitalsEndpointSuccessLow", "s1")
+            .await
+            .is_some_and(|v| v.is_empty())
+    })
+    .await;
+}

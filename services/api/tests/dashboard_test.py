@@ -73,6 +73,14 @@ with sync_playwright() as p:
     expect(page.locator("#pool-all")).to_have_text("99.294 %")
     expect(page.locator('#uptime-endpoints tr[data-endpoint="a"] .availability')).to_have_text("99.306 %")
     expect(page.locator("#uptime-endpoints tbody tr").first).to_have_attribute("data-endpoint", "a")
+    # Request availability beside it (the fixture's calls): the pool 240 of 340, c half of 60.
+    expect(page.locator("#pool-requests")).to_have_text("70.588 % of 340 calls succeeded")
+    expect(page.locator('#uptime-endpoints tr[data-endpoint="c"] .requests')).to_have_text("50.000 %")
+    expect(page.locator('#uptime-endpoints tr[data-endpoint="a"] .calls')).to_have_text("120")
+    expect(page.locator("#pool-request-bars .bar").first).to_have_attribute(
+        "aria-label", re.compile(r"00:00 UTC: 100\.000 % in rotation, 28\.571 % of 70 calls succeeded"))
+    expect(page.locator("#pool-request-bars .bar").first).to_have_class(re.compile("a1"))
+    expect(page.locator("#pool-request-bars .bar").nth(1)).to_have_attribute("aria-label", re.compile("no calls"))
     expect(page.locator("#incidents tbody tr")).to_have_count(2)
     expect(page.locator('#incidents tr[data-endpoint="b"]')).to_contain_text("10.0 s")
     expect(page.locator('#incidents tr[data-endpoint="a"]')).to_contain_text("ejected, readmitted")
@@ -90,7 +98,7 @@ with sync_playwright() as p:
     page.screenshot(path=f"{shots}/uptime.png", full_page=True)
     # Zoom from the keyboard: b's 05:00 bar, Enter: that hour, where b was in rotation 3590 s.
     bar = page.locator('#uptime-endpoints tr[data-endpoint="b"] .bar').nth(5)
-    expect(bar).to_have_attribute("aria-label", re.compile(r"05:00 UTC: 99\.722 %"))
+    expect(bar).to_have_attribute("aria-label", re.compile(r"05:00 UTC: 99\.722 % in rotation, 55\.556 % of 45 calls succeeded"))
     bar.focus()
     page.keyboard.press("Enter")
     expect(page.locator("#uptime h3").first).to_contain_text("05:00 UTC → ")

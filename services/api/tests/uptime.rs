@@ -62,19 +62,33 @@ async fn uptime_and_incidents_of_a_known_log_are_exact() {
     let req = |v: &serde_json::Value| {
         let r = &v["requests"];
         let n = |k: &str| r[k].as_i64().unwrap();
-        (n("succeeded"), n("failed") + n("rate_limited") + n("succeeded"), n("neutral"))
+        (
+            n("succeeded"),
+            n("failed") + n("rate_limited") + n("succeeded"),
+            n("neutral"),
+        )
     };
     assert_eq!(req(by["a"]), (70, 120, 7), "a's row before the range left out");
-    assert_eq!((req(by["b"]), req(by["c"]), req(by["d"])), ((40, 60, 0), (30, 60, 0), (100, 100, 0)));
+    assert_eq!(
+        (req(by["b"]), req(by["c"]), req(by["d"])),
+        ((40, 60, 0), (30, 60, 0), (100, 100, 0))
+    );
     assert_eq!(req(p), (240, 340, 7));
     assert_eq!(p["request_availability"].as_f64(), Some(240.0 / 340.0));
     assert_eq!(by["c"]["request_availability"].as_f64(), Some(0.5));
-    assert_eq!(req(&by["b"]["buckets"][5]), (25, 45, 0), "b's calls in the hour from 05:00");
+    assert_eq!(
+        req(&by["b"]["buckets"][5]),
+        (25, 45, 0),
+        "b's calls in the hour from 05:00"
+    );
     assert_eq!(req(&p["buckets"][0]), (20, 70, 0));
     assert!(p["buckets"][1]["request_availability"].is_null(), "no calls: no share");
     // Weighted by the calls each served (a 127, b, c 60, d 100), not by evidence.
     let weighted = (f("a", "availability") * 127.0 + f("b", "availability") * 60.0 + 60.0 + 100.0) / 347.0;
-    assert!((p["traffic_weighted_availability"].as_f64().unwrap() - weighted).abs() < 1e-12, "{p}");
+    assert!(
+        (p["traffic_weighted_availability"].as_f64().unwrap() - weighted).abs() < 1e-12,
+        "{p}"
+    );
     // A range with one whole hour between two half hours: the hour from the hourly rollups,
     // the halves from the minutes, in buckets clipped to the range.
     let odd = format!("from={}&to={}", iso(t0 + 4 * H + H / 2), iso(t0 + 6 * H + H / 2));

@@ -141,6 +141,7 @@ pub fn print(r: &Report) {
             secs(f.panic_s),
             secs(f.correlated_outage_s)
         );
+        println!("requests: {}", requests(&f.requests, f.request_availability));
         let rows: Vec<Vec<String>> = p
             .uptime
             .endpoints
@@ -149,18 +150,39 @@ pub fn print(r: &Report) {
                 vec![
                     e.endpoint.clone(),
                     pct(e.availability),
+                    pct(e.request_availability),
+                    e.requests.counted().to_string(),
                     secs(e.observed_s - e.available_s - e.maintenance_s),
                     secs(e.maintenance_s),
                     e.incidents.to_string(),
                 ]
             })
             .collect();
-        table(&["endpoint", "availability", "out", "maintenance", "incidents"], &rows);
+        table(
+            &[
+                "endpoint",
+                "availability",
+                "requests ok",
+                "calls",
+                "out",
+                "maintenance",
+                "incidents",
+            ],
+            &rows,
+        );
         if !p.incidents.is_empty() {
             let rows: Vec<Vec<String>> = p.incidents.iter().map(incident_row).collect();
             println!();
             table(&["endpoint", "out at", "lasted", "to out", "to back", "reasons"], &rows);
         }
+    }
+}
+
+/// Request availability in words: "70.588 % of 340 calls succeeded", or "no calls".
+fn requests(r: &vitals_contracts::Requests, share: Option<f64>) -> String {
+    match r.counted() {
+        0 => "no calls".to_owned(),
+        n => format!("{} of {n} calls succeeded", pct(share)),
     }
 }
 
@@ -194,12 +216,13 @@ fn bars(buckets: &[view::UptimeBucket]) -> String {
     );
     for (i, b) in buckets.iter().enumerate() {
         svg.push_str(&format!(
-            "<rect x=\"{:.1}\" y=\"0\" width=\"{:.1}\" height=\"22\" fill=\"{}\"><title>{}: {}</title></rect>",
+            "<rect x=\"{:.1}\" y=\"0\" width=\"{:.1}\" height=\"22\" fill=\"{}\"><title>{}: {} in rotation, {}</title></rect>",
             i as f64 * w,
             (w - 1.0).max(0.5),
             colour(b.availability),
             when(&b.start),
-            pct(b.availability)
+            pct(b.availability),
+            requests(&b.requests, b.request_availability)
         ));
     }
     svg.push_str("</svg>");
@@ -213,10 +236,11 @@ pub fn html(r: &Report) -> String {
     for p in &r.pools {
         let f = &p.uptime.figures;
         body.push_str(&format!(
-            "<section><h2>{}</h2><p>availability <b>{}</b> (every endpoint in rotation {}) · incidents {} · panic {} · correlated outage {}</p>{}\n<table><thead><tr><th>endpoint</th><th>availability</th><th>out</th><th>maintenance</th><th>incidents</th><th>per {}</th></tr></thead><tbody>",
+            "<section><h2>{}</h2><p>availability <b>{}</b> (every endpoint in rotation {}) · requests <b>{}</b> · incidents {} · panic {} · correlated outage {}</p>{}\n<table><thead><tr><th>endpoint</th><th>availability</th><th>requests ok</th><th>calls</th><th>out</th><th>maintenance</th><th>incidents</th><th>per {}</th></tr></thead><tbody>",
             escape(&p.uptime.pool),
             pct(f.availability),
             pct(f.all_availability),
+            requests(&f.requests, f.request_availability),
             f.incidents,
             secs(f.panic_s),
             secs(f.correlated_outage_s),
@@ -225,9 +249,11 @@ pub fn html(r: &Report) -> String {
         ));
         for e in &p.uptime.endpoints {
             body.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 escape(&e.endpoint),
                 pct(e.availability),
+                pct(e.request_availability),
+                e.requests.counted(),
                 secs(e.observed_s - e.available_s - e.maintenance_s),
                 secs(e.maintenance_s),
                 e.incidents,
@@ -253,6 +279,7 @@ pub fn html(r: &Report) -> String {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>vitals availability {from} – {to}</title>\
 <style>body{{font:14px system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse;margin:.5em 0}}td,th{{padding:2px 8px;text-align:left;border-bottom:1px solid #eee}}h2{{margin-top:1.5em}}</style>\
 </head><body><h1>Availability {from} – {to}</h1><p>In rotation: healthy, suspect, recovering and degraded with weight &gt; 0; maintenance is left out. \
+Requests ok: the share of the calls the gateways reported that succeeded (4xx and cancelled calls left out). \
 Bars: green ≥ 99.99 %, light green ≥ 99.9 %, yellow ≥ 99 %, orange ≥ 95 %, red below; hover for the figure.</p>\n{body}</body></html>\n",
         from = escape(&r.from),
         to = escape(&r.to),

@@ -707,11 +707,22 @@ async fn the_report_shows_the_apis_uptime_and_incidents() {
     );
     let a_row = out.lines().find(|l| l.starts_with("a ")).unwrap();
     assert!(a_row.contains("99.306 %") && a_row.contains("10.0 min"), "{a_row}");
+    // Request availability from the fixture's calls: a 70 of 120, c 30 of 60, the pool 240 of 340.
+    assert!(a_row.contains("58.333 %") && a_row.contains(" 120 "), "{a_row}");
+    let c_row = out.lines().find(|l| l.starts_with("c ")).unwrap();
+    assert!(c_row.contains("50.000 %") && c_row.contains(" 60 "), "{c_row}");
+    assert!(out.contains("requests: 70.588 % of 340 calls succeeded"), "{out}");
     let (code, page, err) = run(args(&["--html"])).await.unwrap();
     assert_eq!(code, 0, "{err}");
     assert!(page.starts_with("<!doctype html>") && page.contains("<h3>Incidents</h3>"));
     assert!(
         page.contains("99.306 %") && page.contains("ejected, readmitted"),
+        "{page}"
+    );
+    assert!(
+        page.contains("requests <b>70.588 % of 340 calls succeeded</b>")
+            && page.contains("<td>58.333 %</td><td>120</td>")
+            && page.contains("05:00:00: 99.722 % in rotation, 55.556 % of 45 calls succeeded"),
         "{page}"
     );
     let (code, _, err) = run(vec!["report".into(), "--from".into(), "last week".into()])
