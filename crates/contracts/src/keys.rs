@@ -35,6 +35,22 @@ pub fn parse_endpoint_key(key: &str) -> Option<(String, String)> {
     Some((unescape(p)?, unescape(e)?))
 }
 
+/// `name` as one segment of an HTTP path: every byte but the unreserved characters (`A–Z a–z
+/// 0–9 - . _ ~`) percent-encoded, so that a pool or endpoint named `openai/gpt-4o`, `50% off` or
+/// with spaces or letters beyond ASCII stays one segment of the API's path (the API decodes it).
+pub fn path_segment(name: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 /// A name with `%` and `/` escaped.
 pub fn escape(name: &str) -> String {
     let mut s = String::with_capacity(name.len());

@@ -133,20 +133,6 @@ pub struct Reader {
     pub token: Option<String>,
 }
 
-/// `name` as one path segment (every byte but the unreserved characters percent-encoded).
-fn seg(name: &str) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
 impl Reader {
     async fn get<T: serde::de::DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
         let url = format!("{}{path}", self.base.trim_end_matches('/'));
@@ -191,7 +177,7 @@ impl Reader {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> anyhow::Result<Vec<EndpointUptime>> {
-        let path = format!("/v1/pools/{}/uptime", seg(pool));
+        let path = format!("/v1/pools/{}/uptime", vitals_contracts::keys::path_segment(pool));
         let mut out = Vec::new();
         let mut cursor: Option<String> = None;
         loop {

@@ -165,20 +165,9 @@ impl Api {
 }
 
 /// Print rows as an aligned table with a header.
-/// `name` as one path segment: every byte but the unreserved characters (`A–Z a–z 0–9 - . _ ~`)
-/// percent-encoded, so that a pool or endpoint named `openai/gpt-4o`, `50% off` or with spaces or
-/// letters beyond ASCII stays one segment of the API's path (the API decodes it).
+/// `name` as one path segment (see [`vitals_contracts::keys::path_segment`]).
 pub fn seg(name: &str) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    vitals_contracts::keys::path_segment(name)
 }
 
 pub fn table(header: &[&str], rows: &[Vec<String>]) {

@@ -131,28 +131,22 @@ impl Db {
 
     /// Records the group has durably consumed, over all partitions.
     pub async fn consumed(&self, group: &str) -> i64 {
-        if !self.ready().await {
-            return 0;
-        }
-        sqlx::query_scalar::<_, Option<i64>>(
-            "SELECT sum(greatest(next_offset, 0))::bigint FROM consumer_offsets WHERE consumer_group = $1",
-        )
-        .bind(group)
-        .fetch_one(&self.pool)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(0)
+        self.offsets_sum(group, "next_offset").await
     }
 
     /// Records whose calls the group has counted into the request rollups, over all partitions.
     pub async fn counted(&self, group: &str) -> i64 {
+        self.offsets_sum(group, "requests_offset").await
+    }
+
+    /// The sum of an offset column of the group's partitions (0 before the tables exist).
+    async fn offsets_sum(&self, group: &str, column: &str) -> i64 {
         if !self.ready().await {
             return 0;
         }
-        sqlx::query_scalar::<_, Option<i64>>(
-            "SELECT sum(greatest(requests_offset, 0))::bigint FROM consumer_offsets WHERE consumer_group = $1",
-        )
+        sqlx::query_scalar::<_, Option<i64>>(&format!(
+            "SELECT sum(greatest({column}, 0))::bigint FROM consumer_offsets WHERE consumer_group = $1"
+        ))
         .bind(group)
         .fetch_one(&self.pool)
         .await
