@@ -9,7 +9,7 @@ pub mod batch;
 
 pub use batch::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot, Topics, MINUTE_US};
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use vitals_contracts::{decode_signal, validate_signal, Micros, Requests, Signal};
 use vitals_engine::{Decision, Engine};
 
@@ -32,6 +32,7 @@ pub struct Partition {
     /// counted into `pending` (replayed ones too), calls before it never again.
     counted_from: i64,
     /// Calls counted since `counted_from`: pool → endpoint → (minute, calls), latest minute last.
+    /// (Fx-hashed: this is two lookups on every call read.)
     pending: HashMap<String, HashMap<String, Vec<(Micros, Requests)>>>,
 }
 
@@ -55,7 +56,7 @@ impl Partition {
             unwritten: false,
             decisions: Vec::new(),
             counted_from: 0,
-            pending: HashMap::new(),
+            pending: HashMap::default(),
         }
     }
 
