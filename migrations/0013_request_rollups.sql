@@ -83,9 +83,9 @@ BEGIN
     END LOOP;
 END $$;
 
--- The months the audit log has get their rollup tables too.
-SELECT vitals_month_partitions(min(m), max(m))
-FROM (SELECT to_date(substring(c.relname from '_y([0-9]{4}m[0-9]{2})$'), 'YYYY"m"MM')::timestamp AT TIME ZONE 'UTC' AS m
+-- The months the audit log has (each, not the gaps between them) get their rollup tables too.
+SELECT vitals_month_partitions(m, m)
+FROM (SELECT DISTINCT to_date(substring(c.relname from '_y([0-9]{4}m[0-9]{2})$'), 'YYYY"m"MM')::timestamp AT TIME ZONE 'UTC' AS m
       FROM pg_inherits i
       JOIN pg_class c ON c.oid = i.inhrelid
       JOIN pg_class p ON p.oid = i.inhparent
