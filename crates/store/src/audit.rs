@@ -192,12 +192,11 @@ impl AuditLog {
             .collect();
         let expired = (b.transitions.len() - transitions.len()) + (b.pool_events.len() - pool_events.len());
         let counted: Vec<&Counted> = b.partitions.iter().filter_map(|p| p.requests.as_ref()).collect();
-        let mut minutes: Vec<Micros> = counted
+        let minutes: Vec<Micros> = counted
             .iter()
             .flat_map(|c| c.rollups.iter().map(|r| r.minute))
             .filter(|m| Retention::keeps(cutoff, *m))
             .collect();
-        minutes.dedup();
         let times = transitions.iter().map(|(h, _, _)| h.stream_time);
         self.months
             .ensure(

@@ -136,6 +136,17 @@ impl History {
         r
     }
 
+    /// Its calls added to the bucket each falls in (`buckets` in order, as [`Range::buckets`]
+    /// gives them): one pass over its counts, not one per bucket.
+    fn add_requests_by_bucket(&self, buckets: &[(Micros, Micros)], sums: &mut [Requests]) {
+        for (at, n) in &self.requests {
+            let i = buckets.partition_point(|b| b.1 <= *at);
+            if buckets.get(i).is_some_and(|b| b.0 <= *at) {
+                sums[i].merge(n);
+            }
+        }
+    }
+
     /// The state (and weight) before the first change: what that change left.
     fn initial(&self) -> (HealthState, f64) {
         match self.changes.first() {
@@ -336,6 +347,8 @@ pub fn endpoint(h: &History, range: &Range) -> EndpointUptime {
         .map(|c| c.calls.max(0))
         .sum();
     let requests = h.requests_in(range.from, range.to);
+    let mut bucket_requests = vec![Requests::default(); buckets.len()];
+    h.add_requests_by_bucket(&buckets, &mut bucket_requests);
     EndpointUptime {
         endpoint: h.endpoint.clone(),
         observed_s: total.observed as f64 / SEC,
@@ -350,7 +363,8 @@ pub fn endpoint(h: &History, range: &Range) -> EndpointUptime {
         buckets: tallies
             .iter()
             .zip(&buckets)
-            .map(|(t, b)| t.bucket(*b, h.requests_in(b.0, b.1)))
+            .zip(bucket_requests)
+            .map(|((t, b), r)| t.bucket(*b, r))
             .collect(),
     }
 }
@@ -483,13 +497,10 @@ fn pool_of(histories: &[History], endpoints: &[EndpointUptime], flags: &PoolFlag
         }
         (den > 0.0).then(|| num / den)
     };
-    let bucket_requests = |b: &(Micros, Micros)| {
-        let mut r = Requests::default();
-        for h in histories {
-            r.merge(&h.requests_in(b.0, b.1));
-        }
-        r
-    };
+    let mut bucket_requests = vec![Requests::default(); buckets.len()];
+    for h in histories {
+        h.add_requests_by_bucket(&buckets, &mut bucket_requests);
+    }
     PoolFigures {
         observed_s: any.observed as f64 / SEC,
         any_available_s: any.available as f64 / SEC,
@@ -506,7 +517,8 @@ fn pool_of(histories: &[History], endpoints: &[EndpointUptime], flags: &PoolFlag
         buckets: any_b
             .iter()
             .zip(&buckets)
-            .map(|(t, b)| t.bucket(*b, bucket_requests(b)))
+            .zip(bucket_requests)
+            .map(|((t, b), r)| t.bucket(*b, r))
             .collect(),
     }
 }
