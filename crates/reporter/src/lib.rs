@@ -157,6 +157,9 @@ pub struct Counters {
     pub summarized: AtomicU64,
     /// The last delivery error, for operators.
     last_error: Mutex<Option<String>>,
+    /// Outcomes in the queue, not yet taken by the worker (may read -1 for an instant: the
+    /// worker can take one before its sender counts it).
+    queued: std::sync::atomic::AtomicI64,
 }
 
 /// A point-in-time copy of the counters.
@@ -413,7 +416,10 @@ impl Reporter {
     /// counted.
     pub fn report(&self, outcome: CallOutcome) {
         match self.tx.try_send(Msg::Outcome(outcome)) {
-            Ok(()) => self.counters.reported.fetch_add(1, Ordering::Relaxed),
+            Ok(()) => {
+                self.counters.queued.fetch_add(1, Ordering::Relaxed);
+                self.counters.reported.fetch_add(1, Ordering::Relaxed)
+            }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.counters.dropped_queue_full.fetch_add(1, Ordering::Relaxed)
             }
@@ -424,9 +430,29 @@ impl Reporter {
     /// file being read: back-pressure instead of loss). Returns at once if the reporter is gone.
     pub fn report_waiting(&self, outcome: CallOutcome) {
         match self.tx.send(Msg::Outcome(outcome)) {
-            Ok(()) => self.counters.reported.fetch_add(1, Ordering::Relaxed),
+            Ok(()) => {
+                self.counters.queued.fetch_add(1, Ordering::Relaxed);
+                self.counters.reported.fetch_add(1, Ordering::Relaxed)
+            }
             Err(_) => self.counters.dropped_queue_full.fetch_add(1, Ordering::Relaxed),
         };
+    }
+
+    /// Queue an outcome if there is room; whether it was queued. Not counted as dropped when
+    /// not: for a receiver that tells its own client what it could not take.
+    pub fn try_report(&self, outcome: CallOutcome) -> bool {
+        let queued = self.tx.try_send(Msg::Outcome(outcome)).is_ok();
+        if queued {
+            self.counters.queued.fetch_add(1, Ordering::Relaxed);
+            self.counters.reported.fetch_add(1, Ordering::Relaxed);
+        }
+        queued
+    }
+
+    /// Outcomes waiting in the queue for the worker: how far the transport is behind (it waits
+    /// for room in a full Kafka producer queue, so a slow broker fills this queue).
+    pub fn queued(&self) -> u64 {
+        self.counters.queued.load(Ordering::Relaxed).max(0) as u64
     }
 
     /// Start measuring a call whose first token is due within `ttft_deadline`. If none has come
@@ -614,7 +640,10 @@ fn work(rx: Receiver<Msg>, mut out: Out, counters: Arc<Counters>, watch_capacity
             Err(TryRecvError::Disconnected) => break,
         };
         match msg {
-            Msg::Outcome(o) => out.report(o, &counters),
+            Msg::Outcome(o) => {
+                counters.queued.fetch_sub(1, Ordering::Relaxed);
+                out.report(o, &counters)
+            }
             Msg::Watch(d) => {
                 // Bounded: calls that ended leave their entries behind until the deadline; clear
                 // them when full, and watch no more if still full (the calls report at their end).

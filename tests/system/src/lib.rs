@@ -17,6 +17,30 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// A program of the LiteLLM virtual environment (`scripts/install-deps.sh`): its Python with
+/// LiteLLM, vitals-litellm and the OpenTelemetry SDK installed, or `litellm`.
+pub fn venv_bin(name: &str) -> PathBuf {
+    let dir = std::env::var("VITALS_LITELLM_VENV").unwrap_or_else(|_| "/opt/vitals-litellm-venv".into());
+    let p = PathBuf::from(dir).join("bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/install-deps.sh (it makes LiteLLM's virtual environment)",
+        p.display()
+    );
+    p
+}
+
+/// A program the test started, killed when the test ends however it ends (a panicking test
+/// left its LiteLLM proxy running, holding its port and its Kafka producer).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

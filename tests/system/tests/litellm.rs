@@ -7,7 +7,6 @@
 
 use futures::StreamExt;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,18 +14,6 @@ use vitals_contracts::{CallOutcome, OutcomeClass};
 use vitals_system_tests::*;
 use vitals_testkit::{brokers, free_port, unique, wait_until};
 use vitals_upstream_sim::Behaviour;
-
-/// The virtual environment's Python, with LiteLLM and vitals-litellm installed.
-fn venv_bin(name: &str) -> PathBuf {
-    let dir = std::env::var("VITALS_LITELLM_VENV").unwrap_or_else(|_| "/opt/vitals-litellm-venv".into());
-    let p = PathBuf::from(dir).join("bin").join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/install-deps.sh (it makes LiteLLM's virtual environment)",
-        p.display()
-    );
-    p
-}
 
 /// The environment that points vitals-litellm at this stack.
 fn litellm_env(stack: &Stack, gateway: &str) -> Vec<(String, String)> {
@@ -47,17 +34,6 @@ fn litellm_env(stack: &Stack, gateway: &str) -> Vec<(String, String)> {
 
 /// LiteLLM's Router in a Python process (integrations/litellm/tests/drive_router.py): every
 /// attempt it makes, and the callback's counters.
-/// A program the test started, killed when the test ends however it ends (a panicking test
-/// left its LiteLLM proxy running, holding its port and its Kafka producer).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Driver {
     child: Child,
     seen: Seen,

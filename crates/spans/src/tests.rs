@@ -1,0 +1,281 @@
+//! The table's conversion, span by span.
+
+use crate::attrs::Attrs;
+use crate::{Map, Skip, Tally, Verdict};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, ArrayValue, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use vitals_contracts::OutcomeClass;
+
+fn s(k: &str, v: &str) -> KeyValue {
+    KeyValue {
+        key: k.into(),
+        key_strindex: 0,
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(v.into())),
+        }),
+    }
+}
+
+fn i(k: &str, v: i64) -> KeyValue {
+    KeyValue {
+        key: k.into(),
+        key_strindex: 0,
+        value: Some(AnyValue {
+            value: Some(Value::IntValue(v)),
+        }),
+    }
+}
+
+const T0: u64 = 1_700_000_000_000_000_000;
+
+fn client(attrs: Vec<KeyValue>) -> Span {
+    Span {
+        trace_id: vec![7; 16],
+        span_id: vec![9; 8],
+        name: "POST".into(),
+        kind: SpanKind::Client as i32,
+        start_time_unix_nano: T0,
+        end_time_unix_nano: T0 + 250_000_000,
+        attributes: attrs,
+        ..Default::default()
+    }
+}
+
+fn failed(mut sp: Span, message: &str) -> Span {
+    sp.status = Some(Status {
+        code: StatusCode::Error as i32,
+        message: message.into(),
+    });
+    sp
+}
+
+fn resource() -> Vec<KeyValue> {
+    vec![s("service.name", "checkout")]
+}
+
+fn call(m: &Map, sp: &Span) -> Result<vitals_contracts::CallOutcome, Verdict> {
+    m.call(sp, Attrs(&resource()))
+}
+
+fn addr(host: &str, port: i64) -> Vec<KeyValue> {
+    vec![
+        s("http.request.method", "POST"),
+        s("server.address", host),
+        i("server.port", port),
+    ]
+}
+
+#[test]
+fn an_http_client_span_is_a_call_of_its_server_by_the_default_table() {
+    let m = Map::default();
+    let mut a = addr("api.a", 443);
+    a.push(i("http.response.status_code", 200));
+    let o = call(&m, &client(a)).unwrap();
+    assert_eq!(
+        (o.pool.as_str(), o.endpoint.as_str(), o.gateway.as_str()),
+        ("checkout", "api.a:443", "checkout")
+    );
+    assert_eq!(o.outcome, OutcomeClass::Success);
+    assert_eq!(o.http_status, Some(200));
+    assert_eq!(o.latency_us, 250_000);
+    assert_eq!(o.occurred_at, (T0 / 1000) as i64);
+    assert_eq!(o.event_id, format!("{}{}", "07".repeat(16), "09".repeat(8)));
+    assert_eq!(o.attributes["otel.rule"], "http-client");
+    assert!(vitals_contracts::encode(&o).is_ok());
+}
+
+#[test]
+fn outcome_classes_follow_status_codes_then_error_types_then_the_span_status() {
+    let m = Map::default();
+    let with = |extra: Vec<KeyValue>| {
+        let mut a = addr("h", 80);
+        a.extend(extra);
+        client(a)
+    };
+    let class = |sp: Span| call(&m, &sp).unwrap().outcome;
+    assert_eq!(
+        class(with(vec![i("http.response.status_code", 503)])),
+        OutcomeClass::ServerError
+    );
+    assert_eq!(
+        class(with(vec![s("http.status_code", "429")])),
+        OutcomeClass::RateLimited
+    );
+    assert_eq!(
+        class(with(vec![i("http.response.status_code", 404)])),
+        OutcomeClass::ClientError
+    );
+    // No answer: the error's type says what happened.
+    assert_eq!(
+        class(failed(with(vec![s("error.type", "httpx.ConnectError")]), "")),
+        OutcomeClass::ConnectError
+    );
+    assert_eq!(
+        class(failed(with(vec![s("error.type", "httpx.ReadTimeout")]), "")),
+        OutcomeClass::Timeout
+    );
+    // The exception event's type when there is no error.type.
+    let mut sp = failed(with(vec![]), "");
+    sp.events.push(Event {
+        name: "exception".into(),
+        attributes: vec![s("exception.type", "ConnectionResetError")],
+        ..Default::default()
+    });
+    assert_eq!(class(sp), OutcomeClass::ConnectionDropped);
+    // Failed with nothing said: a server error. Not failed, no code: a success.
+    assert_eq!(class(failed(with(vec![]), "")), OutcomeClass::ServerError);
+    assert_eq!(class(with(vec![])), OutcomeClass::Success);
+    // A 200 whose body then broke: the span's error decides.
+    assert_eq!(
+        class(failed(
+            with(vec![
+                i("http.response.status_code", 200),
+                s("error.type", "httpx.RemoteProtocolError")
+            ]),
+            ""
+        )),
+        OutcomeClass::ConnectionDropped
+    );
+}
+
+#[test]
+fn a_429_carries_its_retry_after_and_first_tokens_come_from_events_or_attributes() {
+    let m = Map::default();
+    let mut a = addr("h", 80);
+    a.push(i("http.response.status_code", 429));
+    a.push(KeyValue {
+        key: "http.response.header.retry-after".into(),
+        key_strindex: 0,
+        value: Some(AnyValue {
+            value: Some(Value::ArrayValue(ArrayValue {
+                values: vec![AnyValue {
+                    value: Some(Value::StringValue("7".into())),
+                }],
+            })),
+        }),
+    });
+    let o = call(&m, &client(a)).unwrap();
+    assert_eq!((o.outcome, o.retry_after_ms), (OutcomeClass::RateLimited, Some(7000)));
+
+    let mut sp = client(addr("h", 80));
+    sp.events.push(Event {
+        name: "gen_ai.first_token".into(),
+        time_unix_nano: T0 + 40_000_000,
+        ..Default::default()
+    });
+    assert_eq!(call(&m, &sp).unwrap().ttft_us, Some(40_000));
+    let mut a = addr("h", 80);
+    a.push(KeyValue {
+        key: "gen_ai.server.time_to_first_token".into(),
+        key_strindex: 0,
+        value: Some(AnyValue {
+            value: Some(Value::DoubleValue(0.12)),
+        }),
+    });
+    assert_eq!(call(&m, &client(a)).unwrap().ttft_us, Some(120_000));
+}
+
+#[test]
+fn spans_that_are_not_calls_are_skipped_and_malformed_ones_rejected() {
+    let m = Map::default();
+    let mut server = client(addr("h", 80));
+    server.kind = SpanKind::Server as i32;
+    assert_eq!(call(&m, &server), Err(Verdict::Skip(Skip::NotACall)));
+    let db = client(vec![s("db.system", "postgresql")]);
+    assert_eq!(call(&m, &db), Err(Verdict::Skip(Skip::NotACall)));
+    let no_endpoint = client(vec![s("http.request.method", "GET")]);
+    assert_eq!(call(&m, &no_endpoint), Err(Verdict::Skip(Skip::NoEndpoint)));
+    let long = client(addr(&"x".repeat(1 << 20), 80));
+    assert_eq!(call(&m, &long), Err(Verdict::Skip(Skip::BadName)));
+    let mut bad_id = client(addr("h", 80));
+    bad_id.trace_id = vec![0; 16];
+    assert!(matches!(call(&m, &bad_id), Err(Verdict::Reject(_))));
+    let mut backwards = client(addr("h", 80));
+    backwards.end_time_unix_nano = T0 - 1;
+    assert!(matches!(call(&m, &backwards), Err(Verdict::Reject(_))));
+
+    let req = ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: resource(),
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans: vec![client(addr("h", 80)), server, bad_id, db],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let (mut out, mut t) = (Vec::new(), Tally::default());
+    m.convert(&req, &mut out, &mut t);
+    assert_eq!((t.spans, t.calls, t.rejected, out.len()), (4, 1, 1, 1));
+    assert_eq!(t.skipped[Skip::NotACall as usize], 2);
+    assert!(t.first_rejection.unwrap().contains("trace_id"));
+}
+
+const LITELLM: &str = r#"
+gateway = ["litellm-otel"]
+[[call]]
+name = "litellm"
+kinds = ["internal", "client"]
+span_names = ["litellm_request"]
+pool = ["{litellm.model_group}"]
+endpoint = ["{hidden_params#model_id}", "{hidden_params#api_base|hostport}"]
+[pools]
+"llm" = "chat"
+[errors]
+"BackendGone" = "connection_dropped"
+"#;
+
+#[test]
+fn a_table_names_pools_and_endpoints_from_any_attribute() {
+    let m = Map::parse(LITELLM).unwrap();
+    let mut sp = client(vec![
+        s("litellm.model_group", "llm"),
+        s(
+            "hidden_params",
+            r#"{"model_id": "e2", "api_base": "http://127.0.0.1:9/v1"}"#,
+        ),
+        s("error.type", "BackendGone"),
+        s("gen_ai.request.model", "sim"),
+    ]);
+    sp.kind = SpanKind::Internal as i32;
+    sp.name = "litellm_request".into();
+    let sp = failed(sp, "boom");
+    let o = call(&m, &sp).unwrap();
+    assert_eq!(
+        (o.pool.as_str(), o.endpoint.as_str(), o.gateway.as_str()),
+        ("chat", "e2", "litellm-otel")
+    );
+    assert_eq!(o.outcome, OutcomeClass::ConnectionDropped);
+    assert_eq!(o.model.as_deref(), Some("sim"));
+    let mut other = sp.clone();
+    other.name = "raw_gen_ai_request".into();
+    assert_eq!(call(&m, &other), Err(Verdict::Skip(Skip::NotACall)));
+}
+
+#[test]
+fn a_bad_table_names_the_rule_and_the_field() {
+    for (t, says) in [
+        ("[[call]]\nname = \"a\"\npool = []\nendpoint = [\"x\"]\n", "pool"),
+        (
+            "[[call]]\nname = \"a\"\npool = [\"{x\"]\nendpoint = [\"x\"]\n",
+            "call \"a\"",
+        ),
+        (
+            "[[call]]\nname = \"a\"\nkinds = [\"sever\"]\npool = [\"p\"]\nendpoint = [\"x\"]\n",
+            "sever",
+        ),
+        ("[errors]\nx = \"broken\"\n", "outcome class"),
+        ("[pools]\nx = \"\"\n", "renaming"),
+        ("weight = 3\n", "weight"),
+    ] {
+        let e = Map::parse(t).unwrap_err();
+        assert!(e.contains(says), "{t:?}: {e}");
+    }
+}

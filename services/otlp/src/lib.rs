@@ -1,0 +1,133 @@
+//! `vitals-otlp`: an OpenTelemetry trace receiver that makes any gateway or client emitting OTLP
+//! a vitals producer with no plug-in. The upstream calls among the spans (the table in
+//! `vitals_spans::map`) become call reports, sent through the reporter (summaries, idempotent
+//! Kafka producer keyed by pool).
+//!
+//! - [`receiver`]: one export request → reports, with back-pressure and counters.
+//! - [`serve`]: OTLP/HTTP (`POST /v1/traces`) and OTLP/gRPC (`TraceService/Export`) on one router.
+//! - [`rpc`]: the `google.rpc.Status` and `RetryInfo` messages OTLP answers with.
+
+pub mod receiver;
+pub mod rpc;
+pub mod serve;
+
+use anyhow::Context as _;
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use vitals_runtime::args::KafkaArgs;
+use vitals_spans::decode::Limits;
+use vitals_spans::Map;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "vitals-otlp",
+    about = "Receives OpenTelemetry traces (OTLP over HTTP and gRPC) and reports the upstream calls among their spans to vitals"
+)]
+pub struct Config {
+    /// OTLP/HTTP (and /metrics, /healthz, /readyz): the collector's port is 4318.
+    #[arg(long, env = "VITALS_OTLP_HTTP", default_value = "127.0.0.1:4318")]
+    pub http_addr: String,
+    /// OTLP/gRPC: the collector's port is 4317. The same router serves both; empty: none.
+    #[arg(long, env = "VITALS_OTLP_GRPC", default_value = "127.0.0.1:4317")]
+    pub grpc_addr: String,
+    /// The span → call table (TOML; see deploy/otlp/map.toml). Default: HTTP client spans and
+    /// gateway spans naming their upstream.
+    #[arg(long, env = "VITALS_OTLP_MAP")]
+    pub map: Option<PathBuf>,
+    /// A request body's bytes, after decompression, at most.
+    #[arg(long, env = "VITALS_OTLP_MAX_BODY_BYTES", default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Spans in one request, at most (counted before decoding).
+    #[arg(long, env = "VITALS_OTLP_MAX_SPANS", default_value_t = 50_000)]
+    pub max_spans: usize,
+    /// JSON objects in one OTLP/JSON request, at most (counted before parsing).
+    #[arg(long, env = "VITALS_OTLP_MAX_JSON_OBJECTS", default_value_t = 1_000_000)]
+    pub max_json_objects: usize,
+    /// Requests decoded at once (each on a blocking thread); the rest wait.
+    #[arg(long, env = "VITALS_OTLP_DECODERS", default_value_t = 2)]
+    pub decoders: usize,
+    /// Call reports waiting to be sent; beyond, the reports of a request are dropped and
+    /// counted. Requests are refused (429, RESOURCE_EXHAUSTED with a RetryInfo) once it is
+    /// three quarters full, so that senders hold their spans and send again.
+    #[arg(long, env = "VITALS_OTLP_QUEUE", default_value_t = 262_144)]
+    pub queue: usize,
+    /// What a busy answer tells the client to wait, in seconds.
+    #[arg(long, env = "VITALS_OTLP_RETRY_AFTER_SECS", default_value_t = 1)]
+    pub retry_after_secs: u64,
+    /// Calls are summed per endpoint over this many milliseconds (failures still go one by one,
+    /// up to 8 an interval); 0 sends one record per call.
+    #[arg(long, env = "VITALS_OTLP_SUMMARIZE_MS", default_value_t = 250)]
+    pub summarize_ms: u64,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = vitals_contracts::topics::SIGNALS)]
+    pub signals_topic: String,
+    /// Report to a merge stage on this topic, keyed by endpoint, instead of to the signals
+    /// topic: for a fleet where every replica calls every endpoint (docs/fleet.md).
+    #[arg(long, env = "VITALS_MERGER_TOPIC")]
+    pub merger_topic: Option<String>,
+}
+
+/// Serve until `cancel`; then flush the reports.
+pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    cfg.kafka.check().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(cfg.queue >= 4, "--queue must be at least 4");
+    let map = match &cfg.map {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Map::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+        }
+        None => Map::default(),
+    };
+    let mut rc = vitals_reporter::Config::new(cfg.kafka.brokers.clone());
+    rc.topic = cfg.signals_topic.clone();
+    rc.queue_capacity = cfg.queue;
+    rc.summarize = vitals_reporter::summaries_every_ms(cfg.summarize_ms);
+    if let Some(topic) = &cfg.merger_topic {
+        rc.topic = topic.clone();
+        rc.keyed_by_endpoint = true;
+    }
+    rc.kafka_options = cfg.kafka.pairs().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+    let reporter = Arc::new(vitals_reporter::Reporter::new(rc)?);
+    let limits = Limits {
+        max_body: cfg.max_body_bytes,
+        max_spans: cfg.max_spans,
+        max_json_objects: cfg.max_json_objects,
+    };
+    let receiver = Arc::new(receiver::Receiver::new(
+        map,
+        limits,
+        reporter.clone(),
+        (cfg.queue as u64) * 3 / 4,
+        cfg.decoders,
+        cfg.retry_after_secs,
+    ));
+    let app = serve::router(receiver);
+    let mut servers = Vec::new();
+    for (what, addr) in [("OTLP/HTTP", &cfg.http_addr), ("OTLP/gRPC", &cfg.grpc_addr)] {
+        if addr.is_empty() {
+            continue;
+        }
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr} ({what})"))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving {what}");
+        let (app, cancel) = (app.clone(), cancel.clone());
+        servers.push(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { cancel.cancelled().await })
+                .await
+        }));
+    }
+    for s in servers {
+        s.await??;
+    }
+    let r = reporter.clone();
+    let flushed = tokio::task::spawn_blocking(move || r.flush(Duration::from_secs(5))).await?;
+    let c = reporter.counters();
+    tracing::info!(flushed, reported = c.reported, delivered = c.delivered, "stopped");
+    Ok(())
+}

@@ -1,0 +1,13 @@
+use clap::Parser;
+use std::time::Duration;
+use vitals_runtime::shell;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    shell::init_tracing();
+    let cfg = vitals_otlp::Config::parse();
+    shell::run("vitals-otlp", Duration::from_secs(10), |cancel| {
+        vitals_otlp::run(cfg, cancel)
+    })
+    .await
+}

@@ -1,0 +1,284 @@
+//! OTLP's two transports over one axum router (HTTP/1.1 and cleartext HTTP/2 on each listener):
+//!
+//! - OTLP/HTTP: `POST /v1/traces`, `application/x-protobuf` or `application/json`, optionally
+//!   `Content-Encoding: gzip`. 200 with an `ExportTraceServiceResponse` (its partial success
+//!   when spans were rejected), 400 malformed, 413 too large, 415 another content type or
+//!   encoding, 429 with `Retry-After` while vitals is behind; error bodies are a
+//!   `google.rpc.Status` in the request's encoding.
+//! - OTLP/gRPC: the unary `TraceService/Export`, gzip message compression; `INVALID_ARGUMENT`,
+//!   `RESOURCE_EXHAUSTED` (with a `RetryInfo` when sending again later will do), `UNIMPLEMENTED`
+//!   for another compression.
+//!
+//! Plus `/healthz`, `/readyz` and `/metrics`.
+
+use crate::receiver::{Answer, Outcome, Receiver, Transport};
+use crate::rpc::{self, Code, Status};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use http_body::Frame;
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
+use prost::Message as _;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use vitals_spans::decode::{self, Format, Refused};
+
+pub const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+pub fn router(r: Arc<Receiver>) -> Router {
+    let metrics = r.clone();
+    Router::new()
+        .route("/v1/traces", post(http_export))
+        .route(GRPC_PATH, post(grpc_export))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ready" }))
+        .route("/metrics", get(move || std::future::ready(metrics.prometheus())))
+        .with_state(r)
+}
+
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
+    h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+/// The body, at most `max` bytes (None if longer).
+async fn body(b: Body, max: usize) -> Option<Bytes> {
+    axum::body::to_bytes(b, max).await.ok()
+}
+
+async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
+    let (parts, b) = req.into_parts();
+    let ctype = header_str(&parts.headers, header::CONTENT_TYPE);
+    let format = match ctype.split(';').next().unwrap_or("").trim() {
+        "application/x-protobuf" | "application/protobuf" => Format::Protobuf,
+        "application/json" => Format::Json,
+        other => {
+            r.count(Transport::Http, Outcome::Unsupported);
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("content type {other:?}: OTLP/HTTP takes application/x-protobuf or application/json"),
+            )
+                .into_response();
+        }
+    };
+    let gzip = match header_str(&parts.headers, header::CONTENT_ENCODING).trim() {
+        "" | "identity" => false,
+        "gzip" => true,
+        other => {
+            r.count(Transport::Http, Outcome::Unsupported);
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("content encoding {other:?}: OTLP/HTTP takes gzip or none"),
+            )
+                .into_response();
+        }
+    };
+    let max = r.limits().max_body;
+    let Some(raw) = body(b, max).await else {
+        r.count(Transport::Http, Outcome::TooLarge);
+        return http_error(
+            format,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Status::new(Code::ResourceExhausted, format!("the body is over {max} bytes")),
+        );
+    };
+    let raw = if gzip {
+        match decode::gunzip(&raw, max) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => return http_refused(&r, Transport::Http, format, e),
+        }
+    } else {
+        raw
+    };
+    match r.export(Transport::Http, format, raw).await {
+        Answer::Accepted { rejected, message } => {
+            let resp = response(rejected, message);
+            let (ctype, body) = match format {
+                Format::Protobuf => ("application/x-protobuf", resp.encode_to_vec()),
+                Format::Json => (
+                    "application/json",
+                    serde_json::to_vec(&resp).unwrap_or_else(|_| b"{}".to_vec()),
+                ),
+            };
+            ([(header::CONTENT_TYPE, ctype)], body).into_response()
+        }
+        Answer::Refused(e) => http_error(format, refused_status(&e), Status::new(refused_code(&e), e.message())),
+        Answer::Busy => {
+            let mut resp = http_error(
+                format,
+                StatusCode::TOO_MANY_REQUESTS,
+                Status::new(Code::ResourceExhausted, "vitals is behind: send again later")
+                    .retry_after(r.retry_after_secs),
+            );
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_secs));
+            resp
+        }
+    }
+}
+
+fn refused_status(e: &Refused) -> StatusCode {
+    match e {
+        Refused::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        Refused::Malformed(_) => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn refused_code(e: &Refused) -> Code {
+    match e {
+        Refused::TooLarge(_) => Code::ResourceExhausted,
+        Refused::Malformed(_) => Code::InvalidArgument,
+    }
+}
+
+/// A refusal before the receiver saw the request (a bad gzip stream), counted.
+fn http_refused(r: &Receiver, t: Transport, format: Format, e: Refused) -> Response {
+    r.count(
+        t,
+        match e {
+            Refused::TooLarge(_) => Outcome::TooLarge,
+            Refused::Malformed(_) => Outcome::Malformed,
+        },
+    );
+    http_error(format, refused_status(&e), Status::new(refused_code(&e), e.message()))
+}
+
+fn http_error(format: Format, code: StatusCode, s: Status) -> Response {
+    match format {
+        Format::Protobuf => (
+            code,
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            s.encode_to_vec(),
+        )
+            .into_response(),
+        Format::Json => (code, [(header::CONTENT_TYPE, "application/json")], s.json()).into_response(),
+    }
+}
+
+fn response(rejected: u64, message: String) -> ExportTraceServiceResponse {
+    ExportTraceServiceResponse {
+        partial_success: (rejected > 0 || !message.is_empty()).then_some(ExportTracePartialSuccess {
+            rejected_spans: rejected as i64,
+            error_message: message,
+        }),
+    }
+}
+
+async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
+    let (parts, b) = req.into_parts();
+    let ctype = header_str(&parts.headers, header::CONTENT_TYPE);
+    if !ctype.starts_with("application/grpc") {
+        r.count(Transport::Grpc, Outcome::Unsupported);
+        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, "gRPC takes application/grpc").into_response();
+    }
+    let encoding = parts
+        .headers
+        .get("grpc-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .to_owned();
+    let max = r.limits().max_body;
+    let Some(raw) = body(b, max + 5).await else {
+        r.count(Transport::Grpc, Outcome::TooLarge);
+        return grpc_status(Status::new(
+            Code::ResourceExhausted,
+            format!("the message is over {max} bytes"),
+        ));
+    };
+    // One length-prefixed message: a compressed flag and a 4-byte big-endian length.
+    let message = match raw.get(..5) {
+        Some(h) if raw.len() - 5 == u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize => raw.slice(5..),
+        _ => {
+            r.count(Transport::Grpc, Outcome::Malformed);
+            return grpc_status(Status::new(
+                Code::InvalidArgument,
+                "not one length-prefixed gRPC message",
+            ));
+        }
+    };
+    let message = match (raw[0], encoding.as_str()) {
+        (0, _) => message,
+        (1, "gzip") => match decode::gunzip(&message, max) {
+            Ok(m) => Bytes::from(m),
+            Err(e) => {
+                r.count(
+                    Transport::Grpc,
+                    match e {
+                        Refused::TooLarge(_) => Outcome::TooLarge,
+                        Refused::Malformed(_) => Outcome::Malformed,
+                    },
+                );
+                return grpc_status(Status::new(refused_code(&e), e.message()));
+            }
+        },
+        (_, other) => {
+            r.count(Transport::Grpc, Outcome::Unsupported);
+            return grpc_status(Status::new(
+                Code::Unimplemented,
+                format!("message compression {other:?}: this receiver takes gzip or none"),
+            ));
+        }
+    };
+    match r.export(Transport::Grpc, Format::Protobuf, message).await {
+        Answer::Accepted { rejected, message } => {
+            let m = response(rejected, message).encode_to_vec();
+            let mut framed = Vec::with_capacity(m.len() + 5);
+            framed.push(0);
+            framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&m);
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            Response::builder()
+                .header(header::CONTENT_TYPE, "application/grpc")
+                .body(Body::new(Unary {
+                    data: Some(Bytes::from(framed)),
+                    trailers: Some(trailers),
+                }))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        }
+        Answer::Refused(e) => grpc_status(Status::new(refused_code(&e), e.message())),
+        Answer::Busy => grpc_status(
+            Status::new(Code::ResourceExhausted, "vitals is behind: send again later").retry_after(r.retry_after_secs),
+        ),
+    }
+}
+
+/// A trailers-only gRPC answer: the status in the headers, no message.
+fn grpc_status(s: Status) -> Response {
+    let mut resp = Response::new(Body::empty());
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from(s.code));
+    if let Ok(v) = HeaderValue::from_str(&rpc::grpc_message(&s.message)) {
+        h.insert("grpc-message", v);
+    }
+    if !s.details.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&s.details_bin()) {
+            h.insert("grpc-status-details-bin", v);
+        }
+    }
+    resp
+}
+
+/// A unary gRPC answer's body: the message, then the trailers.
+struct Unary {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for Unary {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(d) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+}

@@ -1,0 +1,461 @@
+//! `vitals-otlp` as a client sees it, on the real broker: calls reach the signals topic; bad
+//! input of every kind the OTLP specification names is refused or skipped with the status it
+//! says, counted, and stops nothing; a Kafka that cannot keep up is answered "busy, send again
+//! later" (429 with Retry-After; RESOURCE_EXHAUSTED with a RetryInfo) instead of queueing
+//! without bound. Needs the local stack: run `scripts/test.sh`.
+
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message as _;
+use rdkafka::consumer::Consumer as _;
+use rdkafka::Message as _;
+use std::io::Write as _;
+use std::time::Duration;
+use vitals_contracts::{decode_signal, Signal};
+use vitals_otlp::rpc::{RetryInfo, Status};
+use vitals_testkit::{brokers, free_port, http_get, metric, unique, wait_until, Service, Stamp, Topics};
+
+fn kv(k: &str, v: Value) -> KeyValue {
+    KeyValue {
+        key: k.into(),
+        key_strindex: 0,
+        value: Some(AnyValue { value: Some(v) }),
+    }
+}
+
+/// A client span calling `host:443`, answered `status`; its ids from `n`.
+fn call(n: u64, host: &str, status: i64) -> Span {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut trace_id = vec![0xab; 16];
+    trace_id[..8].copy_from_slice(&n.to_be_bytes());
+    Span {
+        trace_id,
+        span_id: (n + 1).to_be_bytes().to_vec(),
+        name: "POST".into(),
+        kind: SpanKind::Client as i32,
+        start_time_unix_nano: now - 50_000_000,
+        end_time_unix_nano: now,
+        attributes: vec![
+            kv("http.request.method", Value::StringValue("POST".into())),
+            kv("server.address", Value::StringValue(host.into())),
+            kv("server.port", Value::IntValue(443)),
+            kv("http.response.status_code", Value::IntValue(status)),
+        ],
+        ..Default::default()
+    }
+}
+
+fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", Value::StringValue("svc".into()))],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+struct Receiver {
+    _service: Service,
+    http: u16,
+    grpc: u16,
+    client: reqwest::Client,
+    h2: reqwest::Client,
+}
+
+impl Receiver {
+    async fn start(label: &str, brokers: &str, topic: &str, extra: &[&str]) -> Receiver {
+        let (http, grpc) = (free_port(), free_port());
+        let mut args: Vec<String> = [
+            "--brokers",
+            brokers,
+            "--signals-topic",
+            topic,
+            "--http-addr",
+            &format!("127.0.0.1:{http}"),
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let service = Service::start("vitals-otlp", label, &args);
+        wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
+            http_get(http, "/readyz").await.as_deref() == Some("ready")
+        })
+        .await;
+        Receiver {
+            _service: service,
+            http,
+            grpc,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            h2: reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn post(
+        &self,
+        ctype: &str,
+        encoding: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        let mut r = self
+            .client
+            .post(format!("http://127.0.0.1:{}/v1/traces", self.http))
+            .header("content-type", ctype)
+            .body(body);
+        if let Some(e) = encoding {
+            r = r.header("content-encoding", e);
+        }
+        let resp = r.send().await.expect("the receiver answers");
+        let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+        (status, headers, resp.bytes().await.unwrap().to_vec())
+    }
+
+    async fn proto(&self, req: &ExportTraceServiceRequest) -> (u16, Vec<u8>) {
+        let (s, _, b) = self.post("application/x-protobuf", None, req.encode_to_vec()).await;
+        (s, b)
+    }
+
+    /// A gRPC export of `message` (flag 0, or 1 with `encoding`): the HTTP status, the headers
+    /// (a trailers-only answer has grpc-status there) and the body.
+    async fn grpc(&self, message: &[u8], compressed: Option<&str>) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        let mut framed = vec![u8::from(compressed.is_some())];
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(message);
+        let mut r = self
+            .h2
+            .post(format!(
+                "http://127.0.0.1:{}/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                self.grpc
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(framed);
+        if let Some(e) = compressed {
+            r = r.header("grpc-encoding", e);
+        }
+        let resp = r.send().await.expect("the receiver answers gRPC");
+        let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+        (status, headers, resp.bytes().await.unwrap().to_vec())
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        metric(self.http, name).await.unwrap_or(-1.0)
+    }
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(b).unwrap();
+    z.finish().unwrap()
+}
+
+fn status_of(body: &[u8]) -> Status {
+    Status::decode(body).expect("an error body is a google.rpc.Status")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_reach_kafka_and_bad_input_is_refused_or_skipped_counted_and_stops_nothing() {
+    let topics = Topics::create(&unique("otlp_in"), 1, Stamp::LogAppendTime).await;
+    let r = Receiver::start("otlp-bad-input", &brokers(), &topics.signals, &["--summarize-ms", "0"]).await;
+    let mut sent = Vec::new();
+
+    // Good: protobuf, JSON, gzip, gRPC; each call reported.
+    let (s, b) = r
+        .proto(&request(vec![call(1, "api.a", 200), call(2, "api.b", 503)]))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
+        None
+    );
+    sent.extend([1u64, 2]);
+    let json = serde_json::to_vec(&request(vec![call(3, "api.a", 429)])).unwrap();
+    let (s, h, b) = r.post("application/json", None, json.clone()).await;
+    assert_eq!(
+        (s, h["content-type"].to_str().unwrap()),
+        (200, "application/json"),
+        "{}",
+        String::from_utf8_lossy(&b)
+    );
+    sent.push(3);
+    let (s, _, _) = r
+        .post(
+            "application/x-protobuf",
+            Some("gzip"),
+            gzip(&request(vec![call(4, "api.b", 200)]).encode_to_vec()),
+        )
+        .await;
+    assert_eq!(s, 200);
+    sent.push(4);
+    let (s, h, b) = r
+        .grpc(&request(vec![call(5, "api.a", 500)]).encode_to_vec(), None)
+        .await;
+    assert_eq!(s, 200);
+    assert!(
+        h.get("grpc-status").is_none(),
+        "a success's status is in the trailers: {h:?}"
+    );
+    assert_eq!(b[0], 0);
+    assert!(ExportTraceServiceResponse::decode(&b[5..]).is_ok());
+    sent.push(5);
+    let (s, _, _) = r
+        .grpc(
+            &gzip(&request(vec![call(6, "api.b", 200)]).encode_to_vec()),
+            Some("gzip"),
+        )
+        .await;
+    assert_eq!(s, 200);
+    sent.push(6);
+
+    // Partial success: one span with a zero trace id is rejected, the other reported.
+    let mut bad_id = call(7, "api.a", 200);
+    bad_id.trace_id = vec![0; 16];
+    let (s, b) = r.proto(&request(vec![bad_id, call(8, "api.a", 200)])).await;
+    assert_eq!(s, 200);
+    let partial = ExportTraceServiceResponse::decode(&b[..])
+        .unwrap()
+        .partial_success
+        .unwrap();
+    assert_eq!(partial.rejected_spans, 1);
+    assert!(partial.error_message.contains("trace_id"), "{partial:?}");
+    sent.push(8);
+
+    // Malformed protobuf; JSON with wrong types; invalid UTF-8 in a string: 400, a Status.
+    let (s, b) = r.proto_raw(b"\xff\xff\xff\xff".to_vec()).await;
+    assert_eq!((s, status_of(&b).code), (400, 3));
+    let (s, _, b) = r
+        .post(
+            "application/json",
+            None,
+            br#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":5}]}]}]}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(s, 400);
+    let j: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(j["code"], 3, "{j}");
+    let mut bad_utf8 = request(vec![call(9, "api.a", 200)]).encode_to_vec();
+    let at = bad_utf8.windows(4).position(|w| w == b"POST").unwrap();
+    bad_utf8[at] = 0xff;
+    let (s, b) = r.proto_raw(bad_utf8).await;
+    assert_eq!((s, status_of(&b).code), (400, 3), "{}", status_of(&b).message);
+
+    // Too large: a 10 MB body; a million spans in 2 MB; a JSON million spans; a gzip bomb: 413.
+    let (s, _, _) = r.post("application/x-protobuf", None, vec![0x0a; 10 << 20]).await;
+    assert_eq!(s, 413);
+    let million = request(vec![Span::default(); 1_000_000]).encode_to_vec();
+    assert!(million.len() < 4 << 20, "{} bytes", million.len());
+    let (s, b) = r.proto_raw(million.clone()).await;
+    assert_eq!(s, 413);
+    assert!(
+        status_of(&b).message.contains("1000000 spans"),
+        "{}",
+        status_of(&b).message
+    );
+    let json_million = format!(
+        "{{\"resourceSpans\":[{{\"scopeSpans\":[{{\"spans\":[{}]}}]}}]}}",
+        vec!["{}"; 1_000_000].join(",")
+    );
+    let (s, _, _) = r.post("application/json", None, json_million.into_bytes()).await;
+    assert_eq!(s, 413);
+    let (s, _, _) = r
+        .post("application/x-protobuf", Some("gzip"), gzip(&vec![0u8; 100 << 20]))
+        .await;
+    assert_eq!(s, 413);
+    let (s, h, _) = r.grpc(&million, None).await;
+    assert_eq!((s, h["grpc-status"].to_str().unwrap()), (200, "8"));
+
+    // Attributes of 1 MB: a name that long is skipped (counted); elsewhere it is carried.
+    let mut long_name = call(10, &"x".repeat(1 << 20), 200);
+    long_name.span_id = vec![1; 8];
+    let mut long_other = call(11, "api.b", 200);
+    long_other
+        .attributes
+        .push(kv("http.request.body", Value::StringValue("y".repeat(1 << 20))));
+    let (s, _) = r.proto(&request(vec![long_name, long_other])).await;
+    assert_eq!(s, 200);
+    sent.push(11);
+
+    // Not OTLP: another content type or encoding, another method, another gRPC compression.
+    let (s, _, _) = r.post("text/plain", None, b"hi".to_vec()).await;
+    assert_eq!(s, 415);
+    let (s, _, _) = r.post("application/x-protobuf", Some("br"), b"hi".to_vec()).await;
+    assert_eq!(s, 415);
+    let get = r
+        .client
+        .get(format!("http://127.0.0.1:{}/v1/traces", r.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status().as_u16(), 405);
+    let (s, h, _) = r.grpc(b"x", Some("snappy")).await;
+    assert_eq!((s, h["grpc-status"].to_str().unwrap()), (200, "12"));
+    let (s, h, _) = r.grpc(b"\xff\xff\xff", None).await;
+    assert_eq!((s, h["grpc-status"].to_str().unwrap()), (200, "3"));
+
+    // Nothing stopped: a good request still goes through, and every refusal was counted.
+    let (s, _) = r.proto(&request(vec![call(12, "api.a", 200)])).await;
+    assert_eq!(s, 200);
+    sent.push(12);
+    for (name, want) in [
+        ("vitals_otlp_requests_total{transport=\"http\",result=\"ok\"}", 5.0),
+        ("vitals_otlp_requests_total{transport=\"http\",result=\"partial\"}", 1.0),
+        (
+            "vitals_otlp_requests_total{transport=\"http\",result=\"malformed\"}",
+            3.0,
+        ),
+        (
+            "vitals_otlp_requests_total{transport=\"http\",result=\"too_large\"}",
+            4.0,
+        ),
+        (
+            "vitals_otlp_requests_total{transport=\"http\",result=\"unsupported\"}",
+            2.0,
+        ),
+        ("vitals_otlp_requests_total{transport=\"grpc\",result=\"ok\"}", 2.0),
+        (
+            "vitals_otlp_requests_total{transport=\"grpc\",result=\"malformed\"}",
+            1.0,
+        ),
+        (
+            "vitals_otlp_requests_total{transport=\"grpc\",result=\"too_large\"}",
+            1.0,
+        ),
+        (
+            "vitals_otlp_requests_total{transport=\"grpc\",result=\"unsupported\"}",
+            1.0,
+        ),
+        ("vitals_otlp_spans_total{result=\"rejected\"}", 1.0),
+        ("vitals_otlp_spans_skipped_total{reason=\"bad_name\"}", 1.0),
+        ("vitals_otlp_outcomes_total{result=\"queued\"}", sent.len() as f64),
+    ] {
+        assert_eq!(r.metric(name).await, want, "{name}");
+    }
+
+    // Every call sent is on the signals topic, once, under its span's id.
+    let want: std::collections::BTreeSet<String> = sent
+        .iter()
+        .map(|n| {
+            let s = call(*n, "h", 200);
+            vitals_spans::map::event_id(&s.trace_id, &s.span_id)
+        })
+        .collect();
+    let c = vitals_testkit::consumer(&unique("otlp_reader"));
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topics.signals, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut got = Vec::new();
+    while got.len() < want.len() {
+        let m = tokio::time::timeout(Duration::from_secs(60), c.recv())
+            .await
+            .expect("the calls reach the topic")
+            .unwrap();
+        if let Some(Ok(Signal::Call(call))) = m.payload().map(decode_signal) {
+            assert_eq!(call.gateway, "svc");
+            got.push(call.event_id);
+        }
+    }
+    let got_set: std::collections::BTreeSet<String> = got.iter().cloned().collect();
+    assert_eq!(got_set, want);
+    assert_eq!(got.len(), want.len(), "each once");
+}
+
+impl Receiver {
+    async fn proto_raw(&self, body: Vec<u8>) -> (u16, Vec<u8>) {
+        let (s, _, b) = self.post("application/x-protobuf", None, body).await;
+        (s, b)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_that_cannot_keep_up_is_answered_busy_with_when_to_send_again() {
+    // An unreachable broker and a producer queue of one record: the reporter's queue (8) fills
+    // within a few requests, and the receiver answers busy from three quarters of it.
+    let dead = free_port();
+    let r = Receiver::start(
+        "otlp-busy",
+        &format!("127.0.0.1:{dead}"),
+        "vitals.signals.v1",
+        &[
+            "--kafka-option",
+            "queue.buffering.max.messages=1",
+            "--summarize-ms",
+            "0",
+            "--queue",
+            "8",
+            "--retry-after-secs",
+            "3",
+        ],
+    )
+    .await;
+    let mut busy = None;
+    for n in 0..50u64 {
+        let spans = (0..4).map(|i| call(100 * n + i * 2, "api.a", 200)).collect();
+        let (s, h, b) = r
+            .post("application/x-protobuf", None, request(spans).encode_to_vec())
+            .await;
+        if s == 429 {
+            busy = Some((h, b));
+            break;
+        }
+        assert_eq!(s, 200);
+    }
+    let (h, b) = busy.expect("a 429 before 50 requests of 4 calls, with room for 8");
+    assert_eq!(h["retry-after"].to_str().unwrap(), "3");
+    let st = status_of(&b);
+    assert_eq!(st.code, 8);
+    let (s, h, _) = r
+        .grpc(&request(vec![call(9_999, "api.a", 200)]).encode_to_vec(), None)
+        .await;
+    assert_eq!((s, h["grpc-status"].to_str().unwrap()), (200, "8"));
+    use base64::Engine as _;
+    let details = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(h["grpc-status-details-bin"].to_str().unwrap())
+        .unwrap();
+    let st = Status::decode(&details[..]).unwrap();
+    let retry = RetryInfo::decode(&st.details[0].value[..]).unwrap();
+    assert_eq!(
+        retry.retry_delay.unwrap().seconds,
+        3,
+        "RESOURCE_EXHAUSTED with a RetryInfo is retryable"
+    );
+    assert!(
+        r.metric("vitals_otlp_requests_total{transport=\"http\",result=\"busy\"}")
+            .await
+            >= 1.0
+    );
+    assert!(
+        r.metric("vitals_otlp_requests_total{transport=\"grpc\",result=\"busy\"}")
+            .await
+            >= 1.0
+    );
+    // Bounded: what the queue could not take was counted, nothing more is held than it has room for.
+    assert!(r.metric("vitals_otlp_report_queue").await <= 8.0);
+    let calls = r.metric("vitals_otlp_spans_total{result=\"call\"}").await;
+    let queued = r.metric("vitals_otlp_outcomes_total{result=\"queued\"}").await;
+    let dropped = r.metric("vitals_otlp_outcomes_total{result=\"dropped\"}").await;
+    assert_eq!(queued + dropped, calls);
+    assert_eq!(http_get(r.http, "/healthz").await.as_deref(), Some("ok"));
+}
