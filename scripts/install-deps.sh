@@ -35,6 +35,16 @@ if ! python3 -c 'import playwright' 2>/dev/null; then
   echo "[deps] pip install playwright (the dashboard's browser tests drive the system chromium)" >&2
   python3 -m pip install -q --root-user-action=ignore 'playwright>=1.40,<2'
 fi
+# Caddy, a real proxy that emits OpenTelemetry traces natively (its `tracing` directive), built
+# from its Go module for the OTLP receiver's system test (tests/system/tests/otlp.rs).
+caddy_version=v2.11.9
+caddy=${VITALS_CADDY:-/opt/vitals-caddy/bin/caddy}
+if [[ ! -x "$caddy" ]] || [[ "$(cat "$(dirname "$caddy")/.version" 2>/dev/null)" != "$caddy_version" ]]; then
+  echo "[deps] go install github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version into $(dirname "$caddy") (a few minutes)" >&2
+  mkdir -p "$(dirname "$caddy")"
+  GOBIN="$(dirname "$caddy")" "$(command -v go || echo /usr/local/go/bin/go)" install "github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version"
+  echo "$caddy_version" > "$(dirname "$caddy")/.version"
+fi
 # LiteLLM in a virtual environment of its own (integrations/litellm's tests, tests/system's LiteLLM
 # tests and `scripts/demo.sh --gateway litellm`), with the plug-in of this checkout installed in it.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

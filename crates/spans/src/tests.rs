@@ -279,3 +279,21 @@ fn a_bad_table_names_the_rule_and_the_field() {
         assert!(e.contains(says), "{t:?}: {e}");
     }
 }
+
+#[test]
+fn the_shipped_example_table_parses_and_maps_each_gateway() {
+    let m = Map::parse(include_str!("../../../deploy/otlp/map.toml")).unwrap();
+    let names: Vec<&str> = m.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["http-client", "envoy", "litellm", "kong"]);
+    let mut envoy = client(vec![
+        s("upstream_cluster.name", "chat"),
+        s("upstream_address", "10.0.0.7:443"),
+        s("http.status_code", "503"),
+    ]);
+    envoy.kind = SpanKind::Server as i32;
+    let o = call(&m, &envoy).unwrap();
+    assert_eq!(
+        (o.pool.as_str(), o.endpoint.as_str(), o.outcome),
+        ("chat", "10.0.0.7:443", OutcomeClass::ServerError)
+    );
+}

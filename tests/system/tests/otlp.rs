@@ -371,3 +371,111 @@ async fn litellm_proxy_with_only_its_otel_callback_gets_a_failing_deployment_eje
     load.abort();
     stack.finish().await;
 }
+
+/// Caddy's spans (its `tracing` directive: one SERVER span per request, from otelhttp) name the
+/// site that took the request, not the upstream it chose, so each simulated endpoint gets a site
+/// of its own and the table names endpoints by the site's address. They carry the status the
+/// upstream answered; a refused upstream's 502, which Caddy answers outside the tracing handler,
+/// they record as 200 (Caddy 2.11.9), so the fault here is answers of 503.
+fn caddy_map(sites: &[(String, u16)]) -> String {
+    let mut map = String::from(
+        "gateway = [\"{resource:service.name}\"]\n[[call]]\nname = \"caddy\"\nkinds = [\"server\"]\nspan_names = [\"vitals_upstream\"]\npool = [\"web\"]\nendpoint = [\"{server.address}:{server.port}\"]\n[endpoints]\n",
+    );
+    for (ep, port) in sites {
+        map.push_str(&format!("\"127.0.0.1:{port}\" = \"{ep}\"\n"));
+    }
+    map
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_emitting_otlp_natively_gets_a_failing_upstream_ejected() {
+    let caddy = std::path::PathBuf::from(
+        std::env::var("VITALS_CADDY").unwrap_or_else(|_| "/opt/vitals-caddy/bin/caddy".into()),
+    );
+    assert!(
+        caddy.exists(),
+        "{} is missing: run scripts/install-deps.sh (it builds Caddy from its Go module)",
+        caddy.display()
+    );
+    let stack = Stack::start_without_prober("otlp_caddy", "web").await;
+    let sites: Vec<(String, u16)> = stack
+        .sim
+        .endpoints()
+        .into_iter()
+        .map(|(ep, _)| (ep, free_port()))
+        .collect();
+    let (_otlp, http, _) = start_otlp("otlp-caddy", &stack.topics, &caddy_map(&sites)).await;
+    let mut caddyfile = String::from("{\n\tadmin off\n\tauto_https off\n}\n");
+    for ((_, port), (_, addr)) in sites.iter().zip(stack.sim.endpoints()) {
+        caddyfile.push_str(&format!(
+            ":{port} {{\n\tbind 127.0.0.1\n\ttracing {{\n\t\tspan vitals_upstream\n\t}}\n\treverse_proxy {addr}\n}}\n"
+        ));
+    }
+    let cfg = std::env::temp_dir().join(format!("{}.caddyfile", unique("caddy")));
+    std::fs::write(&cfg, caddyfile).unwrap();
+    let log = std::env::temp_dir().join(format!("{}.log", unique("caddy")));
+    eprintln!("Caddy log: {}", log.display());
+    let _caddy = KillOnDrop(
+        Command::new(&caddy)
+            .args(["run", "--config", cfg.to_str().unwrap(), "--adapter", "caddyfile"])
+            .env("OTEL_SERVICE_NAME", "caddy")
+            .env("OTEL_TRACES_EXPORTER", "otlp")
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{http}"))
+            .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("Caddy starts"),
+    );
+    // Load: every site, 5 calls a second each.
+    let ports: Vec<u16> = sites.iter().map(|(_, p)| *p).collect();
+    let load = tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tick.tick().await;
+            for p in &ports {
+                let (client, url) = (client.clone(), format!("http://127.0.0.1:{p}/v1/chat/completions"));
+                tokio::spawn(async move {
+                    let body = serde_json::json!({"model": "m", "messages": []});
+                    let _ = client.post(url).json(&body).send().await;
+                });
+            }
+        }
+    });
+    wait_until(
+        "Caddy's spans reported as calls",
+        Duration::from_secs(90),
+        || async move {
+            metric(http, "vitals_otlp_spans_total{result=\"call\"}")
+                .await
+                .unwrap_or(0.0)
+                >= 30.0
+        },
+    )
+    .await;
+    let failing = ejected_on_spans(
+        &stack,
+        "e1",
+        Behaviour {
+            server_errors: 1.0,
+            ..healthy()
+        },
+        "caddy",
+        "Caddy, 503s",
+    )
+    .await;
+    assert!(
+        failing
+            .iter()
+            .any(|c| c.outcome == OutcomeClass::ServerError && c.http_status == Some(503)),
+        "Caddy's spans of the upstream's 503s are the ejection's evidence: {failing:?}"
+    );
+    load.abort();
+    stack.finish().await;
+}
