@@ -411,9 +411,11 @@ pub enum Verdict {
 
 /// A stable id for a span: the same span exported twice (a retried export) gives the same id.
 pub fn event_id(trace_id: &[u8], span_id: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(2 * (trace_id.len() + span_id.len()));
     for b in trace_id.iter().chain(span_id) {
-        s.push_str(&format!("{b:02x}"));
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
     }
     s
 }

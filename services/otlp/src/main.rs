@@ -1,3 +1,8 @@
+// Decoding a request allocates every span's attributes, and the reporter's worker frees them:
+// mimalloc takes that churn (otlp-bench).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use std::time::Duration;
 use vitals_runtime::shell;
