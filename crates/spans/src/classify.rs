@@ -4,7 +4,8 @@
 //! message) when the span says the call failed.
 
 use crate::attrs::Attrs;
-use opentelemetry_proto::tonic::trace::v1::{status::StatusCode, Span};
+use crate::view::SpanView;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use vitals_contracts::OutcomeClass;
 
 /// The status code attributes, newest convention first.
@@ -77,13 +78,13 @@ pub fn class_of_error(error: &str, own: &[(String, OutcomeClass)]) -> OutcomeCla
 }
 
 /// How `span` ended.
-pub fn ended(span: &Span, attrs: Attrs<'_>, own: &[(String, OutcomeClass)]) -> Ended {
+pub fn ended(span: &SpanView<'_>, attrs: Attrs<'_, '_>, own: &[(String, OutcomeClass)]) -> Ended {
     let http_status = STATUS_KEYS[..2]
         .iter()
         .find_map(|k| attrs.int(k))
         .and_then(|s| i32::try_from(s).ok())
         .filter(|s| (100..=999).contains(s));
-    let failed = span.status.as_ref().is_some_and(|s| s.code == StatusCode::Error as i32);
+    let failed = span.status_code == StatusCode::Error as i32;
     let error = attrs
         .text("error.type")
         .map(|e| e.into_owned())
@@ -91,14 +92,9 @@ pub fn ended(span: &Span, attrs: Attrs<'_>, own: &[(String, OutcomeClass)]) -> E
             span.events
                 .iter()
                 .filter(|e| e.name == "exception")
-                .find_map(|e| Attrs(&e.attributes).text("exception.type").map(|t| t.into_owned()))
+                .find_map(|e| Attrs(&e.attrs).text("exception.type").map(|t| t.into_owned()))
         })
-        .or_else(|| {
-            failed
-                .then(|| span.status.as_ref().map(|s| s.message.clone()))
-                .flatten()
-                .filter(|m| !m.is_empty())
-        })
+        .or_else(|| (failed && !span.status_message.is_empty()).then(|| span.status_message.to_owned()))
         // `error.type` may hold the status code itself ("500"): the code says it already.
         .filter(|e| e.parse::<i32>().ok() != http_status || http_status.is_none());
     let class = match http_status.and_then(class_of_status) {

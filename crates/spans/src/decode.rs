@@ -72,7 +72,22 @@ pub fn gunzip(body: &[u8], max: usize) -> Result<Vec<u8>, Refused> {
     Ok(out)
 }
 
-/// Decode an export request.
+/// A protobuf export request's size and span count within the limits (checked on the wire,
+/// before anything is read out of it: what `Map::convert_wire` then reads).
+pub fn protobuf_within(body: &[u8], limits: &Limits) -> Result<(), Refused> {
+    if body.len() > limits.max_body {
+        return Err(Refused::TooLarge(format!(
+            "a body of {} bytes; at most {}",
+            body.len(),
+            limits.max_body
+        )));
+    }
+    let spans =
+        count_spans(body).map_err(|e| Refused::Malformed(format!("not an OTLP protobuf export request: {e}")))?;
+    too_many(spans, limits)
+}
+
+/// Decode an export request (all of it, with prost or serde: OTLP/JSON's way in).
 pub fn request(format: Format, body: &[u8], limits: &Limits) -> Result<ExportTraceServiceRequest, Refused> {
     if body.len() > limits.max_body {
         return Err(Refused::TooLarge(format!(

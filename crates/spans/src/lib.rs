@@ -16,6 +16,7 @@ pub mod classify;
 pub mod decode;
 pub mod map;
 pub mod template;
+pub mod view;
 
 pub use map::{Map, Verdict};
 

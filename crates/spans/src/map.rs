@@ -44,8 +44,10 @@
 use crate::attrs::Attrs;
 use crate::classify::{self, STATUS_KEYS};
 use crate::template::{Subject, Template};
+use crate::view::{self, wire, Attr, SpanView};
 use crate::{Skip, Tally};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde::Deserialize;
@@ -256,40 +258,94 @@ impl Map {
         })
     }
 
-    fn rule_for(&self, span: &Span, attrs: Attrs<'_>) -> Option<&Rule> {
+    fn rule_for(&self, span: &SpanView<'_>, attrs: Attrs<'_, '_>) -> Option<&Rule> {
         self.rules.iter().find(|r| {
             r.kinds.contains(&span.kind)
-                && (r.span_names.is_empty() || r.span_names.contains(&span.name))
+                && (r.span_names.is_empty() || r.span_names.contains(span.name))
                 && (r.when_any.is_empty() || r.when_any.iter().any(|k| attrs.has(k)))
         })
     }
 
-    /// Every span of `req` into `out` (the calls' reports), each counted in `tally`.
+    fn count(&self, span: &SpanView<'_>, resource: &[Attr<'_>], out: &mut Vec<CallOutcome>, tally: &mut Tally) {
+        tally.spans += 1;
+        match self.call_view(span, Attrs(resource)) {
+            Ok(o) => {
+                tally.calls += 1;
+                out.push(o);
+            }
+            Err(Verdict::Skip(s)) => tally.skipped[s as usize] += 1,
+            Err(Verdict::Reject(why)) => {
+                tally.rejected += 1;
+                tally.first_rejection.get_or_insert(why);
+            }
+        }
+    }
+
+    /// Every span of a decoded request (OTLP/JSON) into `out` (the calls' reports), each
+    /// counted in `tally`.
     pub fn convert(&self, req: &ExportTraceServiceRequest, out: &mut Vec<CallOutcome>, tally: &mut Tally) {
         for rs in &req.resource_spans {
-            let resource = rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]);
+            let resource = view::attrs_of(rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]));
             for ss in &rs.scope_spans {
                 for span in &ss.spans {
-                    tally.spans += 1;
-                    match self.call(span, Attrs(resource)) {
-                        Ok(o) => {
-                            tally.calls += 1;
-                            out.push(o);
-                        }
-                        Err(Verdict::Skip(s)) => tally.skipped[s as usize] += 1,
-                        Err(Verdict::Reject(why)) => {
-                            tally.rejected += 1;
-                            tally.first_rejection.get_or_insert(why);
-                        }
-                    }
+                    self.count(&view::span_of(span), &resource, out, tally);
                 }
             }
         }
     }
 
+    /// Every span of a protobuf export request, read from the wire one at a time, into `out`,
+    /// each counted in `tally`; an error if the request is not one (then `out` and `tally` hold
+    /// what came before, to be dropped).
+    pub fn convert_wire(&self, body: &[u8], out: &mut Vec<CallOutcome>, tally: &mut Tally) -> Result<(), String> {
+        let mut span = SpanView::default();
+        wire::each(body, |field, v| {
+            if field != 1 {
+                return Ok(());
+            }
+            let rs = wire::message(v, "resource_spans")?;
+            // The resource may come after the spans on the wire: read it first.
+            let mut resource = Vec::new();
+            wire::each(rs, |f, v| {
+                if f == 1 {
+                    resource = wire::resource(wire::message(v, "a resource")?)?;
+                }
+                Ok(())
+            })?;
+            wire::each(rs, |f, v| {
+                match f {
+                    2 => wire::each(wire::message(v, "scope_spans")?, |f, v| {
+                        match f {
+                            1 => wire::scope(wire::message(v, "a scope")?)?,
+                            2 => {
+                                wire::span(wire::message(v, "a span")?, &mut span)?;
+                                self.count(&span, &resource, out, tally);
+                            }
+                            3 => {
+                                wire::string(v, "a schema URL")?;
+                            }
+                            _ => {}
+                        }
+                        Ok(())
+                    })?,
+                    3 => {
+                        wire::string(v, "a schema URL")?;
+                    }
+                    _ => {}
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// The report of one decoded span, or why there is none.
+    pub fn call(&self, span: &Span, resource: &[KeyValue]) -> Result<CallOutcome, Verdict> {
+        self.call_view(&view::span_of(span), Attrs(&view::attrs_of(resource)))
+    }
+
     /// The report of one span, or why there is none.
-    pub fn call(&self, span: &Span, resource: Attrs<'_>) -> Result<CallOutcome, Verdict> {
-        let attrs = Attrs(&span.attributes);
+    pub fn call_view(&self, span: &SpanView<'_>, resource: Attrs<'_, '_>) -> Result<CallOutcome, Verdict> {
+        let attrs = Attrs(&span.attrs);
         let rule = self.rule_for(span, attrs).ok_or(Verdict::Skip(Skip::NotACall))?;
         if span.trace_id.len() != 16 || span.trace_id.iter().all(|b| *b == 0) {
             return Err(Verdict::Reject("a span's trace_id is not 16 bytes, or all zero".into()));
@@ -306,7 +362,7 @@ impl Map {
         let subject = Subject {
             span: attrs,
             resource,
-            name: &span.name,
+            name: span.name,
         };
         let pool = rule
             .pool
@@ -329,7 +385,7 @@ impl Map {
             .find_map(|t| t.render(&subject))
             .ok_or(Verdict::Skip(Skip::BadName))?;
         for (field, v) in [("pool", &pool), ("endpoint", &endpoint), ("gateway", &gateway)] {
-            if validate_name(field, v).is_err() {
+            if !valid_name(field, v) {
                 return Err(Verdict::Skip(Skip::BadName));
             }
         }
@@ -348,7 +404,7 @@ impl Map {
             })
             .flatten();
         let mut attributes = BTreeMap::new();
-        attributes.insert("otel.span".to_owned(), bounded(&span.name));
+        attributes.insert("otel.span".to_owned(), bounded(span.name));
         attributes.insert("otel.rule".to_owned(), rule.name.clone());
         if let Some(e) = &ended.error {
             attributes.insert("error.type".to_owned(), bounded(e));
@@ -361,10 +417,10 @@ impl Map {
         let model = ["gen_ai.response.model", "gen_ai.request.model"]
             .iter()
             .find_map(|k| attrs.text(k))
-            .filter(|m| validate_name("model", m).is_ok())
+            .filter(|m| valid_name("model", m))
             .map(|m| m.into_owned());
         Ok(CallOutcome {
-            event_id: event_id(&span.trace_id, &span.span_id),
+            event_id: event_id(span.trace_id, span.span_id),
             pool,
             endpoint,
             gateway,
@@ -381,7 +437,7 @@ impl Map {
     }
 
     /// The first token's time after the span's start, from an attribute or an event.
-    fn ttft_us(&self, span: &Span, attrs: Attrs<'_>) -> Option<i64> {
+    fn ttft_us(&self, span: &SpanView<'_>, attrs: Attrs<'_, '_>) -> Option<i64> {
         let us = |x: f64| (0.0..1e13).contains(&x).then_some(x as i64);
         self.ttft_seconds
             .iter()
@@ -394,7 +450,7 @@ impl Map {
             .or_else(|| {
                 span.events
                     .iter()
-                    .filter(|e| self.ttft_events.contains(&e.name))
+                    .filter(|e| self.ttft_events.iter().any(|n| n == e.name))
                     .find_map(|e| e.time_unix_nano.checked_sub(span.start_time_unix_nano))
                     .and_then(|ns| i64::try_from(ns / 1000).ok())
             })
@@ -407,6 +463,15 @@ impl Map {
 pub enum Verdict {
     Skip(Skip),
     Reject(String),
+}
+
+/// Whether vitals takes `v` as a name: printable ASCII within the length at once (nearly every
+/// name), the contract's whole check otherwise.
+fn valid_name(field: &'static str, v: &str) -> bool {
+    let ascii = v.len() <= vitals_contracts::validate::MAX_NAME_LEN
+        && v.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && v.bytes().any(|b| b != b' ');
+    ascii || validate_name(field, v).is_ok()
 }
 
 /// A stable id for a span: the same span exported twice (a retried export) gives the same id.

@@ -44,9 +44,9 @@ enum Filter {
 }
 
 /// What a template reads from: one span's attributes, its resource's, and its name.
-pub struct Subject<'a> {
-    pub span: Attrs<'a>,
-    pub resource: Attrs<'a>,
+pub struct Subject<'s, 'a> {
+    pub span: Attrs<'s, 'a>,
+    pub resource: Attrs<'s, 'a>,
     pub name: &'a str,
 }
 
@@ -96,7 +96,7 @@ impl Template {
     }
 
     /// The name this template gives for `s`, or None if a field is missing or empty.
-    pub fn render(&self, s: &Subject<'_>) -> Option<String> {
+    pub fn render(&self, s: &Subject<'_, '_>) -> Option<String> {
         let mut out = String::new();
         for p in &self.parts {
             match p {
@@ -138,7 +138,7 @@ impl Field {
         })
     }
 
-    fn value(&self, s: &Subject<'_>) -> Option<String> {
+    fn value(&self, s: &Subject<'_, '_>) -> Option<String> {
         let raw = match self.scope {
             Scope::SpanName => std::borrow::Cow::Borrowed(s.name),
             Scope::Span => s.span.text(&self.key)?,
@@ -236,6 +236,7 @@ mod tests {
             ),
         ];
         let resource = vec![kv("service.name", Value::StringValue("checkout".into()))];
+        let (span, resource) = (crate::view::attrs_of(&span), crate::view::attrs_of(&resource));
         let s = Subject {
             span: Attrs(&span),
             resource: Attrs(&resource),

@@ -1,6 +1,5 @@
 //! The table's conversion, span by span.
 
-use crate::attrs::Attrs;
 use crate::{Map, Skip, Tally, Verdict};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, ArrayValue, KeyValue};
@@ -58,7 +57,7 @@ fn resource() -> Vec<KeyValue> {
 }
 
 fn call(m: &Map, sp: &Span) -> Result<vitals_contracts::CallOutcome, Verdict> {
-    m.call(sp, Attrs(&resource()))
+    m.call(sp, &resource())
 }
 
 fn addr(host: &str, port: i64) -> Vec<KeyValue> {

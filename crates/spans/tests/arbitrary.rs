@@ -3,7 +3,8 @@
 //! or a counted skip or rejection; the wire count of spans equals the decoded count.
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, ArrayValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::span::Event;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use proptest::prelude::*;
 use prost::Message as _;
@@ -17,6 +18,14 @@ fn value() -> impl Strategy<Value = Value> {
         (100i64..600).prop_map(Value::IntValue),
         any::<f64>().prop_map(Value::DoubleValue),
         any::<bool>().prop_map(Value::BoolValue),
+        prop::collection::vec("[0-9]{0,3}", 0..3).prop_map(|v| Value::ArrayValue(ArrayValue {
+            values: v
+                .into_iter()
+                .map(|s| AnyValue {
+                    value: Some(Value::StringValue(s)),
+                })
+                .collect(),
+        })),
         prop_oneof![
             Just("http://h:1/x".to_owned()),
             Just("https://[::1]/".to_owned()),
@@ -39,6 +48,7 @@ fn key() -> impl Strategy<Value = String> {
         Just("gen_ai.server.time_to_first_token".to_owned()),
         Just("http.response.header.retry-after".to_owned()),
         Just("upstream_address".to_owned()),
+        Just("http.response.header.retry-after".to_owned()),
         ".{0,12}",
     ]
 }
@@ -53,8 +63,9 @@ fn span() -> impl Strategy<Value = Span> {
         prop::collection::vec((key(), value()), 0..8),
         0i32..4,
         ".{0,20}",
+        prop::option::of(("(exception|gen_ai.first_token)", ".{0,12}", 0u64..1_000_000_000)),
     )
-        .prop_map(|(trace_id, span_id, kind, start, len, attrs, code, msg)| Span {
+        .prop_map(|(trace_id, span_id, kind, start, len, attrs, code, msg, event)| Span {
             trace_id,
             span_id,
             kind,
@@ -70,6 +81,21 @@ fn span() -> impl Strategy<Value = Span> {
                 })
                 .collect(),
             status: Some(Status { code, message: msg }),
+            events: event
+                .into_iter()
+                .map(|(name, ty, at)| Event {
+                    name,
+                    time_unix_nano: start.saturating_add(at),
+                    attributes: vec![KeyValue {
+                        key: "exception.type".into(),
+                        key_strindex: 0,
+                        value: Some(AnyValue {
+                            value: Some(Value::StringValue(ty)),
+                        }),
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
             ..Default::default()
         })
 }
@@ -97,6 +123,9 @@ proptest! {
         let l = Limits::default();
         let _ = decode::request(Format::Protobuf, &body, &l);
         let _ = decode::request(Format::Json, &body, &l);
+        // The wire reader takes any bytes too: a request, or an error.
+        let (mut out, mut t) = (Vec::new(), Tally::default());
+        let _ = Map::default().convert_wire(&body, &mut out, &mut t);
         let _ = decode::gunzip(&body, 1 << 20);
     }
 
@@ -115,6 +144,11 @@ proptest! {
         }
         let bytes = req.encode_to_vec();
         prop_assert_eq!(decode::count_spans(&bytes).unwrap(), decode::span_count(&req));
+        // Read off the wire span by span, the request gives what prost's decoding gives.
+        let (mut wired, mut wt) = (Vec::new(), Tally::default());
+        m.convert_wire(&bytes, &mut wired, &mut wt).unwrap();
+        prop_assert_eq!(&wired, &out);
+        prop_assert_eq!(&wt, &t);
         let back = decode::request(Format::Protobuf, &bytes, &Limits::default()).unwrap();
         prop_assert_eq!(&back, &req);
     }

@@ -52,7 +52,7 @@ pub struct Config {
     /// Call reports waiting to be sent; beyond, the reports of a request are dropped and
     /// counted. Requests are refused (429, RESOURCE_EXHAUSTED with a RetryInfo) once it is
     /// three quarters full, so that senders hold their spans and send again.
-    #[arg(long, env = "VITALS_OTLP_QUEUE", default_value_t = 262_144)]
+    #[arg(long, env = "VITALS_OTLP_QUEUE", default_value_t = 65_536)]
     pub queue: usize,
     /// What a busy answer tells the client to wait, in seconds.
     #[arg(long, env = "VITALS_OTLP_RETRY_AFTER_SECS", default_value_t = 1)]

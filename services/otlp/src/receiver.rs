@@ -139,10 +139,21 @@ impl Receiver {
         };
         let me = self.clone();
         let converted = tokio::task::spawn_blocking(move || {
-            let req = decode::request(format, &body, &me.limits)?;
-            drop(body);
             let (mut out, mut tally) = (Vec::new(), Tally::default());
-            me.map.convert(&req, &mut out, &mut tally);
+            match format {
+                // Read span by span off the wire: nothing is held but the reports.
+                Format::Protobuf => {
+                    decode::protobuf_within(&body, &me.limits)?;
+                    me.map
+                        .convert_wire(&body, &mut out, &mut tally)
+                        .map_err(|e| Refused::Malformed(format!("not an OTLP protobuf export request: {e}")))?;
+                }
+                Format::Json => {
+                    let req = decode::request(format, &body, &me.limits)?;
+                    drop(body);
+                    me.map.convert(&req, &mut out, &mut tally);
+                }
+            }
             Ok::<_, Refused>((out, tally))
         })
         .await;
