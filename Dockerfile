@@ -5,7 +5,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends cmake libcurl4-
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p vitals-processor -p vitals-api -p vitals-prober -p vitals-upstream-sim \
-    -p vitals-router -p vitals-demo -p vitals-alerter -p vitals-cli
+    -p vitals-router -p vitals-demo -p vitals-alerter -p vitals-cli -p vitals-otlp
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 libcurl4 \
@@ -13,7 +13,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
 COPY --from=build /src/target/release/vitals-processor /src/target/release/vitals-api \
     /src/target/release/vitals-prober /src/target/release/vitals-upstream-sim \
     /src/target/release/vitals-router /src/target/release/vitals-demo \
-    /src/target/release/vitals-alerter /src/target/release/vitals /usr/local/bin/
+    /src/target/release/vitals-alerter /src/target/release/vitals /src/target/release/vitals-otlp /usr/local/bin/
 COPY deploy /etc/vitals/deploy
 USER nobody
 ENTRYPOINT ["/usr/local/bin/vitals-processor"]

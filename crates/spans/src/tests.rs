@@ -283,7 +283,7 @@ fn a_bad_table_names_the_rule_and_the_field() {
 fn the_shipped_example_table_parses_and_maps_each_gateway() {
     let m = Map::parse(include_str!("../../../deploy/otlp/map.toml")).unwrap();
     let names: Vec<&str> = m.rules.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(names, ["http-client", "envoy", "litellm", "kong"]);
+    assert_eq!(names, ["http-client", "envoy", "litellm", "kong", "apisix", "nginx"]);
     let mut envoy = client(vec![
         s("upstream_cluster.name", "chat"),
         s("upstream_address", "10.0.0.7:443"),
