@@ -115,7 +115,11 @@ pub fn parse(body: &[u8]) -> Result<Line<'_>, Bad> {
             .and_then(|c| retry_after_ms(c.split('|').next().unwrap_or(""))),
         _ => None,
     };
-    let id = if id == "-" { line_id(body) } else { id.to_owned() };
+    let id = if id == "-" || id.is_empty() {
+        line_id(body)
+    } else {
+        id.to_owned()
+    };
     // The server's time: from the connection to the last byte, without the client's request and
     // the queue; with retries, the last connection's connect and response time (HAProxy waits
     // between retries, which is not the server's time).
