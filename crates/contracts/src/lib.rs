@@ -29,7 +29,7 @@ pub use summary::{CallSummary, Histogram, HistogramBucket, OutcomeCounts, Summar
 pub use types::*;
 pub use validate::{validate_name, validate_signal, ValidationError};
 
-/// Kafka topic names (BRIEF.md, "Contracts"). Their record keys are described in [`keys`].
+/// Kafka topic names (README, "Architecture"). Their record keys are described in [`keys`].
 pub mod topics {
     pub const SIGNALS: &str = "vitals.signals.v1";
     pub const HEALTH_CHANGES: &str = "vitals.health-changes.v1";

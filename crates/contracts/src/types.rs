@@ -240,7 +240,7 @@ pub struct OperatorOverride {
     pub issued_at: Micros,
 }
 
-/// Every number of the health model, per pool. Defaults come from the seed articles (see the
+/// Every number of the health model, per pool. Defaults come from the practice articles (see the
 /// schema `policy_change.avsc` and the table in docs/decisions.md).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

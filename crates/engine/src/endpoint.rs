@@ -119,7 +119,7 @@ pub(crate) struct Entered {
     pub was_cooling: bool,
 }
 
-/// The TTFT part of the score (seed 001): 100 at the baseline, 0 at `ttft_max_ms`.
+/// The TTFT part of the score (the EWMA scoring practice docs/decisions.md describes): 100 at the baseline, 0 at `ttft_max_ms`.
 pub(crate) fn ttft_score(ms: f64, policy: &Policy) -> f64 {
     let s = 100.0 - (ms - policy.ttft_baseline_ms) / (policy.ttft_max_ms - policy.ttft_baseline_ms) * 100.0;
     s.clamp(0.0, 100.0)
@@ -607,7 +607,7 @@ impl Tracker {
     /// Move the EWMA score as `steps` samples of `sample` would, one after another; the hard
     /// break and the deadband's hold follow.
     ///
-    /// Up to ~11 calls a second each call moves the score by the policy's β (seed 001). Busier,
+    /// Up to ~11 calls a second each call moves the score by the policy's β (the EWMA weight). Busier,
     /// a call moves it as that traffic's share of one ([`score_share`]): the score averages
     /// over the same time, not the same few calls. Per call, four failures in a row at β = 0.7
     /// take the score under `degrade_below` and two under `recover_above`: 1 % noise does the

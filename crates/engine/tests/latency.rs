@@ -1,5 +1,5 @@
 //! A latency outlier: one endpoint of several whose calls take 10x the others' on 15 % of
-//! calls, none failing (issue 39's measurement: healthy → degraded → healthy 65 times in 90 s
+//! calls, none failing (measured with `vitals simulate` before the latency rule had hysteresis: healthy → degraded → healthy 65 times in 90 s
 //! at 10 calls a second and 1,521 times at 200). The flag on the latency EWMA cleared within
 //! tens of milliseconds of being set, and the degradation ended with it.
 

@@ -133,7 +133,7 @@ fn three_failures_in_a_row_eject_a_quiet_endpoint_not_a_busy_one() {
 }
 
 /// Four endpoints at 5,000 calls a second each, failing 1 % at random (and 0.5 % 429s, 2 %
-/// 4xx), for a minute: the seeds' streams hold runs of three 5xx (the policy's hard break;
+/// 4xx), for a minute: the practice articles' streams hold runs of three 5xx (the policy's hard break;
 /// counted, so that the test shows it would fail on them) and 429s 3 among 12 (the cooldown's
 /// share); the runs at that traffic (5) never come, and nothing is ejected or cooled. A dead
 /// endpoint among them is out within a few of its calls.

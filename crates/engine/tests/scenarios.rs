@@ -1,4 +1,4 @@
-//! Scenario tests: the seed articles' situations, fed through the engine as signals.
+//! Scenario tests: the practice articles' situations (docs/decisions.md names them), fed through the engine as signals.
 
 mod common;
 use common::*;

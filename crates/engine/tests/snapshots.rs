@@ -3,7 +3,7 @@
 //! restored engine continues deterministically.
 //!
 //! `fixtures/pool-snapshot-2026-12.json` was written by the engine as it stood before its rules
-//! moved into modules (issue 23) and before probation (issue 24), from [`mixed_signals`] cut at
+//! moved into modules and before probation existed, from [`mixed_signals`] cut at
 //! [`CUT`]; the refactor alone re-serialized it to the same bytes and continued it exactly as the
 //! uninterrupted run (checked then; the rules have changed since). To write a new fixture for a
 //! later format, run this test with `VITALS_WRITE_SNAPSHOT_FIXTURE=<path>`.

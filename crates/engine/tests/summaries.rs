@@ -80,7 +80,7 @@ const BUCKET: Micros = 3 * SEC;
 const CHANCE: Micros = 10 * SEC;
 
 /// How far apart the engines may degrade (or restore) an endpoint with a latency tail: the
-/// 15 s within which the decisions degrade one (issue 39) — a chance run of slow calls flags
+/// 15 s within which the decisions degrade one (the latency-tail target in docs/decisions.md) — a chance run of slow calls flags
 /// it, in each engine its own, as a chance run of fast ones may let a degradation end.
 const TAIL: Micros = 15 * SEC;
 

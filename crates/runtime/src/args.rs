@@ -93,7 +93,7 @@ impl std::fmt::Debug for PostgresArgs {
     }
 }
 
-/// The four topics of the contracts (BRIEF.md).
+/// The four topics of the contracts (`vitals_contracts::topics`).
 #[derive(Args, Clone, Debug)]
 pub struct TopicArgs {
     #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = topics::SIGNALS)]

@@ -606,7 +606,7 @@ fn call_outcome(ep: usize, id: u64, at: Micros, a: &Answer) -> CallOutcome {
 }
 
 /// e0 of `endpoints`, each called `per_endpoint` times a second, takes 10× as long on 15 % of
-/// its calls for five minutes (issue 39's measurement: it flapped 65 times in 90 s at 10 calls
+/// its calls for five minutes (measured before the latency rule had hysteresis: it flapped 65 times in 90 s at 10 calls
 /// a second and 1,521 times at 200).
 fn latency_tail(name: &'static str, endpoints: usize, per_endpoint: f64) -> Scenario {
     Scenario {

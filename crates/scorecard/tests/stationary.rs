@@ -1,5 +1,5 @@
 //! No rule flaps: under any stationary fault — one that does not change for minutes — every
-//! endpoint settles, and makes at most a few transitions a minute (issue 39: a latency tail went
+//! endpoint settles, and makes at most a few transitions a minute (before the latency rule had hysteresis, a latency tail went
 //! healthy → degraded → healthy 1,521 times in 90 s, each exit tens of milliseconds after the
 //! entry, because the rule that entered had no hysteresis of its own). Random faults of every
 //! kind the scorecard simulates, at random strengths, pool sizes and traffic, through the
@@ -16,11 +16,11 @@ use vitals_scorecard::{run, Fault, Injection, Scenario, SEC};
 /// 40 % rate limit without Retry-After: every ~35 s), each cycle longer than the last. In any
 /// one minute, at most [`BURST`] (the first cycles of such a fault, probation's end included).
 ///
-/// An upstream that announces a Retry-After is tried again when it says (issue 39 item 3: back
+/// An upstream that announces a Retry-After is tried again when it says (back
 /// within 2 s of the limit lifting): a limit that persists is out and back once a window it
 /// announces, its own cadence ([`allowed`]). Retry-Afters under 5 s are not generated: there
 /// the cycle is the upstream's too, but every one costs two transitions and a failed call; a
-/// trickle of trial calls while cooling would test the limit without them (not built, issue 39).
+/// trickle of trial calls while cooling would test the limit without them (not built yet).
 const PER_MINUTE: f64 = 4.0;
 const BURST: usize = 6;
 
@@ -78,7 +78,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             // The fault on e0, and background noise (up to 2 % of calls failing at random) on
             // every other endpoint, or none — from 5 s: at the start the loop's first reports
             // are all failures (a 5xx reports in 30 ms, a success in 650), and three in a row
-            // eject a healthy endpoint there (issue 39, the peer rule at an endpoint's first
+            // eject a healthy endpoint there (the peer rule at an endpoint's first
             // calls).
             faults: std::iter::once(Injection {
                 endpoint: 0,

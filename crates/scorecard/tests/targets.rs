@@ -111,7 +111,7 @@ fn capacity_lost(scores: &[Score]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Capacity back soon after a fault ends (issue 39 item 2): the weight of an endpoint on
+/// Capacity back soon after a fault ends (docs/decisions.md, capacity back): the weight of an endpoint on
 /// probation grows after a run of passes, where it used to be held at 0.01 for 20 to 60 passes
 /// and then slow start (59 to 89 endpoint-seconds lost after these faults, the whole of the
 /// 60 or 90 s the runs go on after them).
@@ -167,7 +167,7 @@ fn forty_percent_429s_cool_within_five_seconds_and_cost_few_calls() {
     assert!(worst(&runs("429-5min"), |x| x.failed) <= 40);
 }
 
-/// A cooldown ends when the upstream's Retry-After says (issue 39 item 3): in every run the
+/// A cooldown ends when the upstream's Retry-After says (docs/decisions.md, rate limits): in every run the
 /// endpoint is back within 2 s of the limit lifting (7.6 s median and 37 s worst over 20 seeds
 /// when a cooldown right after another doubled).
 #[test]

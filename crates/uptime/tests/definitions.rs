@@ -318,7 +318,7 @@ fn recovering_endpoints_that_fail_again_start_a_new_incident_with_no_time_to_out
     assert_eq!(es[0].endpoint, "f");
 }
 
-/// Issue 40: maintenance on, off into slow start, out 0.3 s later read "time to out 30.3 s" (the
+/// Found in testing: maintenance on, off into slow start, out 0.3 s later read "time to out 30.3 s" (the
 /// maintenance taken for the first sign). A first sign is a departure from healthy to suspect
 /// or degraded that did not return to healthy.
 #[test]

@@ -463,7 +463,7 @@ mod tests {
         })
     }
 
-    /// Issue 40: a new consumer group replays the changes topic; one partition is read to its
+    /// Found in testing: a new consumer group replays the changes topic; one partition is read to its
     /// present while another still replays an old episode. Judged at the other partition's
     /// present, the old ejection (its return not read yet) read as out all of the window: the
     /// alert fired stamped with the replay's time, at 0.000 %. Each partition keeps its own

@@ -1,5 +1,5 @@
 //! Liveness, readiness, metrics, and the heartbeat route: an endpoint that pushes heartbeats
-//! (seed 002) posts them here and they become `ProbeResult`s of kind heartbeat.
+//! (the push model of a heartbeat) posts them here and they become `ProbeResult`s of kind heartbeat.
 
 use crate::metrics::Metrics;
 use crate::schedule::Context;

@@ -85,7 +85,7 @@ struct Args {
     #[arg(long, default_value_t = 16)]
     partitions: i32,
     /// Noise on every endpoint, as a multiple of 1 % 5xx, 2 % 4xx and 0.5 % 429s (0: none, as
-    /// the benchmark of issue 29 had).
+    /// the first version of this benchmark had).
     #[arg(long, default_value_t = 1.0)]
     noise: f64,
     /// Partitions of the gateway-signals topic (`--merge`).

@@ -32,7 +32,7 @@ struct Args {
     /// Instead of timing deliveries: fill the ring with this many changes, then open
     /// `--clients` streams from 50 loopback addresses that resume from the topic's start
     /// (`Last-Event-ID: 0:0,…`) and never read, and print the API's memory (the resume flood of
-    /// issue 28).
+    /// before the bounded fan-out).
     #[arg(long, default_value_t = 0)]
     resume_flood: usize,
     /// A flag for the API (repeat it; e.g. `--api-arg=--stream-ring --api-arg=100`, so that a

@@ -1,6 +1,6 @@
 //! Uptime and incidents of one large pool through the HTTP API: 1,000 endpoints over 92 days,
 //! an incident on each endpoint every two days (three transitions each), so that every answer
-//! the API gives for a legal pool is measured: its size and its latency (issue 36).
+//! the API gives for a legal pool is measured: its size and its latency.
 //!
 //!   scripts/stack.sh up && cargo run --release -p vitals-bench --bin uptime-bench -- [--endpoints 1000] [--queries 20]
 
