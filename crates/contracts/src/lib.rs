@@ -12,8 +12,6 @@
 
 mod bounds;
 pub mod codec;
-mod fast;
-mod fast_encode;
 pub mod hash;
 pub mod keys;
 pub mod seq;

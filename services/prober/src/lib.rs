@@ -5,6 +5,7 @@ pub mod follow;
 pub mod http;
 pub mod metrics;
 pub mod probe;
+pub mod readiness;
 pub mod schedule;
 pub mod service;
 pub mod shard;

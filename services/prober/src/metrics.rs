@@ -18,7 +18,7 @@ pub struct Metrics {
     pub published: Counter,
     pub publish_failed: Counter,
     /// Whether results reach the broker (what `/readyz` reads).
-    pub deliveries: crate::sink::Deliveries,
+    pub deliveries: crate::readiness::Deliveries,
     registry: Registry,
 }
 

@@ -5,8 +5,7 @@
 //! equal to the generic path for every record, and older schema versions keep using the generic
 //! path with schema resolution.
 
-use crate::codec::{CodecError, SchemaKind};
-use crate::summary::{CallSummary, Histogram, HistogramBucket, OutcomeCounts};
+use super::{CodecError, SchemaKind};
 use crate::types::*;
 use std::collections::BTreeMap;
 

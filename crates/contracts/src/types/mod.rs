@@ -1,6 +1,9 @@
 //! Rust types of the Avro records in `schemas/`. Field names and enum symbols match the schemas.
 
+mod call_summary;
+
 use crate::symbols::symbols;
+pub use call_summary::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -82,7 +85,7 @@ impl Requests {
     }
 
     /// The calls of a summary (or any per-class counts).
-    pub fn of_counts(counts: &crate::summary::OutcomeCounts) -> Requests {
+    pub fn of_counts(counts: &OutcomeCounts) -> Requests {
         let mut r = Requests::default();
         for (c, n) in counts.iter() {
             r.add(c, n);
@@ -349,7 +352,7 @@ pub struct PolicyChange {
 pub enum Signal {
     Call(CallOutcome),
     /// Calls summed at the gateway ([`crate::summary`]).
-    Summary(crate::summary::CallSummary),
+    Summary(CallSummary),
     Probe(ProbeResult),
     Tick(Tick),
     Override(OperatorOverride),

@@ -6,44 +6,19 @@
 //! evolve by adding optional fields with defaults. Nothing here panics on bad bytes: an unknown
 //! fingerprint, a truncated body or a value that does not fit the schema is a [`CodecError`].
 
+mod error;
+mod fast;
+mod fast_encode;
+
 use crate::types::*;
 use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value, write_avro_datum_ref, Schema};
+pub use error::CodecError;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 pub const MAGIC: [u8; 2] = [0xC3, 0x01];
 pub const HEADER_LEN: usize = 10;
-
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum CodecError {
-    #[error("record is {0} bytes, shorter than the 10-byte single-object header")]
-    TooShort(usize),
-    #[error("bad magic {0:02x} {1:02x}: not Avro single-object encoding (want c3 01)")]
-    BadMagic(u8, u8),
-    #[error("unknown schema fingerprint {0:016x}")]
-    UnknownFingerprint(u64),
-    #[error("schema {found:?} where {expected:?} was expected")]
-    WrongSchema { expected: SchemaKind, found: SchemaKind },
-    #[error("invalid avro body for {kind:?}: {message}")]
-    Body { kind: SchemaKind, message: String },
-    #[error("cannot encode {kind:?}: {message}")]
-    Encode { kind: SchemaKind, message: String },
-}
-
-impl CodecError {
-    /// A short machine-readable code, for a dead-letter header or a metric label.
-    pub fn code(&self) -> &'static str {
-        match self {
-            CodecError::TooShort(_) => "too_short",
-            CodecError::BadMagic(..) => "bad_magic",
-            CodecError::UnknownFingerprint(_) => "unknown_fingerprint",
-            CodecError::WrongSchema { .. } => "wrong_schema",
-            CodecError::Body { .. } => "invalid_body",
-            CodecError::Encode { .. } => "encode",
-        }
-    }
-}
 
 /// The record types of the contracts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,63 +38,63 @@ pub enum SchemaKind {
 const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
     (
         SchemaKind::CallOutcome,
-        include_str!("../../../schemas/call_outcome.avsc"),
+        include_str!("../../../../schemas/call_outcome.avsc"),
         true,
     ),
     (
         SchemaKind::CallOutcome,
-        include_str!("../../../schemas/call_outcome.v2.avsc"),
+        include_str!("../../../../schemas/call_outcome.v2.avsc"),
         false,
     ),
     (
         SchemaKind::CallOutcome,
-        include_str!("../../../schemas/call_outcome.v1.avsc"),
+        include_str!("../../../../schemas/call_outcome.v1.avsc"),
         false,
     ),
     (
         SchemaKind::CallSummary,
-        include_str!("../../../schemas/call_summary.avsc"),
+        include_str!("../../../../schemas/call_summary.avsc"),
         true,
     ),
     (
         SchemaKind::ProbeResult,
-        include_str!("../../../schemas/probe_result.avsc"),
+        include_str!("../../../../schemas/probe_result.avsc"),
         true,
     ),
-    (SchemaKind::Tick, include_str!("../../../schemas/tick.avsc"), true),
+    (SchemaKind::Tick, include_str!("../../../../schemas/tick.avsc"), true),
     (
         SchemaKind::OperatorOverride,
-        include_str!("../../../schemas/operator_override.avsc"),
+        include_str!("../../../../schemas/operator_override.avsc"),
         true,
     ),
     (
         SchemaKind::PolicyChange,
-        include_str!("../../../schemas/policy_change.avsc"),
+        include_str!("../../../../schemas/policy_change.avsc"),
         true,
     ),
     (
         SchemaKind::PolicyChange,
-        include_str!("../../../schemas/policy_change.v2.avsc"),
+        include_str!("../../../../schemas/policy_change.v2.avsc"),
         false,
     ),
     (
         SchemaKind::PolicyChange,
-        include_str!("../../../schemas/policy_change.v1.avsc"),
+        include_str!("../../../../schemas/policy_change.v1.avsc"),
         false,
     ),
     (
         SchemaKind::HealthChanged,
-        include_str!("../../../schemas/health_changed.avsc"),
+        include_str!("../../../../schemas/health_changed.avsc"),
         true,
     ),
     (
         SchemaKind::PoolHealthChanged,
-        include_str!("../../../schemas/pool_health_changed.avsc"),
+        include_str!("../../../../schemas/pool_health_changed.avsc"),
         true,
     ),
     (
         SchemaKind::EndpointState,
-        include_str!("../../../schemas/endpoint_state.avsc"),
+        include_str!("../../../../schemas/endpoint_state.avsc"),
         true,
     ),
 ];
@@ -245,7 +220,7 @@ macro_rules! record {
             const KIND: SchemaKind = SchemaKind::$k;
 
             fn encode_body(&self, out: &mut Vec<u8>) -> bool {
-                $fast(&mut crate::fast_encode::Writer(out), self);
+                $fast(&mut fast_encode::Writer(out), self);
                 true
             }
         }
@@ -257,13 +232,9 @@ record!(ProbeResult, ProbeResult);
 record!(Tick, Tick);
 record!(OperatorOverride, OperatorOverride);
 record!(PolicyChange, PolicyChange);
-record!(HealthChanged, HealthChanged, crate::fast_encode::health_changed);
-record!(
-    PoolHealthChanged,
-    PoolHealthChanged,
-    crate::fast_encode::pool_health_changed
-);
-record!(EndpointState, EndpointState, crate::fast_encode::endpoint_state);
+record!(HealthChanged, HealthChanged, fast_encode::health_changed);
+record!(PoolHealthChanged, PoolHealthChanged, fast_encode::pool_health_changed);
+record!(EndpointState, EndpointState, fast_encode::endpoint_state);
 
 /// Encode with the current schema of `T`.
 pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
@@ -412,7 +383,7 @@ pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
 pub fn decode_signal(bytes: &[u8]) -> Result<Signal, CodecError> {
     let (kind, idx, body) = header(bytes)?;
     if registry().known[idx].resolve_to.is_none() {
-        if let Some(result) = crate::fast::decode(kind, body) {
+        if let Some(result) = fast::decode(kind, body) {
             return result;
         }
     }
