@@ -4,6 +4,7 @@
 //! objects (counted in one pass before parsing), so that a small body of empty spans or empty
 //! attributes cannot make the receiver build a huge request in memory.
 
+use crate::view::wire;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use std::io::Read as _;
@@ -162,51 +163,24 @@ fn count_json_objects(body: &[u8]) -> usize {
 /// (ResourceSpans) → field 2 (ScopeSpans) → field 2 (Span).
 pub fn count_spans(body: &[u8]) -> Result<usize, String> {
     let mut n = 0;
-    for rs in fields(body, 1)? {
-        for ss in fields(rs, 2)? {
-            n += fields(ss, 2)?.len();
-        }
-    }
-    Ok(n)
-}
-
-/// The length-delimited values of field `want` in one message; every other field skipped.
-fn fields(mut b: &[u8], want: u64) -> Result<Vec<&[u8]>, String> {
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let key = varint(&mut b)?;
-        let (field, wire) = (key >> 3, key & 7);
-        match wire {
-            0 => {
-                varint(&mut b)?;
-            }
-            1 => b = b.get(8..).ok_or("truncated fixed64")?,
-            5 => b = b.get(4..).ok_or("truncated fixed32")?,
-            2 => {
-                let len = usize::try_from(varint(&mut b)?).map_err(|_| "length out of range")?;
-                let v = b.get(..len).ok_or("truncated length-delimited field")?;
-                if field == want {
-                    out.push(v);
+    wire::each(body, |f, v| {
+        if f == 1 {
+            wire::each(wire::message(v, "resource_spans")?, |f, v| {
+                if f == 2 {
+                    wire::each(wire::message(v, "scope_spans")?, |f, v| {
+                        if f == 2 {
+                            wire::message(v, "a span")?;
+                            n += 1;
+                        }
+                        Ok(())
+                    })?;
                 }
-                b = &b[len..];
-            }
-            w => return Err(format!("wire type {w} is not used by OTLP")),
+                Ok(())
+            })?;
         }
-    }
-    Ok(out)
-}
-
-fn varint(b: &mut &[u8]) -> Result<u64, String> {
-    let mut v = 0u64;
-    for i in 0..10 {
-        let (&byte, rest) = b.split_first().ok_or("truncated varint")?;
-        *b = rest;
-        v |= u64::from(byte & 0x7f) << (7 * i);
-        if byte < 0x80 {
-            return Ok(v);
-        }
-    }
-    Err("varint longer than 10 bytes".into())
+        Ok(())
+    })?;
+    Ok(n)
 }
 
 #[cfg(test)]

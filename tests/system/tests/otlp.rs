@@ -125,6 +125,57 @@ async fn ejected_on_spans(
     evidence
 }
 
+/// Wait until `vitals-otlp` (HTTP port `http`) has reported `n` calls from `who`'s spans.
+async fn calls_reported(http: u16, n: f64, who: &str) {
+    wait_until(
+        &format!("{who}'s spans reported as calls"),
+        Duration::from_secs(90),
+        || async move {
+            metric(http, "vitals_otlp_spans_total{result=\"call\"}")
+                .await
+                .unwrap_or(0.0)
+                >= n
+        },
+    )
+    .await;
+}
+
+/// An endpoint answering every request 503.
+fn answering_503() -> Behaviour {
+    Behaviour {
+        server_errors: 1.0,
+        ..healthy()
+    }
+}
+
+/// Calls to each of `urls` every `every` (with a bearer token when given), until aborted.
+fn load(
+    urls: Vec<String>,
+    every: Duration,
+    bearer: Option<&'static str>,
+    body: serde_json::Value,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            for url in &urls {
+                let mut req = client.post(url).json(&body);
+                if let Some(t) = bearer {
+                    req = req.bearer_auth(t);
+                }
+                tokio::spawn(async move {
+                    let _ = req.send().await;
+                });
+            }
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otel_sdk_spans_over_http_and_grpc_eject_a_refusing_a_failing_and_a_slow_endpoint() {
     let pool = "checkout";
@@ -175,17 +226,7 @@ async fn otel_sdk_spans_over_http_and_grpc_eject_a_refusing_a_failing_and_a_slow
         refused.iter().any(|c| c.outcome == OutcomeClass::ConnectError),
         "the spans of refused connections are connect errors: {refused:?}"
     );
-    let failing = ejected_on_spans(
-        &stack,
-        "e1",
-        Behaviour {
-            server_errors: 1.0,
-            ..healthy()
-        },
-        pool,
-        "503s",
-    )
-    .await;
+    let failing = ejected_on_spans(&stack, "e1", answering_503(), pool, "503s").await;
     assert!(
         failing
             .iter()
@@ -323,41 +364,14 @@ async fn litellm_proxy_with_only_its_otel_callback_gets_a_failing_deployment_eje
         .await;
     }
     // Load: 10 calls a second through the proxy, which spreads them over e0, e1, e2.
-    let load = {
-        let (client, url, body) = (client.clone(), url.clone(), body.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
-            loop {
-                tick.tick().await;
-                let (client, url, body) = (client.clone(), url.clone(), body.clone());
-                tokio::spawn(async move {
-                    let _ = client.post(url).bearer_auth(MASTER_KEY).json(&body).send().await;
-                });
-            }
-        })
-    };
-    wait_until(
-        "LiteLLM's spans reported as calls",
-        Duration::from_secs(90),
-        || async move {
-            metric(http, "vitals_otlp_spans_total{result=\"call\"}")
-                .await
-                .unwrap_or(0.0)
-                >= 20.0
-        },
-    )
-    .await;
-    let failing = ejected_on_spans(
-        &stack,
-        "e1",
-        Behaviour {
-            server_errors: 1.0,
-            ..healthy()
-        },
-        "litellm-otel",
-        "LiteLLM, 503s",
-    )
-    .await;
+    let load = load(
+        vec![url.clone()],
+        Duration::from_millis(100),
+        Some(MASTER_KEY),
+        body.clone(),
+    );
+    calls_reported(http, 20.0, "LiteLLM").await;
+    let failing = ejected_on_spans(&stack, "e1", answering_503(), "litellm-otel", "LiteLLM, 503s").await;
     assert!(
         failing.iter().any(|c| c.outcome.is_failure()),
         "the ejection's evidence includes LiteLLM's failure spans: {failing:?}"
@@ -430,46 +444,18 @@ async fn caddy_emitting_otlp_natively_gets_a_failing_upstream_ejected() {
             .expect("Caddy starts"),
     );
     // Load: every site, 5 calls a second each.
-    let ports: Vec<u16> = sites.iter().map(|(_, p)| *p).collect();
-    let load = tokio::spawn(async move {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            tick.tick().await;
-            for p in &ports {
-                let (client, url) = (client.clone(), format!("http://127.0.0.1:{p}/v1/chat/completions"));
-                tokio::spawn(async move {
-                    let body = serde_json::json!({"model": "m", "messages": []});
-                    let _ = client.post(url).json(&body).send().await;
-                });
-            }
-        }
-    });
-    wait_until(
-        "Caddy's spans reported as calls",
-        Duration::from_secs(90),
-        || async move {
-            metric(http, "vitals_otlp_spans_total{result=\"call\"}")
-                .await
-                .unwrap_or(0.0)
-                >= 30.0
-        },
-    )
-    .await;
-    let failing = ejected_on_spans(
-        &stack,
-        "e1",
-        Behaviour {
-            server_errors: 1.0,
-            ..healthy()
-        },
-        "caddy",
-        "Caddy, 503s",
-    )
-    .await;
+    let urls = sites
+        .iter()
+        .map(|(_, p)| format!("http://127.0.0.1:{p}/v1/chat/completions"))
+        .collect();
+    let load = load(
+        urls,
+        Duration::from_millis(200),
+        None,
+        serde_json::json!({"model": "m", "messages": []}),
+    );
+    calls_reported(http, 30.0, "Caddy").await;
+    let failing = ejected_on_spans(&stack, "e1", answering_503(), "caddy", "Caddy, 503s").await;
     assert!(
         failing
             .iter()
