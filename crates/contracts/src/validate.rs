@@ -77,6 +77,11 @@ pub fn is_format_or_separator(c: char) -> bool {
 /// A name (pool, endpoint, id): not blank, at most [`MAX_NAME_LEN`] bytes (UTF-8), no control
 /// characters, no invisible format characters ([`is_hidden_control`]).
 pub fn validate_name(field: &'static str, v: &str) -> Result<(), ValidationError> {
+    // Nearly every name is printable ASCII with a non-space in it: valid at once (no control
+    // or format character is printable ASCII, and space is its only whitespace).
+    if v.len() <= MAX_NAME_LEN && v.bytes().all(|b| (0x20..0x7f).contains(&b)) && v.bytes().any(|b| b != b' ') {
+        return Ok(());
+    }
     if v.trim().is_empty() {
         return Err(bad(field, "must not be empty"));
     }

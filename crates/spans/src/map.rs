@@ -465,13 +465,9 @@ pub enum Verdict {
     Reject(String),
 }
 
-/// Whether vitals takes `v` as a name: printable ASCII within the length at once (nearly every
-/// name), the contract's whole check otherwise.
+/// Whether vitals takes `v` as a name (the contract's rule).
 fn valid_name(field: &'static str, v: &str) -> bool {
-    let ascii = v.len() <= vitals_contracts::validate::MAX_NAME_LEN
-        && v.bytes().all(|b| (0x20..0x7f).contains(&b))
-        && v.bytes().any(|b| b != b' ');
-    ascii || validate_name(field, v).is_ok()
+    validate_name(field, v).is_ok()
 }
 
 /// A stable id for a span: the same span exported twice (a retried export) gives the same id.
@@ -497,12 +493,8 @@ fn bounded(s: &str) -> String {
     s[..end].to_owned()
 }
 
-/// A Retry-After header's delay-seconds in milliseconds, at most a day (an HTTP date needs a
-/// clock: not read).
+/// A Retry-After header's delay in milliseconds (the bridges' parser), held to a day, the most
+/// the contract takes.
 pub fn retry_after_ms(v: &str) -> Option<i64> {
-    let v = v.trim();
-    if v.is_empty() || v.len() > 9 || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    v.parse::<i64>().ok().map(|s| s.min(86_400) * 1000)
+    vitals_gateways::retry_after_ms(v).map(|ms| ms.min(86_400_000))
 }

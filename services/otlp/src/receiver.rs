@@ -44,6 +44,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// What a refused request counts as.
+    pub fn of(r: &Refused) -> Outcome {
+        match r {
+            Refused::TooLarge(_) => Outcome::TooLarge,
+            Refused::Malformed(_) => Outcome::Malformed,
+        }
+    }
+
     const ALL: [Outcome; 6] = [
         Outcome::Ok,
         Outcome::Partial,
@@ -160,13 +168,7 @@ impl Receiver {
         let (outcomes, tally) = match converted {
             Ok(Ok(c)) => c,
             Ok(Err(r)) => {
-                self.count(
-                    t,
-                    match r {
-                        Refused::TooLarge(_) => Outcome::TooLarge,
-                        Refused::Malformed(_) => Outcome::Malformed,
-                    },
-                );
+                self.count(t, Outcome::of(&r));
                 return Answer::Refused(r);
             }
             Err(e) => {

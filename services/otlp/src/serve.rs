@@ -138,13 +138,7 @@ fn refused_code(e: &Refused) -> Code {
 
 /// A refusal before the receiver saw the request (a bad gzip stream), counted.
 fn http_refused(r: &Receiver, t: Transport, format: Format, e: Refused) -> Response {
-    r.count(
-        t,
-        match e {
-            Refused::TooLarge(_) => Outcome::TooLarge,
-            Refused::Malformed(_) => Outcome::Malformed,
-        },
-    );
+    r.count(t, Outcome::of(&e));
     http_error(format, refused_status(&e), Status::new(refused_code(&e), e.message()))
 }
 
@@ -206,13 +200,7 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
         (1, "gzip") => match decode::gunzip(&message, max) {
             Ok(m) => Bytes::from(m),
             Err(e) => {
-                r.count(
-                    Transport::Grpc,
-                    match e {
-                        Refused::TooLarge(_) => Outcome::TooLarge,
-                        Refused::Malformed(_) => Outcome::Malformed,
-                    },
-                );
+                r.count(Transport::Grpc, Outcome::of(&e));
                 return grpc_status(Status::new(refused_code(&e), e.message()));
             }
         },

@@ -18,6 +18,16 @@ pub fn cpu_seconds() -> f64 {
     cpu::of_stat(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
 }
 
+/// A `kB` field of /proc/<pid>/status (`VmHWM:`, `VmRSS:`), 0 if absent.
+pub fn status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
 /// CPU time of other processes, from /proc.
 pub mod cpu {
     /// Seconds of user + system time in a /proc/<pid>/stat line.

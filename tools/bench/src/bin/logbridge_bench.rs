@@ -11,7 +11,7 @@
 use clap::Parser;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use vitals_bench::cpu;
+use vitals_bench::{cpu, status_kb};
 use vitals_gateways::map::Map;
 use vitals_gateways::{haproxy, nginx, syslog};
 use vitals_testkit::{brokers, free_port, http_get, metric, unique, Service, Stamp, Topics};
@@ -26,15 +26,6 @@ struct Args {
     /// Distinct servers the lines are spread over (10 backends).
     #[arg(long, default_value_t = 100)]
     servers: usize,
-}
-
-fn status_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
 }
 
 fn haproxy_line(i: usize, servers: usize, now: u64) -> Vec<u8> {

@@ -23,7 +23,7 @@ use rdkafka::Message as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vitals_bench::cpu;
+use vitals_bench::{cpu, status_kb};
 use vitals_contracts::{decode_signal, Signal};
 use vitals_testkit::{brokers, free_port, http_get, metric, unique, Service, Stamp, Topics};
 
@@ -124,15 +124,6 @@ fn request(first: u64, n: usize) -> Vec<u8> {
         }],
     }
     .encode_to_vec()
-}
-
-fn status_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
 }
 
 /// Send requests of `batch` spans from `senders` tasks until `total` spans or `until`: (spans
