@@ -130,3 +130,13 @@ proptest! {
         prop_assert_eq!(m.app, Some(app.as_str()));
     }
 }
+
+/// The case the generative test found: an empty request id (two spaces) gave an attempt with an
+/// empty id; it takes the line's hash, as `-` does.
+#[test]
+fn an_empty_request_id_takes_the_lines_hash() {
+    let line = format!("{} 1764577286.123  a _ 100 0 0 0 0 0 ---- 0", haproxy::MARKER);
+    let l = haproxy::parse(line.as_bytes()).unwrap();
+    assert_eq!(l.attempts.len(), 1);
+    assert_eq!(l.attempts[0].id, vitals_gateways::line_id(line.as_bytes()));
+}
