@@ -3,7 +3,7 @@
 # (Kafka, Postgres) nor the programs scripts/install-deps.sh installs beyond python3's fastavro —
 # the unit tests of every package, and each integration test file that does not use
 # vitals-testkit (the engine's scenarios and properties, the scorecard's targets, the codec, the
-# parsers, the API's and the prober's own tests...). `scripts/test.sh` stays the whole suite, and
+# parsers, the prober's probes and schedule...). `scripts/test.sh` stays the whole suite, and
 # what CI runs. Arguments go to every `cargo test` (e.g. a name filter).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,6 +14,11 @@ for dir in crates/* services/* tools/*; do
   tests=()
   for f in "$dir"/tests/*.rs; do
     grep -q 'vitals_testkit\|VITALS_TEST_' "$f" && continue
+    # A test file whose shared helpers (tests/<name>/) start the stack needs it too.
+    helpers=$(sed -n 's/^mod \([a-z_]*\);$/\1/p' "$f")
+    for h in $helpers; do
+      grep -rqs 'vitals_testkit\|VITALS_TEST_' "$dir/tests/$h" "$dir/tests/$h.rs" && continue 2
+    done
     tests+=(--test "$(basename "$f" .rs)")
   done
   if ((${#tests[@]})); then
