@@ -163,3 +163,31 @@ fn a_snapshot_from_before_the_rules_moved_restores_keeps_every_field_and_continu
     let again = Engine::restore(&engine.snapshot()).unwrap();
     assert_eq!(again, engine, "and its own snapshot restores to it");
 }
+
+/// `fixtures/pool-snapshot-2026-12-flags.json` was written from [`mixed_signals`] cut at [`CUT`]
+/// by the engine whose endpoint kept its phases (isolation, trial, cooldown, probation, ramp) as
+/// flags, with today's rules. Restored into the engine that keeps them as a phase, it must
+/// continue exactly as an uninterrupted run does: the stored form reads into the same state.
+const FLAGS_FIXTURE: &[u8] = include_bytes!("fixtures/pool-snapshot-2026-12-flags.json");
+
+#[test]
+fn a_snapshot_from_the_flags_engine_continues_exactly_as_an_uninterrupted_run() {
+    let signals = mixed_signals();
+    let mut whole = Engine::new(Policy::default());
+    run(&mut whole, &signals[..CUT]);
+    let uninterrupted = run(&mut whole, &signals[CUT..]);
+    let mut restored = Engine::restore(FLAGS_FIXTURE).expect("the flags engine's snapshot restores");
+    assert_eq!(
+        String::from_utf8(restored.snapshot()).unwrap(),
+        String::from_utf8(FLAGS_FIXTURE.to_vec()).unwrap(),
+        "the stored form is the flags engine's, byte for byte"
+    );
+    let continued = run(&mut restored, &signals[CUT..]);
+    assert!(
+        uninterrupted.len() > 20,
+        "the continuation decides: {}",
+        uninterrupted.len()
+    );
+    assert_eq!(continued, uninterrupted);
+    assert_eq!(restored, whole, "and ends in the same state");
+}

@@ -1,7 +1,11 @@
 //! Per-endpoint state: the window, the EWMA score, consecutive counters, isolation and the
 //! conditions that the pool's rules turn into transitions.
 
+mod phase;
+mod stored;
+
 use crate::window::{counts_as_failure, Rate, Totals, Window};
+use phase::{Isolation, Phase, Probation, SlowStart};
 use serde::{Deserialize, Serialize};
 use vitals_contracts::hash::Fnv64;
 use vitals_contracts::{Evidence, HealthState, Micros, OutcomeClass, OverrideAction, Policy};
@@ -161,9 +165,13 @@ fn jitter(key: Fnv64, isolations: u32, attempt: u16, base: i64) -> i64 {
     base / 1000 * (h % 250) as i64
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One endpoint's state. Its stored form is [`stored`]'s, not its fields: they may change.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tracker {
-    state: HealthState,
+    /// Where it is in its cycle of ejection and readmission, with that phase's data; its
+    /// [`HealthState`] follows from it.
+    phase: Phase,
+    /// When it entered its state.
     since: Micros,
     seq: u64,
     window: Window,
@@ -180,11 +188,6 @@ pub struct Tracker {
     isolations: u32,
     /// When the current (or last) ejection began: the minimum isolation counts from here.
     last_isolated_at: Option<Micros>,
-    /// When the router's trial call is due (`retry_at`), or a cooldown ends.
-    isolated_until: Option<Micros>,
-    /// The isolation has expired: the next call is the router's trial.
-    trial_open: bool,
-    ramp_until: Option<Micros>,
     ttft_us: [u32; TTFT_SAMPLES],
     ttft_len: u8,
     ttft_pos: u8,
@@ -200,73 +203,36 @@ pub struct Tracker {
     /// An automatic ejection was refused by the pool's max-ejection rule.
     eject_refused: bool,
     forced: Option<OverrideAction>,
-    /// What the current ejection is for (None while in rotation).
-    #[serde(default)]
-    out_for: Option<Dimension>,
-    /// Passing outcomes in a row while out.
-    #[serde(default)]
-    passes_while_out: u16,
-    /// Failed trial calls of the current isolation: the jitter's attempt number.
-    #[serde(default)]
-    failed_trials: u16,
     /// 429s in a row.
-    #[serde(default)]
     consecutive_rate_limited: u16,
-    /// On probation: readmitted on evidence that cannot see the fault, or after a flap or a
-    /// failure-rate ejection; held at the probation weight while real calls decide. (Named
-    /// `canary` in snapshots, as before probation held.)
-    #[serde(default, rename = "canary")]
-    probation: bool,
-    /// Passing outcomes in a row on probation (a failure starts the count again).
-    #[serde(default, rename = "canary_calls")]
-    probation_passes: u16,
-    /// On probation, its weight growing to full (the router's ramp) after a run of passes.
-    #[serde(default)]
-    probation_growing: bool,
-    /// Times its weight grew and fell back in this probation: each makes the run of passes the
-    /// next growth needs four times as long.
-    #[serde(default)]
-    probation_falls: u8,
     /// Cooldowns in a row, each begun soon after the last: the cooldown doubles with each.
-    #[serde(default)]
     cooldowns: u16,
     /// When the last cooldown began.
-    #[serde(default)]
     cooled_at: Option<Micros>,
     /// The latest outcomes that were not neutral, newest in bit 0: 1 for a 429.
-    #[serde(default)]
     limited_bits: u16,
     /// The latest Retry-After the upstream sent with a 429, in ms.
-    #[serde(default)]
     retry_after_ms: Option<u32>,
     /// When the endpoint was last readmitted: an ejection soon after is a flap.
-    #[serde(default)]
     readmitted_at: Option<Micros>,
     /// Failure rate significantly above the peers' (Wilson bounds; set by the pool).
-    #[serde(default)]
     failure_outlier: bool,
     /// First tokens far slower than the peers' (set by the pool).
-    #[serde(default)]
     ttft_outlier: bool,
     /// The endpoint's traffic when it last left rotation, in calls a day (the most of those of
     /// an ejection and the re-ejections that followed it): for the run of failures that
     /// re-ejects it in slow start (see [`noise_run`]), when its own window is empty.
-    #[serde(default)]
     traffic_when_out: u64,
     /// When the engine first heard of the endpoint: its traffic is counted over no longer.
-    #[serde(default)]
     born: Micros,
     /// When the latency outlier flag last cleared (None while flagged, or never flagged): a
     /// degradation for latency holds for `recover_hold_ms` after it.
-    #[serde(default)]
     latency_clear_since: Option<Micros>,
     /// The peers' median latency (ms) at the last outlier check (0: none yet): a call whose
     /// EWMA passes `latency_outlier_factor` × it is checked at once, the rest every fourth.
-    #[serde(default)]
     latency_median_seen: f64,
     /// The share of a sample the latest outcome was to the score ([`score_share`]), for the
     /// latency EWMA that the same outcome moves next: working memory, not state.
-    #[serde(skip)]
     share: Share,
 }
 
@@ -290,7 +256,7 @@ impl PartialEq for Share {
 impl Tracker {
     pub(crate) fn new(now: Micros, policy: &Policy) -> Tracker {
         Tracker {
-            state: HealthState::Healthy,
+            phase: Phase::InRotation(HealthState::Healthy),
             since: now,
             seq: 0,
             window: Window::new(buckets(policy)),
@@ -302,9 +268,6 @@ impl Tracker {
             failure_ids: Vec::new(),
             isolations: 0,
             last_isolated_at: None,
-            isolated_until: None,
-            trial_open: false,
-            ramp_until: None,
             ttft_us: [0; TTFT_SAMPLES],
             ttft_len: 0,
             ttft_pos: 0,
@@ -318,14 +281,7 @@ impl Tracker {
             noncritical_down: Vec::new(),
             eject_refused: false,
             forced: None,
-            out_for: None,
-            passes_while_out: 0,
-            failed_trials: 0,
             consecutive_rate_limited: 0,
-            probation: false,
-            probation_passes: 0,
-            probation_growing: false,
-            probation_falls: 0,
             cooldowns: 0,
             cooled_at: None,
             limited_bits: 0,
@@ -343,7 +299,7 @@ impl Tracker {
 
     /// The state it is in.
     pub fn state(&self) -> HealthState {
-        self.state
+        self.phase.state()
     }
 
     /// When it entered its state (stream time).
@@ -381,7 +337,7 @@ impl Tracker {
 
     /// What the current ejection is for (None while in rotation).
     pub fn out_for(&self) -> Option<Dimension> {
-        self.out_for
+        self.phase.out_for()
     }
 
     pub(crate) fn consecutive_hard(&self) -> u32 {
@@ -438,15 +394,24 @@ impl Tracker {
     }
 
     pub(crate) fn trial_open(&self) -> bool {
-        self.trial_open
+        matches!(&self.phase, Phase::Out(i) if i.trial_open)
     }
 
+    /// When the router's trial is due, or a cooldown ends (None unless out by a rule).
     pub(crate) fn isolated_until(&self) -> Option<Micros> {
-        self.isolated_until
+        match &self.phase {
+            Phase::Out(i) => Some(i.until),
+            _ => None,
+        }
     }
 
+    /// When its weight reaches full: slow start's ramp, or a probation's growth.
     pub(crate) fn ramp_until(&self) -> Option<Micros> {
-        self.ramp_until
+        match &self.phase {
+            Phase::SlowStart(s) => Some(s.ramp_until),
+            Phase::Probation(p) => p.growing_until,
+            _ => None,
+        }
     }
 
     /// Calls a day at its traffic when it last left rotation.
@@ -495,23 +460,31 @@ impl Tracker {
 
     /// On probation: held at the probation weight while real calls decide.
     pub(crate) fn probation(&self) -> bool {
-        self.probation
+        matches!(self.phase, Phase::Probation(_))
     }
 
     /// On probation, its weight growing to full.
     pub(crate) fn probation_growing(&self) -> bool {
-        self.probation && self.probation_growing
+        matches!(&self.phase, Phase::Probation(p) if p.growing_until.is_some())
+    }
+
+    /// Times its weight grew and fell back in this probation (0 off probation).
+    fn probation_falls(&self) -> u8 {
+        match &self.phase {
+            Phase::Probation(p) => p.falls,
+            _ => 0,
+        }
     }
 
     /// The passes in a row on probation after which its weight grows: [`PROBATION_GROW_PASSES`],
     /// × 4 for each growth that fell back in this probation.
     pub(crate) fn probation_grow_passes(&self) -> u16 {
-        grow_passes(self.probation_falls)
+        grow_passes(self.probation_falls())
     }
 
     /// [`Tracker::probation_grow_passes`] once the growth under way falls back.
     pub(crate) fn grow_passes_after_a_fall(&self) -> u16 {
-        grow_passes(self.probation_falls.saturating_add(1))
+        grow_passes(self.probation_falls().saturating_add(1))
     }
 
     pub(crate) fn retry_after_ms(&self) -> Option<u32> {
@@ -520,7 +493,7 @@ impl Tracker {
 
     /// Out on a rate-limit cooldown: out of rotation, but not an outage.
     pub(crate) fn cooling(&self) -> bool {
-        self.state == HealthState::Unhealthy && self.out_for == Some(Dimension::RateLimit)
+        matches!(&self.phase, Phase::Out(i) if i.out_for == Dimension::RateLimit)
     }
 
     pub fn totals(&self, now: Micros, policy: &Policy) -> Totals {
@@ -787,18 +760,15 @@ impl Tracker {
         if self.forced.is_some() {
             return None;
         }
-        match self.state {
-            HealthState::Unhealthy if !self.trial_open => {
-                if let Some(t) = self.isolated_until {
+        match &self.phase {
+            Phase::Out(i) if !i.trial_open => consider(i.until),
+            Phase::SlowStart(s) => consider(s.ramp_until),
+            Phase::Probation(p) => {
+                if let Some(t) = p.growing_until {
                     consider(t);
                 }
             }
-            HealthState::Recovering => {
-                if let Some(t) = self.ramp_until {
-                    consider(t);
-                }
-            }
-            HealthState::Degraded => {
+            Phase::InRotation(HealthState::Degraded) => {
                 if let Some(t) = self.above_since {
                     consider(t.saturating_add(us(policy.recover_hold_ms)));
                 }
@@ -808,9 +778,7 @@ impl Tracker {
             }
             _ => {}
         }
-        if let (Some(last), HealthState::Healthy | HealthState::Suspect | HealthState::Degraded) =
-            (self.last_heartbeat, self.state)
-        {
+        if let (Some(last), Phase::InRotation(_)) = (self.last_heartbeat, &self.phase) {
             let iv = us(self.heartbeat_interval(policy));
             let n = if self.heartbeat_silent {
                 policy.heartbeat_unhealthy_intervals
@@ -890,8 +858,10 @@ impl Tracker {
 
     /// The isolation has expired: the next call is the router's trial.
     pub(crate) fn open_trial_when_due(&mut self, now: Micros) {
-        if self.isolated_until.is_some_and(|u| u <= now) {
-            self.trial_open = true;
+        if let Phase::Out(i) = &mut self.phase {
+            if i.until <= now {
+                i.trial_open = true;
+            }
         }
     }
 
@@ -899,27 +869,36 @@ impl Tracker {
     /// share of failed calls whose failures now come `down_after` in a row is down, not partly
     /// failing: evidence that can see errors readmits it as it would any endpoint that was down.
     pub(crate) fn failed_while_out(&mut self, down_after: u32) {
-        self.passes_while_out = 0;
-        if self.out_for == Some(Dimension::ErrorRate) && self.consecutive_failures >= down_after {
-            self.out_for = Some(Dimension::Errors);
+        let failures = self.consecutive_failures;
+        if let Phase::Out(i) = &mut self.phase {
+            i.passes = 0;
+            if i.out_for == Dimension::ErrorRate && failures >= down_after {
+                i.out_for = Dimension::Errors;
+            }
         }
     }
 
     /// Passing evidence while out; returns how many in a row.
     pub(crate) fn passed_while_out(&mut self) -> u16 {
-        self.passes_while_out = self.passes_while_out.saturating_add(1);
-        self.passes_while_out
+        match &mut self.phase {
+            Phase::Out(i) => {
+                i.passes = i.passes.saturating_add(1);
+                i.passes
+            }
+            _ => 0,
+        }
     }
 
     /// An outcome on probation: a pass adds to the run of passes, a failure starts it again.
     /// Returns the run.
     pub(crate) fn probation_outcome(&mut self, passed: bool) -> u16 {
-        self.probation_passes = if passed {
-            self.probation_passes.saturating_add(1)
-        } else {
-            0
-        };
-        self.probation_passes
+        match &mut self.phase {
+            Phase::Probation(p) => {
+                p.passes = if passed { p.passes.saturating_add(1) } else { 0 };
+                p.passes
+            }
+            _ => 0,
+        }
     }
 
     /// 429s among the latest `n` outcomes (at most 16) that were not neutral.
@@ -1022,9 +1001,9 @@ impl Tracker {
         thresholds: Vec<String>,
         pool_median: Option<f64>,
     ) -> Entered {
-        let from = self.state;
+        let from = self.state();
         let was_cooling = self.cooling();
-        let (to, retry_at) = match entry {
+        let (phase, retry_at) = match entry {
             Entry::Eject(dim) => {
                 let traffic = self.calls_a_day(now, policy);
                 self.traffic_when_out = match from {
@@ -1032,72 +1011,75 @@ impl Tracker {
                     _ => self.traffic_when_out.max(traffic),
                 };
                 let ms = self.next_isolation(now, policy);
-                (HealthState::Unhealthy, Some(self.isolate(now, ms, dim)))
+                let out_for = dim.or(self.out_for()).unwrap_or(Dimension::Errors);
+                self.isolate(now, ms, out_for, 0)
             }
             Entry::TrialFailed(key) => {
                 // The same isolation again, jittered: a continuing outage does not grow it.
-                self.failed_trials = self.failed_trials.saturating_add(1);
+                let failed = match &self.phase {
+                    Phase::Out(i) => i.failed_trials,
+                    _ => 0,
+                }
+                .saturating_add(1);
                 let iso = us(self.isolation(policy));
-                let ms = iso.saturating_add(jitter(key, self.isolations, self.failed_trials, iso)) / 1000;
-                (HealthState::Unhealthy, Some(self.isolate(now, ms, None)))
+                let ms = iso.saturating_add(jitter(key, self.isolations, failed, iso)) / 1000;
+                let out_for = self.out_for().unwrap_or(Dimension::Errors);
+                self.isolate(now, ms, out_for, failed)
             }
             Entry::Cooldown(ms) => {
                 self.cooldowns = self.cooldowns_in_a_row(now, policy);
                 self.cooled_at = Some(now);
                 self.retry_after_ms = None;
-                (
-                    HealthState::Unhealthy,
-                    Some(self.isolate(now, ms, Some(Dimension::RateLimit))),
-                )
+                self.isolate(now, ms, Dimension::RateLimit, 0)
             }
-            Entry::Operator(to) => {
-                self.out_for = None;
-                self.probation = false;
-                self.probation_growing = false;
-                (to, None)
-            }
+            Entry::Operator(to) => (Phase::Operator(to), None),
             Entry::Recovering { probation } => {
-                let ended_probation = self.probation && !probation;
+                let ended_probation = self.probation() && !probation;
+                // What it was out for, but the end of a cooldown is not a readmission: a later
+                // ejection is no flap.
+                let after = if was_cooling { None } else { self.out_for() };
                 self.reset_for_recovery(now);
-                self.isolated_until = None;
-                self.trial_open = false;
-                self.passes_while_out = 0;
-                self.probation = probation;
-                self.probation_passes = 0;
-                self.probation_growing = false;
-                self.probation_falls = 0;
-                if was_cooling {
-                    // The end of a cooldown is not a readmission: a later ejection is no flap.
-                    self.out_for = None;
-                } else if !ended_probation {
+                if !was_cooling && !ended_probation {
                     self.readmitted_at = Some(now);
                 }
                 // On probation the weight is held: no ramp until it grows.
-                self.ramp_until = (!probation).then(|| now.saturating_add(us(policy.slow_start_ms)));
-                (HealthState::Recovering, None)
+                let phase = if probation {
+                    Phase::Probation(Probation {
+                        after,
+                        passes: 0,
+                        falls: 0,
+                        growing_until: None,
+                    })
+                } else {
+                    Phase::SlowStart(SlowStart {
+                        after,
+                        ramp_until: now.saturating_add(us(policy.slow_start_ms)),
+                    })
+                };
+                (phase, None)
             }
             Entry::Probation { growing } => {
-                self.probation_growing = growing;
+                let mut p = match std::mem::replace(&mut self.phase, Phase::InRotation(HealthState::Healthy)) {
+                    Phase::Probation(p) => p,
+                    other => Probation {
+                        after: other.out_for(),
+                        passes: 0,
+                        falls: 0,
+                        growing_until: None,
+                    },
+                };
                 if growing {
-                    self.ramp_until = Some(now.saturating_add(us(PROBATION_RAMP_MS)));
+                    p.growing_until = Some(now.saturating_add(us(PROBATION_RAMP_MS)));
                 } else {
-                    self.ramp_until = None;
-                    self.probation_falls = self.probation_falls.saturating_add(1);
+                    p.growing_until = None;
+                    p.falls = p.falls.saturating_add(1);
                 }
-                (HealthState::Recovering, None)
+                (Phase::Probation(p), None)
             }
-            Entry::Healthy => {
-                self.isolated_until = None;
-                self.trial_open = false;
-                self.ramp_until = None;
-                self.out_for = None;
-                self.probation = false;
-                self.probation_growing = false;
-                (HealthState::Healthy, None)
-            }
-            Entry::InRotation(to) => (to, None),
+            Entry::Healthy => (Phase::InRotation(HealthState::Healthy), None),
+            Entry::InRotation(to) => (Phase::InRotation(to), None),
         };
-        self.state = to;
+        self.phase = phase;
         self.since = now;
         self.seq += 1;
         let evidence = self.evidence(now, policy, thresholds, pool_median);
@@ -1114,18 +1096,11 @@ impl Tracker {
         }
     }
 
-    /// Out of rotation for `ms` (for `dim`; None keeps what it was out for, else errors).
-    /// Returns when the router's trial is due.
-    fn isolate(&mut self, now: Micros, ms: i64, dim: Option<Dimension>) -> Micros {
-        self.out_for = dim.or(self.out_for).or(Some(Dimension::Errors));
+    /// Out of rotation for `ms`, for `out_for`, after `failed_trials` failed trials: the phase,
+    /// and when the router's trial is due.
+    fn isolate(&self, now: Micros, ms: i64, out_for: Dimension, failed_trials: u16) -> (Phase, Option<Micros>) {
         let until = now.saturating_add(us(ms));
-        self.isolated_until = Some(until);
-        self.trial_open = false;
-        self.passes_while_out = 0;
-        self.probation = false;
-        self.probation_growing = false;
-        self.ramp_until = None;
-        until
+        (Phase::Out(Isolation::new(out_for, until, failed_trials)), Some(until))
     }
 
     /// The isolation for a new ejection: base × 2^k, capped. k grows only for a flapping
@@ -1140,7 +1115,6 @@ impl Tracker {
         }
         self.isolations = self.isolations.saturating_add(1);
         self.last_isolated_at = Some(now);
-        self.failed_trials = 0;
         self.isolation(policy)
     }
 
