@@ -165,7 +165,8 @@ fn jitter(key: Fnv64, isolations: u32, attempt: u16, base: i64) -> i64 {
     base / 1000 * (h % 250) as i64
 }
 
-/// One endpoint's state. Its stored form is [`stored`]'s, not its fields: they may change.
+/// One endpoint's state. Its stored form (the `stored` module's, version 1) is not its fields:
+/// they may change, the bytes in a snapshot may not.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tracker {
     /// Where it is in its cycle of ejection and readmission, with that phase's data; its
@@ -865,34 +866,25 @@ impl Tracker {
         }
     }
 
-    /// A failure while out: the count of passing evidence starts again. An endpoint out for a
-    /// share of failed calls whose failures now come `down_after` in a row is down, not partly
-    /// failing: evidence that can see errors readmits it as it would any endpoint that was down.
-    pub(crate) fn failed_while_out(&mut self, down_after: u32) {
+    /// Count an outcome's verdict in its phase's run, and return the run: passing evidence in
+    /// a row while out, passing outcomes in a row on probation (a failure starts either again).
+    /// A failure while out for a share of failed calls whose failures now come `down_after` in
+    /// a row says it is down, not partly failing: evidence that can see errors readmits it, as
+    /// it would any endpoint that was down.
+    pub(crate) fn tally(&mut self, passed: bool, down_after: u32) -> u16 {
         let failures = self.consecutive_failures;
-        if let Phase::Out(i) = &mut self.phase {
-            i.passes = 0;
-            if i.out_for == Dimension::ErrorRate && failures >= down_after {
-                i.out_for = Dimension::Errors;
-            }
-        }
-    }
-
-    /// Passing evidence while out; returns how many in a row.
-    pub(crate) fn passed_while_out(&mut self) -> u16 {
         match &mut self.phase {
-            Phase::Out(i) => {
+            Phase::Out(i) if passed => {
                 i.passes = i.passes.saturating_add(1);
                 i.passes
             }
-            _ => 0,
-        }
-    }
-
-    /// An outcome on probation: a pass adds to the run of passes, a failure starts it again.
-    /// Returns the run.
-    pub(crate) fn probation_outcome(&mut self, passed: bool) -> u16 {
-        match &mut self.phase {
+            Phase::Out(i) => {
+                i.passes = 0;
+                if i.out_for == Dimension::ErrorRate && failures >= down_after {
+                    i.out_for = Dimension::Errors;
+                }
+                0
+            }
             Phase::Probation(p) => {
                 p.passes = if passed { p.passes.saturating_add(1) } else { 0 };
                 p.passes

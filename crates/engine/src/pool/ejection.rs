@@ -87,7 +87,7 @@ impl PoolState {
     /// with a refusal (kept serving, degraded), or with nothing for a degraded endpoint whose
     /// ejection is still refused. `extra` are thresholds the outcome itself crossed (a slow
     /// first token).
-    pub(super) fn ejection(&mut self, name: &str, extra: &[String], totals: &Rate) -> ControlFlow<Option<Change>> {
+    pub(super) fn ejection(&self, name: &str, extra: &[String], totals: &Rate) -> ControlFlow<Option<Change>> {
         let now = self.now;
         let policy = &self.policy;
         let t = &self.endpoints[name];
@@ -103,7 +103,6 @@ impl PoolState {
         crossed.extend(thresholds(rules, t, policy));
         if !self.may_eject() {
             let newly_refused = !t.eject_refused();
-            self.set_refused(name, true);
             if state != HealthState::Degraded || newly_refused {
                 return ControlFlow::Break(Some(self.refusal(name, crossed)));
             }
@@ -140,15 +139,10 @@ impl PoolState {
     }
 
     /// An endpoint kept serving through a suspected shared outage crosses no ejection rule any
-    /// more: it is judged on what happens from now on, not on the outage's window, and a
-    /// degraded one with nothing else wrong is healthy again.
-    pub(super) fn shared_outage_over(&mut self, name: &str) -> Option<Change> {
-        if !self.endpoints[name].eject_refused() {
-            return None;
-        }
-        self.set_refused(name, false);
-        let t = self.endpoints.get_mut(name).expect("known endpoint");
-        t.forget_outage(self.now);
+    /// more (the pool has forgotten the outage's window for it): a degraded one with nothing
+    /// else wrong is healthy again.
+    pub(super) fn shared_outage_over(&self, name: &str) -> Option<Change> {
+        let t = &self.endpoints[name];
         (t.state() == HealthState::Degraded && !degradable(t, &self.policy)).then(|| {
             Change::new(
                 HealthState::Healthy,
@@ -161,26 +155,8 @@ impl PoolState {
         })
     }
 
-    /// An endpoint came back out of an ejection (not a cooldown): the shared cause may be gone,
-    /// so those kept serving through it are judged on what they do from now on, not on the
-    /// outage's window (they were ejected on it seconds after an outage ended, their latest
-    /// calls fine). Either way an ejection slot came free: refused ejections are looked at again
-    /// at the next signal.
-    pub(super) fn ejection_slot_freed(&mut self, back_in_rotation: bool) {
-        if self.refused == 0 {
-            return;
-        }
-        if back_in_rotation {
-            let now = self.now;
-            for t in self.endpoints.values_mut().filter(|t| t.eject_refused()) {
-                t.forget_outage(now);
-            }
-        }
-        self.rearm_now();
-    }
-
-    /// The max-ejection rule said no: keep the endpoint serving, degraded, and let the pool
-    /// suspect a shared dependency.
+    /// The max-ejection rule said no: keep the endpoint serving, degraded (counted as refused),
+    /// and let the pool suspect a shared dependency.
     pub(super) fn refusal(&self, name: &str, mut thresholds: Vec<String>) -> Change {
         let reason = format!(
             "would eject ({}) but {} of {} endpoints are already out (max {}%): suspected shared dependency, kept serving",
@@ -191,13 +167,15 @@ impl PoolState {
         );
         thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
         let triggers = self.endpoints[name].failure_ids().to_vec();
-        Change::new(
+        let mut change = Change::new(
             HealthState::Degraded,
             ReasonCode::EjectionRefused,
             reason,
             thresholds,
             triggers,
-        )
+        );
+        change.refused = true;
+        change
     }
 
     /// Envoy's rule: never eject more than max_ejection_pct of the pool, but always allow one.
@@ -209,17 +187,5 @@ impl PoolState {
     pub fn max_ejected(&self) -> u32 {
         let by_pct = (f64::from(self.total()) * self.policy.max_ejection_pct / 100.0).floor() as u32;
         by_pct.max(1)
-    }
-
-    pub(super) fn set_refused(&mut self, name: &str, refused: bool) {
-        let t = self.endpoints.get_mut(name).expect("known endpoint");
-        if t.eject_refused() != refused {
-            t.set_eject_refused(refused);
-            if refused {
-                self.refused += 1;
-            } else {
-                self.refused -= 1;
-            }
-        }
     }
 }

@@ -1,10 +1,15 @@
 //! One pool: its endpoints, its policy, and the dispatch of signals to the rules.
 //!
-//! The rules live in modules by concern, each looking at the pool and returning the [`Change`]
-//! it wants (or none): [`ejection`], [`degradation`], [`suspicion`], [`readmission`],
-//! [`cooldown`], [`peers`] (the comparisons with the other endpoints) and [`panic`] (the pool's
-//! own rules). [`PoolState::apply_change`] turns a change into the tracker's state entry
-//! ([`Entry`]); only the tracker's entry methods reset what entering a state resets.
+//! The rules live in modules by concern, each looking at the pool and returning what it
+//! decided, never writing it: the [`Change`] it wants (or none) from [`ejection`],
+//! [`degradation`], [`suspicion`], [`readmission`] and [`cooldown`]; a verdict from [`peers`]
+//! (the comparisons with the other endpoints); a [`panic::PoolChange`] from [`panic`] (the
+//! pool's own rules). This module records and applies: the outcome into the tracker, the peer
+//! verdicts into its flags, a verdict into its phase's run ([`Tracker::tally`], before the
+//! readmission rules read it), a change into the tracker's state entry ([`Entry`], in
+//! [`PoolState::apply_change`], with the refusal count) and the pool's change into its event.
+//! Only the tracker's entry method resets what entering a state resets, and the tracker's
+//! [`Phase`](crate::endpoint) makes a state's data exist only in that state.
 
 mod cause;
 mod cooldown;
@@ -24,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::ops::ControlFlow;
 use vitals_contracts::{
     DependencyStatus, HealthChanged, HealthState, Micros, OperatorOverride, OutcomeClass, OverrideAction, Policy,
-    PolicyChange, ProbeKind, ReasonCode, Signal,
+    PolicyChange, PoolHealthChanged, ProbeKind, ReasonCode, Signal,
 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,6 +139,9 @@ struct Change {
     out_for: Option<Dimension>,
     /// For a readmission: on probation.
     probation: bool,
+    /// The max-ejection rule refused its ejection: the pool counts it as refused (until its
+    /// shared outage is over).
+    refused: bool,
 }
 
 impl Change {
@@ -152,6 +160,7 @@ impl Change {
             triggers,
             out_for: None,
             probation: false,
+            refused: false,
         }
     }
 }
@@ -418,14 +427,27 @@ impl PoolState {
             state,
             HealthState::Healthy | HealthState::Suspect | HealthState::Degraded
         );
+        // The peer comparisons judge; their verdicts are recorded here, before the rules read them.
+        let now = self.now;
         if checks.latency {
-            self.check_latency_outlier(endpoint);
+            let (outlier, median) = self.latency_outlier(endpoint);
+            let t = self.endpoints.get_mut(endpoint).expect("known endpoint");
+            t.saw_latency_median(median);
+            t.set_latency_outlier(outlier, now);
         }
         if let Some(latest) = checks.ttft.filter(|_| in_rotation) {
-            self.check_ttft_outlier(endpoint, latest);
+            let outlier = self.ttft_outlier(endpoint, latest);
+            self.endpoints
+                .get_mut(endpoint)
+                .expect("known endpoint")
+                .set_ttft_outlier(outlier);
         }
         if checks.failures && in_rotation {
-            self.check_failure_outlier(endpoint);
+            let outlier = self.failure_outlier(endpoint);
+            self.endpoints
+                .get_mut(endpoint)
+                .expect("known endpoint")
+                .set_failure_outlier(outlier);
         }
         let change = match state {
             HealthState::Unhealthy | HealthState::Recovering | HealthState::Maintenance => {
@@ -462,8 +484,15 @@ impl PoolState {
         if let ControlFlow::Break(change) = self.ejection(name, extra, &totals) {
             return change;
         }
-        if let Some(change) = self.shared_outage_over(name) {
-            return Some(change);
+        if self.endpoints[name].eject_refused() {
+            // No ejection rule holds any more for an endpoint kept serving through a suspected
+            // shared outage: the outage is over for it, and it is judged on the calls since.
+            self.set_refused(name, false);
+            let now = self.now;
+            self.endpoints.get_mut(name).expect("known endpoint").forget_outage(now);
+            if let Some(change) = self.shared_outage_over(name) {
+                return Some(change);
+            }
         }
         if let ControlFlow::Break(change) = self.degradation(name, extra) {
             return change;
@@ -521,6 +550,9 @@ impl PoolState {
         } else {
             None
         };
+        if change.refused {
+            self.set_refused(name, true);
+        }
         let entry = self.entry(name, &change);
         let t = self.endpoints.get_mut(name).expect("known endpoint");
         let entered = t.enter(entry, now, &self.policy, change.thresholds, median);
@@ -588,6 +620,60 @@ impl PoolState {
         );
         self.apply_change(&o.endpoint, change, out);
         self.pool_rules(out, None);
+    }
+
+    /// An endpoint came back out of an ejection (not a cooldown): the shared cause may be gone,
+    /// so those kept serving through it are judged on what they do from now on, not on the
+    /// outage's window (they were ejected on it seconds after an outage ended, their latest
+    /// calls fine). Either way an ejection slot came free: refused ejections are looked at again
+    /// at the next signal.
+    fn ejection_slot_freed(&mut self, back_in_rotation: bool) {
+        if self.refused == 0 {
+            return;
+        }
+        if back_in_rotation {
+            let now = self.now;
+            for t in self.endpoints.values_mut().filter(|t| t.eject_refused()) {
+                t.forget_outage(now);
+            }
+        }
+        self.rearm_now();
+    }
+
+    /// Count `name` as refused by the max-ejection rule, or no longer.
+    fn set_refused(&mut self, name: &str, refused: bool) {
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        if t.eject_refused() != refused {
+            t.set_eject_refused(refused);
+            if refused {
+                self.refused += 1;
+            } else {
+                self.refused -= 1;
+            }
+        }
+    }
+
+    /// The pool's rules ([`panic`]), and the pool event when they changed something.
+    fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
+        let Some(change) = self.pool_change(force_reason) else {
+            return;
+        };
+        self.panic = change.panic;
+        self.correlated_outage = change.correlated;
+        self.seq += 1;
+        out.push(Decision::Pool(PoolHealthChanged {
+            pool: self.pool.clone(),
+            seq: self.seq as i64,
+            endpoints: self.total() as i32,
+            healthy: self.count(HealthState::Healthy) as i32,
+            ejected: self.count(HealthState::Unhealthy) as i32,
+            healthy_fraction: change.healthy_fraction,
+            panic: change.panic,
+            correlated_outage: change.correlated,
+            reason: change.reason,
+            policy_version: self.policy.version,
+            stream_time: self.now,
+        }));
     }
 
     fn policy_change(&mut self, p: &PolicyChange, out: &mut Vec<Decision>) {

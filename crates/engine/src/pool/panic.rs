@@ -3,8 +3,16 @@
 //! published when either flips, or when a policy change says so.
 
 use super::PoolState;
-use crate::Decision;
-use vitals_contracts::{HealthState, PoolHealthChanged};
+use vitals_contracts::HealthState;
+
+/// What the pool's rules decided: panic mode and correlated-outage suspicion as they are now,
+/// and why the pool event that publishes them is due.
+pub(super) struct PoolChange {
+    pub panic: bool,
+    pub correlated: bool,
+    pub healthy_fraction: f64,
+    pub reason: String,
+}
 
 impl PoolState {
     /// Endpoints that can serve: healthy, suspect, recovering (slow start or probation), degraded
@@ -24,11 +32,10 @@ impl PoolState {
             + self.cooling
     }
 
-    /// Panic mode and correlated-outage suspicion; a pool event when either flips, or when
+    /// Panic mode and correlated-outage suspicion: a change when either flips, or when
     /// `force_reason` says so (policy changes).
-    pub(super) fn pool_rules(&mut self, out: &mut Vec<Decision>, force_reason: Option<String>) {
+    pub(super) fn pool_change(&self, force_reason: Option<String>) -> Option<PoolChange> {
         let total = self.total();
-        let healthy = self.count(HealthState::Healthy);
         let available = self.available();
         let fraction = if total == 0 {
             1.0
@@ -38,7 +45,7 @@ impl PoolState {
         let panic = total > 0 && fraction * 100.0 < self.policy.panic_threshold_pct;
         let correlated = self.refused > 0;
         if panic == self.panic && correlated == self.correlated_outage && force_reason.is_none() {
-            return;
+            return None;
         }
         let mut reasons = Vec::new();
         if let Some(r) = force_reason {
@@ -68,21 +75,11 @@ impl PoolState {
                 )
             });
         }
-        self.panic = panic;
-        self.correlated_outage = correlated;
-        self.seq += 1;
-        out.push(Decision::Pool(PoolHealthChanged {
-            pool: self.pool.clone(),
-            seq: self.seq as i64,
-            endpoints: total as i32,
-            healthy: healthy as i32,
-            ejected: self.count(HealthState::Unhealthy) as i32,
-            healthy_fraction: fraction,
+        Some(PoolChange {
             panic,
-            correlated_outage: correlated,
+            correlated,
+            healthy_fraction: fraction,
             reason: reasons.join("; "),
-            policy_version: self.policy.version,
-            stream_time: self.now,
-        }));
+        })
     }
 }

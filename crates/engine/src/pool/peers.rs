@@ -46,21 +46,17 @@ impl PoolState {
         median
     }
 
-    /// Whether the latency EWMA of `name` is far above its peers' median (with hysteresis).
-    pub(super) fn check_latency_outlier(&mut self, name: &str) {
+    /// Whether the latency EWMA of `name` is far above its peers' median (with hysteresis), and
+    /// the median it was judged against (None: too few peers).
+    pub(super) fn latency_outlier(&mut self, name: &str) -> (bool, Option<f64>) {
         let min_peers = self.policy.latency_outlier_min_peers as usize;
         let seen = self.peer_median(name, true, min_peers);
-        let now = self.now;
-        let t = self.endpoints.get_mut(name).expect("known endpoint");
-        t.saw_latency_median(seen);
-        let Some(median) = seen else {
-            // Too few peers to compare with: no outlier (a flag kept from before would outlive
-            // the fault, and degrade the endpoint the moment it is back in rotation).
-            t.set_latency_outlier(false, now);
-            return;
-        };
-        let outlier = latency_verdict(t.latency_ewma_ms(), median, t.latency_outlier(), &self.policy);
-        t.set_latency_outlier(outlier, now);
+        let t = &self.endpoints[name];
+        // Too few peers to compare with: no outlier (a flag kept from before would outlive the
+        // fault, and degrade the endpoint the moment it is back in rotation).
+        let outlier =
+            seen.is_some_and(|median| latency_verdict(t.latency_ewma_ms(), median, t.latency_outlier(), &self.policy));
+        (outlier, seen)
     }
 
     /// The recent failures (see [`crate::Tracker::recent_rate`]; `longer`: over two thirds of
@@ -95,12 +91,8 @@ impl PoolState {
     /// Over the last third of the window, and over the last two thirds: 15 % of 5 calls a second
     /// is sometimes too few failures in 10 s to stand out at this confidence, and then twice the
     /// calls over 20 s are enough.
-    pub(super) fn check_failure_outlier(&mut self, name: &str) {
-        let outlier = self.failure_outlier_over(name, false) || self.failure_outlier_over(name, true);
-        self.endpoints
-            .get_mut(name)
-            .expect("known endpoint")
-            .set_failure_outlier(outlier);
+    pub(super) fn failure_outlier(&self, name: &str) -> bool {
+        self.failure_outlier_over(name, false) || self.failure_outlier_over(name, true)
     }
 
     pub(super) fn failure_outlier_over(&self, name: &str, longer: bool) -> bool {
@@ -124,7 +116,7 @@ impl PoolState {
     /// Whether the first tokens of `name` are far slower than its peers': its latest and its
     /// median (of the last 16) above `ttft_max_ms` and above `latency_outlier_factor` × the
     /// median of the peers' medians (at least two peers in rotation with enough samples).
-    pub(super) fn check_ttft_outlier(&mut self, name: &str, latest_us: i64) {
+    pub(super) fn ttft_outlier(&mut self, name: &str, latest_us: i64) -> bool {
         let policy = &self.policy;
         let max = policy.ttft_max_ms;
         let min = LATENCY_MIN_SAMPLES as usize;
@@ -155,9 +147,6 @@ impl PoolState {
             }
             self.scratch.0 = peers;
         }
-        self.endpoints
-            .get_mut(name)
-            .expect("known endpoint")
-            .set_ttft_outlier(outlier);
+        outlier
     }
 }

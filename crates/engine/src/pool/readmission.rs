@@ -85,9 +85,11 @@ impl PoolState {
         }
         let dim = t.out_for().unwrap_or(Dimension::Errors);
         let verdict = verdict(t, dim, o, class, &self.policy);
+        let run = self.tally(o.endpoint, verdict);
+        let t = &self.endpoints[o.endpoint];
         match t.state() {
-            HealthState::Unhealthy => self.while_out(o, class, dim, verdict),
-            HealthState::Recovering if t.probation() => self.on_probation(o, class, verdict),
+            HealthState::Unhealthy => self.while_out(o, class, dim, verdict, run),
+            HealthState::Recovering if t.probation() => self.on_probation(o, class, verdict, run),
             HealthState::Recovering if verdict == Verdict::Fail && !self.fails_slow_start(o.endpoint, class) => None,
             HealthState::Recovering if verdict == Verdict::Fail => {
                 let what = if counts_as_failure(class) {
@@ -100,6 +102,22 @@ impl PoolState {
             HealthState::Recovering => self.recovery_complete(o.endpoint),
             _ => None,
         }
+    }
+
+    /// Count the verdict in the run of its phase, before the rules read it: passing evidence
+    /// in a row while out (a cooldown counts none: its time ends it), or passing outcomes in a
+    /// row on probation (evidence that cannot see the fault counts for neither). Returns the run.
+    fn tally(&mut self, name: &str, verdict: Verdict) -> u16 {
+        let down_after = self.policy.hard_break_after.max(1) as u32;
+        let t = self.endpoints.get_mut(name).expect("known endpoint");
+        let passed = match verdict {
+            Verdict::Neutral => return 0,
+            Verdict::Canary if t.probation() => return 0,
+            _ if t.cooling() => return 0,
+            Verdict::Fail => false,
+            Verdict::Pass | Verdict::Canary => true,
+        };
+        t.tally(passed, down_after)
     }
 
     /// Whether a failure in slow start takes the endpoint out again: one does at the traffic
@@ -128,7 +146,7 @@ impl PoolState {
 
     /// A failure of an endpoint back in rotation takes it out again (its isolation grows: it
     /// flaps), or, with no ejection slot free, keeps it serving, degraded.
-    fn eject_again(&mut self, o: &Outcome<'_>, reason: String) -> Option<Change> {
+    fn eject_again(&self, o: &Outcome<'_>, reason: String) -> Option<Change> {
         let thresholds = vec!["failure_while_recovering".into()];
         if self.may_eject() {
             return Some(Change::new(
@@ -139,7 +157,6 @@ impl PoolState {
                 vec![o.id.to_owned()],
             ));
         }
-        self.set_refused(o.endpoint, true);
         Some(self.refusal(o.endpoint, thresholds))
     }
 
@@ -149,15 +166,15 @@ impl PoolState {
     /// the next growth needs four times the run. Passes end it at full weight once it grew; a
     /// probation for first tokens, whose few fast ones end it, through slow start. A
     /// run of failures as long as two ejections' worth takes it out again.
-    fn on_probation(&mut self, o: &Outcome<'_>, class: OutcomeClass, verdict: Verdict) -> Option<Change> {
+    /// `passes`: the run of passes, this outcome counted.
+    fn on_probation(&self, o: &Outcome<'_>, class: OutcomeClass, verdict: Verdict, passes: u16) -> Option<Change> {
         let down_after = 2 * self.policy.consecutive_failures.max(1) as u32;
         let now = self.now;
         let w = probation_weight(&self.policy, self.endpoints[o.endpoint].out_for());
-        let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
+        let t = &self.endpoints[o.endpoint];
         match verdict {
             Verdict::Neutral | Verdict::Canary => None,
             Verdict::Fail => {
-                t.probation_outcome(false);
                 if counts_as_failure(class) && t.consecutive_failures() >= down_after {
                     let reason = format!(
                         "{down_after} failures in a row on probation ({}); isolated again",
@@ -169,7 +186,6 @@ impl PoolState {
                 // once up to ~11 calls a second, busier on a run as long as its traffic's
                 // noise makes rare or failures that stand out from its peers' (1 % noise at
                 // thousands of calls a second fails one every few milliseconds).
-                let t = &self.endpoints[o.endpoint];
                 let falls = t.probation_growing() && self.fails_slow_start(o.endpoint, class);
                 falls.then(|| {
                     let grown = t.ramp_until().map_or(1.0, |until| {
@@ -190,7 +206,6 @@ impl PoolState {
                 })
             }
             Verdict::Pass => {
-                let passes = t.probation_outcome(true);
                 // Slow first tokens are not a matter of chance: a few fast ones in a row show
                 // them gone. A share of failed calls is: it takes a long run of passes.
                 let needed = probation_passes(t, &self.policy);
@@ -246,10 +261,18 @@ impl PoolState {
     /// for a flapping endpoint); one that cannot see it readmits it as a canary. A call after
     /// the isolation is the router's trial. A failure says the fault is still there and starts
     /// the count again; only a failed trial call is a transition (it carries the next trial's time).
-    fn while_out(&mut self, o: &Outcome<'_>, class: OutcomeClass, dim: Dimension, verdict: Verdict) -> Option<Change> {
+    /// `passes`: the passing evidence in a row, this outcome counted.
+    fn while_out(
+        &self,
+        o: &Outcome<'_>,
+        class: OutcomeClass,
+        dim: Dimension,
+        verdict: Verdict,
+        passes: u16,
+    ) -> Option<Change> {
         let now = self.now;
         let policy = &self.policy;
-        let t = self.endpoints.get_mut(o.endpoint).expect("known endpoint");
+        let t = &self.endpoints[o.endpoint];
         if dim == Dimension::RateLimit {
             // A cooldown ends by its time, whatever the calls in flight say.
             return None;
@@ -261,20 +284,16 @@ impl PoolState {
         };
         match verdict {
             Verdict::Neutral => None,
-            Verdict::Fail => {
-                t.failed_while_out(policy.hard_break_after.max(1) as u32);
-                trial.then(|| {
-                    Change::new(
-                        HealthState::Unhealthy,
-                        ReasonCode::TrialFailed,
-                        format!("trial after isolation failed ({})", class.as_str()),
-                        vec!["trial_failed".into()],
-                        vec![o.id.to_owned()],
-                    )
-                })
-            }
+            Verdict::Fail => trial.then(|| {
+                Change::new(
+                    HealthState::Unhealthy,
+                    ReasonCode::TrialFailed,
+                    format!("trial after isolation failed ({})", class.as_str()),
+                    vec!["trial_failed".into()],
+                    vec![o.id.to_owned()],
+                )
+            }),
             Verdict::Pass | Verdict::Canary => {
-                let passes = t.passed_while_out();
                 let canary = verdict == Verdict::Canary;
                 let isolation_over = t.isolated_until().is_none_or(|u| u <= now);
                 // A flap, a failure-rate ejection, or evidence that cannot see the fault: on
