@@ -1,6 +1,9 @@
 //! Bearer tokens with roles. Secrets are compared in constant time and never logged.
 
 use crate::error::ApiError;
+use crate::AppState;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use subtle::ConstantTimeEq;
 
@@ -70,6 +73,54 @@ pub fn authorize(headers: &HeaderMap, tokens: &[Token], need: Role) -> Result<Pr
         name: t.name.clone(),
         role: t.role,
     })
+}
+
+/// A request that may read: with `--read-requires-token` it carries a reader's token (or
+/// better), else it is refused; without, anyone may read, and the principal is there when the
+/// request carries a valid token (the live streams count their places per token).
+pub struct Reader(pub Option<Principal>);
+
+/// A request that carries a writer's token (or better).
+pub struct Writer(pub Principal);
+
+/// A request that carries an admin's token.
+pub struct Admin(pub Principal);
+
+impl Reader {
+    /// The reader `headers` make, as the extractor judges it (for a request not served by a
+    /// handler: the live-stream takeover).
+    pub fn of(app: &AppState, headers: &HeaderMap) -> Result<Reader, ApiError> {
+        let who = authorize(headers, &app.tokens, Role::Reader);
+        if app.cfg.read_requires_token {
+            who.map(|p| Reader(Some(p)))
+        } else {
+            Ok(Reader(who.ok()))
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Reader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        Reader::of(app, &parts.headers)
+    }
+}
+
+impl FromRequestParts<AppState> for Writer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        authorize(&parts.headers, &app.tokens, Role::Writer).map(Writer)
+    }
+}
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        authorize(&parts.headers, &app.tokens, Role::Admin).map(Admin)
+    }
 }
 
 #[cfg(test)]

@@ -85,6 +85,39 @@ impl From<vitals_store::StoreError> for ApiError {
     }
 }
 
+/// The answers routes share, declared once for the OpenAPI document (a route lists those it
+/// gives besides its own).
+///
+/// A read without a token where reads need one.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "A token is required")]
+pub struct NeedsToken(pub ErrorBody);
+
+/// A route at its concurrency, or the database pool exhausted.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 503, description = "Busy; retry after the Retry-After seconds")]
+pub struct Busy(pub ErrorBody);
+
+/// A write without a known token.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "Missing or unknown token")]
+pub struct NoToken(pub ErrorBody);
+
+/// A body over `--max-body-bytes`.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 413, description = "Body too large")]
+pub struct TooLarge(pub ErrorBody);
+
+/// A route's query parameter refused (it is named).
+#[derive(utoipa::IntoResponses)]
+#[response(status = 400, description = "An invalid parameter")]
+pub struct BadParameter(pub ErrorBody);
+
+/// A route's path parameter refused (it is named).
+#[derive(utoipa::IntoResponses)]
+#[response(status = 400, description = "An invalid path parameter")]
+pub struct BadPath(pub ErrorBody);
+
 /// The error body of every failed request.
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {

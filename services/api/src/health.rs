@@ -1,10 +1,11 @@
 //! Current health: every pool with its endpoints, one pool, one endpoint with its latest evidence.
 
-use crate::error::{ApiError, ErrorBody};
+use crate::auth::Reader;
+use crate::error::{ApiError, BadParameter, BadPath, Busy, ErrorBody, NeedsToken};
 use crate::extract::{ApiPath, ApiQuery};
+use crate::params::{int_or, After, Int};
 use crate::AppState;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
 use vitals_contracts::view::{self, EndpointDetail, PoolHealth, PoolPage};
 use vitals_contracts::{EndpointState, HealthState};
@@ -70,19 +71,18 @@ fn pools_that_fit(listed: impl Iterator<Item = usize>, budget: usize) -> usize {
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)] // documents the parameters
 pub struct PoolParams {
     /// Pools per page, 1 to 1000 (default 100). A page also ends before its endpoints would
     /// pass 5,000 in all, so it may hold fewer pools; follow `next_after`.
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<i64>,
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
+    limit: Option<Int<1, MAX_POOLS>>,
     /// Only pools whose name sorts after this one: the `next_after` of the previous page.
-    #[param(max_length = 256)]
-    after: Option<String>,
+    #[param(value_type = Option<String>, max_length = 256)]
+    after: Option<After>,
     /// Endpoints listed per pool, 0 to 1000 (default 50); the counts cover all of them, and a
     /// pool with more has its own `next_after` for `GET /v1/pools/{pool}`.
-    #[param(minimum = 0, maximum = 1000)]
-    endpoints: Option<i64>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 1000)]
+    endpoints: Option<Int<0, MAX_POOL_ENDPOINTS>>,
 }
 
 const DEFAULT_POOLS: i64 = 100;
@@ -94,18 +94,15 @@ pub const MAX_PAGE_ENDPOINTS: usize = 5_000;
 
 #[utoipa::path(get, path = "/v1/pools", tag = "health", params(PoolParams),
     responses((status = 200, description = "A page of pools, each with counts by state and its first endpoints", body = PoolPage),
-              (status = 400, description = "An invalid parameter", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody),
-              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+              BadParameter, NeedsToken, Busy))]
 pub async fn pools(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    ApiQuery(q): ApiQuery<std::collections::HashMap<String, String>>,
+    _: Reader,
+    ApiQuery(q): ApiQuery<PoolParams>,
 ) -> Result<Json<PoolPage>, ApiError> {
-    app.authorize_read(&headers)?;
-    let limit = crate::extract::limit_param(&q, DEFAULT_POOLS, MAX_POOLS)?;
-    let per_pool = crate::extract::int_param(&q, "endpoints", DEFAULT_POOL_ENDPOINTS, 0, MAX_POOL_ENDPOINTS)?;
-    let after = q.get("after").cloned().unwrap_or_default();
+    let limit = int_or(q.limit, DEFAULT_POOLS);
+    let per_pool = int_or(q.endpoints, DEFAULT_POOL_ENDPOINTS);
+    let after = q.after.unwrap_or_default().0;
     let mut names = read::pool_names_after(&app.db, &after, limit + 1).await?;
     let mut more = names.len() as i64 > limit;
     names.truncate(limit as usize);
@@ -133,14 +130,13 @@ pub async fn pools(
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)] // documents the parameters
 pub struct PoolEndpointParams {
     /// Endpoints per page, 1 to 1000 (default 500).
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<i64>,
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
+    limit: Option<Int<1, MAX_POOL_ENDPOINTS>>,
     /// Only endpoints whose name sorts after this one: the pool's `next_after` of the previous page.
-    #[param(max_length = 256)]
-    after: Option<String>,
+    #[param(value_type = Option<String>, max_length = 256)]
+    after: Option<After>,
 }
 
 const DEFAULT_ENDPOINTS: i64 = 500;
@@ -148,19 +144,17 @@ const DEFAULT_ENDPOINTS: i64 = 500;
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "health",
     params(("pool" = String, Path, description = "Pool name"), PoolEndpointParams),
     responses((status = 200, description = "One pool: counts by state over all its endpoints, and a page of them", body = PoolHealth),
-              (status = 400, description = "An invalid parameter", body = ErrorBody),
+              BadParameter,
               (status = 404, description = "No such pool", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody),
-              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+              NeedsToken, Busy))]
 pub async fn pool(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    _: Reader,
     ApiPath(pool): ApiPath<String>,
-    ApiQuery(q): ApiQuery<std::collections::HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<PoolEndpointParams>,
 ) -> Result<Json<PoolHealth>, ApiError> {
-    app.authorize_read(&headers)?;
-    let limit = crate::extract::limit_param(&q, DEFAULT_ENDPOINTS, MAX_POOL_ENDPOINTS)?;
-    let after = q.get("after").cloned().unwrap_or_default();
+    let limit = int_or(q.limit, DEFAULT_ENDPOINTS);
+    let after = q.after.unwrap_or_default().0;
     let mut endpoints = read::pool_endpoints(&app.db, &pool, &after, limit + 1).await?;
     let more = endpoints.len() as i64 > limit;
     endpoints.truncate(limit as usize);
@@ -177,16 +171,14 @@ pub async fn pool(
 #[utoipa::path(get, path = "/v1/pools/{pool}/endpoints/{endpoint}", tag = "health",
     params(("pool" = String, Path, description = "Pool name"), ("endpoint" = String, Path, description = "Endpoint name")),
     responses((status = 200, description = "One endpoint with its latest evidence", body = EndpointDetail),
-              (status = 400, description = "An invalid path parameter", body = ErrorBody),
+              BadPath,
               (status = 404, description = "No such endpoint", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody),
-              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+              NeedsToken, Busy))]
 pub async fn endpoint(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    _: Reader,
     ApiPath((pool, endpoint)): ApiPath<(String, String)>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
-    app.authorize_read(&headers)?;
     let current = read::endpoint(&app.db, &pool, &endpoint)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("endpoint {endpoint:?} of pool {pool:?}")))?;

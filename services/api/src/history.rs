@@ -1,14 +1,13 @@
 //! Transition history: by endpoint, by pool, or fleet-wide; newest first; keyset pagination.
 
-use crate::error::{ApiError, ErrorBody};
+use crate::auth::Reader;
+use crate::error::{ApiError, BadParameter, Busy, NeedsToken};
 use crate::extract::ApiQuery;
+use crate::params::{int_or, Int, Name, Reason, State as StateParam, Time};
 use crate::AppState;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use utoipa::IntoParams;
 use vitals_contracts::view::HistoryPage;
 use vitals_contracts::{self as c, view};
@@ -20,25 +19,28 @@ pub const MAX_LIMIT: i64 = 500;
 /// Query parameters of `GET /v1/transitions`.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
 pub struct HistoryParams {
     /// Only this pool.
-    #[param(min_length = 1, max_length = 256)]
-    pool: Option<String>,
+    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    pool: Option<Name>,
     /// Only this endpoint (requires `pool`).
-    #[param(min_length = 1, max_length = 256)]
-    endpoint: Option<String>,
+    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    endpoint: Option<Name>,
     /// Transitions at or after this time (RFC 3339).
-    from: Option<DateTime<Utc>>,
+    #[param(value_type = Option<chrono::DateTime<chrono::Utc>>)]
+    from: Option<Time>,
     /// Transitions before this time (RFC 3339).
-    to: Option<DateTime<Utc>>,
+    #[param(value_type = Option<chrono::DateTime<chrono::Utc>>)]
+    to: Option<Time>,
     /// Only transitions into this state.
-    state: Option<view::StateName>,
+    #[param(value_type = Option<view::StateName>)]
+    state: Option<StateParam>,
     /// Only this reason code.
-    reason: Option<view::ReasonCode>,
+    #[param(value_type = Option<view::ReasonCode>)]
+    reason: Option<Reason>,
     /// Page size, 1 to 500 (default 50).
-    #[param(minimum = 1, maximum = 500)]
-    limit: Option<i64>,
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    limit: Option<Int<1, MAX_LIMIT>>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
@@ -65,78 +67,30 @@ impl Cursor {
     }
 }
 
-pub(crate) fn time_param(q: &HashMap<String, String>, name: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
-    q.get(name)
-        .map(|v| {
-            DateTime::parse_from_rfc3339(v)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|_| ApiError::invalid(name, format!("{v:?} is not an RFC 3339 time")))
-        })
-        .transpose()
-}
-
-const MAX_NAME: usize = 256;
-
-pub(crate) fn name_param<'a>(q: &'a HashMap<String, String>, name: &'static str) -> Result<Option<&'a str>, ApiError> {
-    match q.get(name) {
-        Some(v) if v.is_empty() || v.len() > MAX_NAME => Err(ApiError::invalid(
-            name,
-            format!("must be 1 to {MAX_NAME} bytes (UTF-8)"),
-        )),
-        Some(v) => Ok(Some(v.as_str())),
-        None => Ok(None),
-    }
-}
-
 #[utoipa::path(
     get, path = "/v1/transitions", tag = "history", params(HistoryParams),
     responses(
         (status = 200, description = "A page of transitions, newest first", body = HistoryPage),
-        (status = 400, description = "An invalid parameter", body = ErrorBody),
-        (status = 401, description = "A token is required", body = ErrorBody),
-        (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody),
+        BadParameter, NeedsToken, Busy,
     )
 )]
 pub async fn history(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+    _: Reader,
+    ApiQuery(q): ApiQuery<HistoryParams>,
 ) -> Result<Json<HistoryPage>, ApiError> {
-    app.authorize_read(&headers)?;
-    let pool = name_param(&q, "pool")?;
-    let endpoint = name_param(&q, "endpoint")?;
-    if endpoint.is_some() && pool.is_none() {
+    if q.endpoint.is_some() && q.pool.is_none() {
         return Err(ApiError::invalid("endpoint", "needs pool as well"));
     }
-    let from = time_param(&q, "from")?;
-    let to = time_param(&q, "to")?;
-    let state = match q.get("state") {
-        Some(s) => Some(c::HealthState::parse(s).ok_or_else(|| {
-            ApiError::invalid(
-                "state",
-                format!("{s:?} is not a health state ({})", c::HealthState::names().join(", ")),
-            )
-        })?),
-        None => None,
-    };
-    let reason = match name_param(&q, "reason")? {
-        Some(r) => Some(c::ReasonCode::parse(r).ok_or_else(|| {
-            ApiError::invalid(
-                "reason",
-                format!("{r:?} is not a reason code ({})", c::ReasonCode::names().join(", ")),
-            )
-        })?),
-        None => None,
-    };
-    let limit = crate::extract::limit_param(&q, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let cursor = q.get("cursor").map(|c| Cursor::decode(c)).transpose()?;
+    let limit = int_or(q.limit, DEFAULT_LIMIT);
+    let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
     let filter = TransitionFilter {
-        pool: pool.map(str::to_owned),
-        endpoint: endpoint.map(str::to_owned),
-        from,
-        to,
-        state,
-        reason,
+        pool: q.pool.map(|n| n.0),
+        endpoint: q.endpoint.map(|n| n.0),
+        from: q.from.map(|t| t.0),
+        to: q.to.map(|t| t.0),
+        state: q.state.map(|s| s.0),
+        reason: q.reason.map(|r| r.0),
         before: cursor.map(|c| Position {
             stream_time: view::time(c.t),
             pool: c.p,

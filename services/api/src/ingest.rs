@@ -2,13 +2,13 @@
 //! validated per item with the processor's rules, produced to the signals topic keyed by pool,
 //! and acknowledged only when the broker confirms.
 
-use crate::auth::Role;
-use crate::error::{ApiError, ErrorBody};
+use crate::auth::Writer;
+use crate::error::{ApiError, ErrorBody, NoToken, TooLarge};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
@@ -82,18 +82,16 @@ fn rejected(index: usize, field: Option<String>, error: String) -> ItemResult {
     responses(
         (status = 200, description = "Per item: accepted, rejected (invalid) or failed (retry)", body = IngestResponse),
         (status = 400, description = "The body is not JSON or has no items array", body = ErrorBody),
-        (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "The token is not a writer", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
+        NoToken, TooLarge,
         (status = 503, description = "Producer queue full; retry after the Retry-After seconds", body = ErrorBody),
     )
 )]
 pub async fn ingest(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    _: Writer,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    app.authorize(&headers, Role::Writer)?;
     let value: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let items = value
         .get("items")

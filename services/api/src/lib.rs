@@ -13,12 +13,13 @@ pub mod live;
 pub mod metrics;
 pub mod openapi;
 pub mod ops;
+pub mod params;
 pub mod probes;
 pub mod serve;
 pub mod uptime;
 
 use anyhow::Context;
-use auth::{Principal, Role, Token};
+use auth::Token;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -50,18 +51,6 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn authorize(&self, headers: &axum::http::HeaderMap, need: Role) -> Result<Principal, ApiError> {
-        auth::authorize(headers, &self.tokens, need)
-    }
-
-    /// Reads are open unless `--read-requires-token`.
-    pub fn authorize_read(&self, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
-        if self.cfg.read_requires_token {
-            self.authorize(headers, Role::Reader)?;
-        }
-        Ok(())
-    }
-
     pub fn producer_in_flight(&self) -> usize {
         self.producer.in_flight_count().max(0) as usize
     }

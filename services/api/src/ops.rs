@@ -1,14 +1,14 @@
 //! Operator actions: overrides and policies, as records on the signals topic so that the
 //! engine applies them in order and the audit log records them like every other transition.
 
-use crate::auth::Role;
-use crate::error::{ApiError, ErrorBody};
+use crate::auth::{Admin, Reader};
+use crate::error::{ApiError, BadPath, Busy, ErrorBody, NeedsToken, NoToken, TooLarge};
 use crate::extract::ApiPath;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use rdkafka::producer::FutureRecord;
@@ -54,19 +54,17 @@ async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiErro
     responses(
         (status = 202, description = "On the signals topic; the engine applies it in order", body = Accepted),
         (status = 400, description = "Invalid request", body = ErrorBody),
-        (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "The token is not an admin", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
+        NoToken, TooLarge,
         (status = 503, description = "Kafka unavailable, or busy", body = ErrorBody),
     )
 )]
 pub async fn override_endpoint(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    Admin(who): Admin,
     ApiPath((pool, endpoint)): ApiPath<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
-    let who = app.authorize(&headers, Role::Admin)?;
     let req: OverrideRequest = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let now = Utc::now().timestamp_micros();
     let signal = c::Signal::Override(c::OperatorOverride {
@@ -90,18 +88,16 @@ the same transaction), or the default (version 0) for a pool it has seen but nev
     params(("pool" = String, Path, description = "Pool name")),
     responses(
         (status = 200, description = "The pool's policy", body = PoolPolicy),
-        (status = 400, description = "An invalid path parameter", body = ErrorBody),
-        (status = 401, description = "A token is required", body = ErrorBody),
+        BadPath,
         (status = 404, description = "A pool the processor has not seen", body = ErrorBody),
-        (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody),
+        NeedsToken, Busy,
     )
 )]
 pub async fn get_policy(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    _: Reader,
     ApiPath(pool): ApiPath<String>,
 ) -> Result<Json<PoolPolicy>, ApiError> {
-    app.authorize_read(&headers)?;
     let (version, policy) = vitals_store::read::pool_policy(&app.db, &pool)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no pool {pool:?}")))?;
@@ -118,19 +114,17 @@ revert a setting. Every value is range-checked.",
     responses(
         (status = 202, description = "On the signals topic; the engine applies it in order", body = Accepted),
         (status = 400, description = "Invalid policy (the field is named)", body = ErrorBody),
-        (status = 401, description = "Missing or unknown token", body = ErrorBody),
         (status = 403, description = "The token is not an admin", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
+        NoToken, TooLarge,
         (status = 503, description = "Kafka unavailable, or busy", body = ErrorBody),
     )
 )]
 pub async fn put_policy(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    Admin(who): Admin,
     ApiPath(pool): ApiPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
-    let who = app.authorize(&headers, Role::Admin)?;
     let body: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let policy = policy_from_json(body)?;
     let now = Utc::now().timestamp_micros();

@@ -1,11 +1,11 @@
 //! Uptime and incidents over a range, with the definitions of `vitals-uptime`.
 
-use crate::error::{ApiError, ErrorBody};
+use crate::auth::Reader;
+use crate::error::{ApiError, BadParameter, Busy, ErrorBody, NeedsToken};
 use crate::extract::{ApiPath, ApiQuery};
-use crate::history::{name_param, time_param};
+use crate::params::{int_or, Bucket, Int, Name, Time};
 use crate::AppState;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -27,10 +27,10 @@ const DEFAULT_RANGE_DAYS: i64 = 7;
 
 /// `from` and `to` from the query: `to` defaults to now and is clipped to it, `from` to seven
 /// days before `to`; 400 naming the parameter for a range that is empty, reversed or too long.
-fn range(q: &HashMap<String, String>, now: DateTime<Utc>) -> Result<(Micros, Micros), ApiError> {
-    let to = time_param(q, "to")?.unwrap_or(now).min(now).timestamp_micros();
-    let from = match time_param(q, "from")? {
-        Some(f) => f.timestamp_micros(),
+fn range(from: Option<Time>, to: Option<Time>, now: DateTime<Utc>) -> Result<(Micros, Micros), ApiError> {
+    let to = to.map_or(now, |t| t.0).min(now).timestamp_micros();
+    let from = match from {
+        Some(f) => f.0.timestamp_micros(),
         None => to - DEFAULT_RANGE_DAYS * DAY_US,
     };
     if from >= now.timestamp_micros() {
@@ -51,20 +51,21 @@ fn range(q: &HashMap<String, String>, now: DateTime<Utc>) -> Result<(Micros, Mic
 /// Query parameters of `GET /v1/pools/{pool}/uptime`.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
 pub struct UptimeParams {
     /// Start of the range (RFC 3339); default seven days before `to`. At most 92 days.
-    from: Option<DateTime<Utc>>,
+    #[param(value_type = Option<DateTime<Utc>>)]
+    from: Option<Time>,
     /// End of the range (RFC 3339); default now, and never later than now.
-    to: Option<DateTime<Utc>>,
+    #[param(value_type = Option<DateTime<Utc>>)]
+    to: Option<Time>,
     /// `hour` (ranges of up to 31 days) or `day`: figures per UTC-aligned bucket as well.
-    #[param(pattern = "^(hour|day)$")]
-    bucket: Option<String>,
+    #[param(value_type = Option<String>, pattern = "^(hour|day)$")]
+    bucket: Option<Bucket>,
     /// Endpoints per page, worst first, 1 to 1000 (default 100). A page also ends before its
     /// endpoints' buckets pass 5,000 in all (6 endpoints a page of 31 days hourly); follow
     /// `next_cursor`. The pool's figures are on every page.
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<i64>,
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
+    limit: Option<Int<1, MAX_UPTIME_ENDPOINTS>>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
@@ -107,33 +108,31 @@ fn uptime_page_len(limit: i64, buckets_each: usize) -> usize {
 #[utoipa::path(get, path = "/v1/pools/{pool}/uptime", tag = "history",
     params(("pool" = String, Path, description = "Pool name"), UptimeParams),
     responses((status = 200, description = "Availability of the pool and each endpoint, worst first (definitions: the README's Uptime section)", body = PoolUptime),
-              (status = 400, description = "An invalid parameter", body = ErrorBody),
+              BadParameter,
               (status = 404, description = "No such pool", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody),
-              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+              NeedsToken, Busy))]
 pub async fn uptime(
     State(app): State<AppState>,
-    headers: HeaderMap,
+    _: Reader,
     ApiPath(pool): ApiPath<String>,
-    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<UptimeParams>,
 ) -> Result<Json<PoolUptime>, ApiError> {
-    app.authorize_read(&headers)?;
-    let (from, to) = range(&q, Utc::now())?;
-    let bucket = match q.get("bucket").map(String::as_str) {
+    let (from, to) = range(q.from, q.to, Utc::now())?;
+    let bucket = match q.bucket {
         None => None,
-        Some("day") => Some(DAY_US),
-        Some("hour") if to - from <= MAX_HOURLY_DAYS * DAY_US => Some(HOUR_US),
-        Some("hour") => {
+        Some(Bucket::Day) => Some(DAY_US),
+        Some(Bucket::Hour) if to - from <= MAX_HOURLY_DAYS * DAY_US => Some(HOUR_US),
+        Some(Bucket::Hour) => {
             return Err(ApiError::invalid(
                 "bucket",
                 format!("hourly buckets cover at most {MAX_HOURLY_DAYS} days; use day"),
             ))
         }
-        Some(b) => return Err(ApiError::invalid("bucket", format!("{b:?} is not hour or day"))),
     };
-    let limit = crate::extract::limit_param(&q, DEFAULT_UPTIME_ENDPOINTS, MAX_UPTIME_ENDPOINTS)?;
+    let limit = int_or(q.limit, DEFAULT_UPTIME_ENDPOINTS);
     let cursor: Option<UptimeCursor> = q
-        .get("cursor")
+        .cursor
+        .as_deref()
         .map(|c| {
             let c: UptimeCursor = crate::extract::decode_cursor(c)?;
             crate::extract::no_control("cursor", &c.e)?;
@@ -172,7 +171,7 @@ pub async fn uptime(
         pool,
         from: vitals_contracts::view::time(from),
         to: vitals_contracts::view::time(to),
-        bucket: q.get("bucket").cloned(),
+        bucket: q.bucket.map(|b| b.as_str().to_owned()),
         figures,
         endpoints,
         next_cursor,
@@ -182,21 +181,22 @@ pub async fn uptime(
 /// Query parameters of `GET /v1/incidents`.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)] // documents the parameters; they are parsed by hand for per-field errors
 pub struct IncidentParams {
     /// The pool.
-    #[param(min_length = 1, max_length = 256)]
-    pool: String,
+    #[param(value_type = String, min_length = 1, max_length = 256)]
+    pool: Name,
     /// Only this endpoint.
-    #[param(min_length = 1, max_length = 256)]
-    endpoint: Option<String>,
+    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    endpoint: Option<Name>,
     /// Incidents that overlap the range from this time (RFC 3339); default seven days before `to`.
-    from: Option<DateTime<Utc>>,
+    #[param(value_type = Option<DateTime<Utc>>)]
+    from: Option<Time>,
     /// End of the range (RFC 3339); default now.
-    to: Option<DateTime<Utc>>,
+    #[param(value_type = Option<DateTime<Utc>>)]
+    to: Option<Time>,
     /// Page size, 1 to 500 (default 50).
-    #[param(minimum = 1, maximum = 500)]
-    limit: Option<i64>,
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    limit: Option<Int<1, { crate::history::MAX_LIMIT }>>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
@@ -236,21 +236,19 @@ impl Cursor {
 
 #[utoipa::path(get, path = "/v1/incidents", tag = "history", params(IncidentParams),
     responses((status = 200, description = "A page of a pool's incidents that overlap the range, newest first", body = IncidentPage),
-              (status = 400, description = "An invalid parameter", body = ErrorBody),
+              BadParameter,
               (status = 404, description = "No such pool", body = ErrorBody),
-              (status = 401, description = "A token is required", body = ErrorBody),
-              (status = 503, description = "Busy; retry after the Retry-After seconds", body = ErrorBody)))]
+              NeedsToken, Busy))]
 pub async fn incidents(
     State(app): State<AppState>,
-    headers: HeaderMap,
-    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+    _: Reader,
+    ApiQuery(q): ApiQuery<IncidentParams>,
 ) -> Result<Json<IncidentPage>, ApiError> {
-    app.authorize_read(&headers)?;
-    let pool = name_param(&q, "pool")?.ok_or_else(|| ApiError::invalid("pool", "is required"))?;
-    let endpoint = name_param(&q, "endpoint")?;
-    let (from, to) = range(&q, Utc::now())?;
-    let limit = crate::extract::limit_param(&q, crate::history::DEFAULT_LIMIT, crate::history::MAX_LIMIT)?;
-    let cursor = q.get("cursor").map(|c| Cursor::decode(c)).transpose()?;
+    let pool = q.pool.as_str();
+    let endpoint = q.endpoint.as_ref().map(Name::as_str);
+    let (from, to) = range(q.from, q.to, Utc::now())?;
+    let limit = int_or(q.limit, crate::history::DEFAULT_LIMIT);
+    let cursor = q.cursor.as_deref().map(Cursor::decode).transpose()?;
     if !pool_known(&app.db, pool).await? {
         return Err(ApiError::NotFound(format!("pool {pool:?}")));
     }
@@ -333,10 +331,14 @@ mod tests {
         let now = DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
             .unwrap()
             .with_timezone(&Utc);
-        let q = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let (from, to) = range(&q(&[]), now).unwrap();
+        // As a request gives them: the query parsed by the route's extractor, then the range.
+        let range_of = |pairs: &[(&str, &str)]| {
+            let raw = serde_urlencoded::to_string(pairs).unwrap();
+            crate::extract::query::<UptimeParams>(&raw).and_then(|p| range(p.from, p.to, now))
+        };
+        let (from, to) = range_of(&[]).unwrap();
         assert_eq!((to, to - from), (now.timestamp_micros(), 7 * DAY_US));
-        let (_, to) = range(&q(&[("to", "2027-01-01T00:00:00Z")]), now).unwrap();
+        let (_, to) = range_of(&[("to", "2027-01-01T00:00:00Z")]).unwrap();
         assert_eq!(to, now.timestamp_micros(), "clipped to now");
         for (pairs, field) in [
             (
@@ -347,8 +349,12 @@ mod tests {
             (vec![("from", "2027-01-01T00:00:00Z")], "from"),
             (vec![("from", "yesterday")], "from"),
             (vec![("to", "2026-13-01T00:00:00Z")], "to"),
+            (
+                vec![("to", "2026-11-01T00:00:00Z"), ("to", "2026-11-02T00:00:00Z")],
+                "to",
+            ),
         ] {
-            match range(&q(&pairs), now) {
+            match range_of(&pairs) {
                 Err(ApiError::Invalid { field: Some(f), .. }) => assert_eq!(f, field, "{pairs:?}"),
                 other => panic!("{pairs:?}: {other:?}"),
             }

@@ -8,26 +8,28 @@ use super::feed::{sse_response, HubFeed};
 use super::kafka;
 use super::protocol::{self, encode_positions, Filter, Positions};
 use super::slot::{take_slot, StreamSlot};
-use crate::error::{ApiError, ErrorBody};
+use crate::auth::Reader;
+use crate::error::{ApiError, ErrorBody, NeedsToken};
 use crate::extract::ApiQuery;
+use crate::params::Name;
 use crate::AppState;
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use utoipa::IntoParams;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)] // documents the parameters
 pub struct StreamParams {
     /// Only events of this pool.
-    pool: Option<String>,
+    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    pool: Option<Name>,
     /// Only events of this endpoint.
-    endpoint: Option<String>,
+    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    endpoint: Option<Name>,
 }
 
 /// A live stream admitted: its slot, where it starts and what it wants.
@@ -44,15 +46,14 @@ struct Opened {
     notice: Option<axum::body::Bytes>,
 }
 
-/// Authorize a stream request and take its slot; where it starts.
+/// Take the slot of an authorized stream request; where it starts.
 async fn open(
     app: &AppState,
+    Reader(principal): Reader,
     headers: &HeaderMap,
     peer: Option<std::net::SocketAddr>,
-    q: &HashMap<String, String>,
+    q: StreamParams,
 ) -> Result<Opened, ApiError> {
-    app.authorize_read(headers)?;
-    let principal = crate::auth::authorize(headers, &app.tokens, crate::auth::Role::Reader).ok();
     let (client, anonymous) = match principal {
         Some(p) => (format!("token:{}", p.name), false),
         None => (
@@ -96,8 +97,8 @@ async fn open(
         resume,
         filter: Filter {
             from,
-            pool: q.get("pool").cloned(),
-            endpoint: q.get("endpoint").cloned(),
+            pool: q.pool.map(|n| n.0),
+            endpoint: q.endpoint.map(|n| n.0),
         },
         ends_at,
         notice,
@@ -110,16 +111,17 @@ async fn open(
     responses(
         (status = 200, description = "Server-Sent Events: `ready`, then `health_changed` (a transition, as in the history) and `pool_changed`; `lagged` when the client fell behind and `reconnect` when the stream reaches its lifetime (both end it; their id resumes it); `reset` right after `ready` when Last-Event-ID was ahead of the topic (the stream starts at its end: reload what you hold)", content_type = "text/event-stream", body = String),
         (status = 400, description = "A Last-Event-ID that is not from this stream", body = ErrorBody),
-        (status = 401, description = "A token is required", body = ErrorBody),
+        NeedsToken,
         (status = 429, description = "This client holds its maximum of live streams", body = ErrorBody),
         (status = 503, description = "Too many live streams (anonymous clients get three quarters of them), too many resuming from far back, or Kafka unavailable", body = ErrorBody),
     )
 )]
 pub async fn stream(
     State(app): State<AppState>,
+    reader: Reader,
     headers: HeaderMap,
     peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
-    ApiQuery(q): ApiQuery<HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<StreamParams>,
 ) -> Result<axum::response::Response, ApiError> {
     let peer = peer.map(|axum::Extension(ConnectInfo(a))| a);
     let Opened {
@@ -128,7 +130,7 @@ pub async fn stream(
         filter,
         ends_at,
         notice,
-    } = open(&app, &headers, peer, &q).await?;
+    } = open(&app, reader, &headers, peer, q).await?;
     if let Some(sub) = app.hub.subscribe(&filter) {
         return Ok(sse_response(HubFeed::new(sub, filter, ends_at, slot, notice)));
     }
@@ -163,8 +165,16 @@ pub async fn takeover(
     let Some((headers, query)) = parse_head(&buf[..n]) else {
         return Err(sock);
     };
-    let Ok(opened) = open(&app, &headers, Some(peer), &query).await else {
-        return Err(sock); // answered by the server, with the reason
+    // The route's own extractors, in the order the handler takes them: a refusal is answered
+    // by the server, with the reason.
+    let Ok(reader) = Reader::of(&app, &headers) else {
+        return Err(sock);
+    };
+    let Ok(params) = crate::extract::query::<StreamParams>(&query) else {
+        return Err(sock);
+    };
+    let Ok(opened) = open(&app, reader, &headers, Some(peer), params).await else {
+        return Err(sock);
     };
     // The socket is shared with a writer thread, which writes without waiting (`try_write`):
     // its readiness to write is known before it is handed over.
@@ -218,10 +228,10 @@ pub async fn takeover(
     Ok(())
 }
 
-/// The headers and query of a complete request head; None if it is not one this path takes
-/// (incomplete, not HTTP/1.x, a path other than `/v1/stream`, a query or header the API's
-/// extractors would refuse).
-fn parse_head(buf: &[u8]) -> Option<(HeaderMap, HashMap<String, String>)> {
+/// The headers and raw query of a complete request head; None if it is not one this path takes
+/// (incomplete, not HTTP/1.x, a method or path other than `GET /v1/stream`, a header that is
+/// not one).
+fn parse_head(buf: &[u8]) -> Option<(HeaderMap, String)> {
     let mut slots = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut slots);
     if !matches!(req.parse(buf), Ok(httparse::Status::Complete(_))) || req.method != Some("GET") {
@@ -238,12 +248,5 @@ fn parse_head(buf: &[u8]) -> Option<(HeaderMap, HashMap<String, String>)> {
             axum::http::HeaderValue::from_bytes(h.value).ok()?,
         );
     }
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(uri.query().unwrap_or("")).ok()?;
-    if pairs
-        .iter()
-        .any(|(k, v)| crate::extract::no_control(k, k).is_err() || crate::extract::no_control(k, v).is_err())
-    {
-        return None;
-    }
-    Some((headers, pairs.into_iter().collect()))
+    Some((headers, uri.query().unwrap_or("").to_owned()))
 }
