@@ -351,3 +351,157 @@ async fn a_resume_from_ahead_of_the_topic_restarts_at_its_end_with_a_reset_event
     assert_eq!(ev.event, "health_changed", "not silence");
     api.drop_schema().await;
 }
+
+/// A raw HTTP/1.1 exchange: the status, the header lines (lower case) and, for an answer with
+/// a length, its body; the socket stays open for a stream's events.
+async fn request(port: u16, before: Option<&str>, req: &str) -> (tokio::net::TcpStream, u16, Vec<String>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    if let Some(first) = before {
+        // A kept-alive connection: another request first, so the server serves the stream.
+        s.write_all(first.as_bytes()).await.unwrap();
+        let mut got = String::new();
+        read_until(&mut s, &mut got, "\r\n\r\n").await;
+        let len: usize = got
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let have = got.split_once("\r\n\r\n").unwrap().1.len();
+        let mut rest = vec![0u8; len.saturating_sub(have)];
+        s.read_exact(&mut rest).await.unwrap();
+    }
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut got = String::new();
+    read_until(&mut s, &mut got, "\r\n\r\n").await;
+    let (head, body) = got.split_once("\r\n\r\n").unwrap();
+    let status: u16 = head[9..12].parse().unwrap();
+    let headers: Vec<String> = head.lines().skip(1).map(str::to_ascii_lowercase).collect();
+    let len = headers.iter().find_map(|l| {
+        l.strip_prefix("content-length: ")
+            .map(|v| v.trim().parse::<usize>().unwrap())
+    });
+    let mut body = body.to_owned();
+    if let Some(len) = len {
+        let mut rest = vec![0u8; len.saturating_sub(body.len())];
+        s.read_exact(&mut rest).await.unwrap();
+        body.push_str(&String::from_utf8_lossy(&rest));
+    }
+    (s, status, headers, body)
+}
+
+/// The named headers of a response, without those of its framing.
+fn content_headers(headers: &[String]) -> Vec<String> {
+    let mut h: Vec<String> = headers
+        .iter()
+        .filter(|l| {
+            !["connection:", "transfer-encoding:", "date:", "content-length:"]
+                .iter()
+                .any(|f| l.starts_with(f))
+        })
+        .cloned()
+        .collect();
+    h.sort();
+    h
+}
+
+/// `/v1/stream` requests counted by `/metrics` with this status.
+async fn counted(api: &Api, status: u16) -> u64 {
+    let text = api
+        .http
+        .get(api.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("vitals_api_requests_total{")
+                && l.contains("route=\"/v1/stream\"")
+                && l.contains(&format!("status=\"{status}\""))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The writers' path (a connection taken over before the router sees it) and the server's (a
+/// stream asked for on a kept-alive connection) apply the same rules: the same headers, one
+/// count of a client's streams, the same refusals, the same metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writers_path_and_the_servers_path_apply_the_same_headers_limits_refusals_and_metrics() {
+    let api = Api::start(
+        "sse_same",
+        &["--read-requires-token", "true", "--max-streams-per-client", "1"],
+    )
+    .await;
+    let port = api.port;
+    let health = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+    let stream = |query: &str, token: Option<&str>| {
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        format!("GET /v1/stream?{query} HTTP/1.1\r\nHost: t\r\n{auth}\r\n")
+    };
+    let ok_before = counted(&api, 200).await;
+    let refused_before = counted(&api, 429).await;
+
+    // The writers' stream takes the reader's one place; the server's path is refused for it.
+    let (mut taken, s, taken_headers, mut text) = request(port, None, &stream("pool=live", Some(READER))).await;
+    assert_eq!(s, 200);
+    read_until(&mut taken, &mut text, "event: ready").await;
+    let (_, s, _, body) = request(port, Some(health), &stream("pool=live", Some(READER))).await;
+    assert_eq!(s, 429, "the server's path counts the writers' stream: {body}");
+    let mut refused = 1;
+
+    // Gone, its place is free again (the writers notice the close): the server's path gets it,
+    // and then the writers' path is refused for it.
+    drop(taken);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut served, served_headers, mut text) = loop {
+        let (sock, s, headers, body) = request(port, Some(health), &stream("pool=live", Some(READER))).await;
+        if s == 200 {
+            break (sock, headers, body);
+        }
+        assert_eq!(s, 429, "{body}");
+        refused += 1;
+        assert!(tokio::time::Instant::now() < deadline, "the place was never given back");
+        tokio::task::yield_now().await;
+    };
+    read_until(&mut served, &mut text, "event: ready").await;
+    let (_, s, _, body) = request(port, None, &stream("pool=live", Some(READER))).await;
+    assert_eq!(s, 429, "the writers' path counts the server's stream: {body}");
+    refused += 1;
+
+    assert_eq!(
+        content_headers(&taken_headers),
+        content_headers(&served_headers),
+        "the same headers on both paths"
+    );
+    assert!(taken_headers.contains(&"x-content-type-options: nosniff".to_owned()));
+
+    // The same refusals, with the same bodies, whichever path the request came by.
+    for (req, status) in [
+        (stream("pool=live", None), 401),
+        (stream("pool=live", Some("not-a-real-token-at-all")), 401),
+        (stream("pool=", Some(READER)), 400),
+        (stream("pool=a%00", Some(READER)), 400),
+        (stream("endpoint=e&endpoint=f", Some(READER)), 400),
+    ] {
+        let (_, s1, h1, b1) = request(port, None, &req).await;
+        let (_, s2, h2, b2) = request(port, Some(health), &req).await;
+        assert_eq!((s1, &b1), (status, &b2), "{req}");
+        assert_eq!(s2, status, "{req}");
+        assert_eq!(content_headers(&h1), content_headers(&h2), "{req}");
+    }
+
+    // Every stream and every refusal counted once, whichever path.
+    assert_eq!(counted(&api, 200).await - ok_before, 2);
+    assert_eq!(counted(&api, 429).await - refused_before, refused);
+    drop(served);
+    api.drop_schema().await;
+}

@@ -28,14 +28,13 @@ where
         timer: Deadline::after(KEEP_ALIVE),
         sent: false,
     };
-    (
-        [
-            (axum::http::header::CONTENT_TYPE, "text/event-stream"),
-            (axum::http::header::CACHE_CONTROL, "no-cache"),
-        ],
-        axum::body::Body::from_stream(body),
-    )
-        .into_response()
+    let mut response = axum::body::Body::from_stream(body).into_response();
+    for (name, value) in super::protocol::HEADERS {
+        response
+            .headers_mut()
+            .insert(name, axum::http::HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// A timer polled as a stream's deadline: between the moment it is registered and the moment

@@ -20,6 +20,29 @@
 //!   own (at most `--max-kafka-streams`).
 //! - [`stream`]: the route, its limits and the takeover of a connection by the writers.
 //!
+//! ## Two paths to one route
+//!
+//! A stream the writers take ([`stream::takeover`]) is answered before the router sees the
+//! connection, so none of the router's layers run for it. What they do, it does itself, with
+//! the same code where there is code:
+//! - **Method and path**: it takes only a complete HTTP/1.x `GET /v1/stream` head in the first
+//!   read; any other method (the router's 405) or path goes to the server untouched.
+//! - **Authorization and parameters**: [`crate::auth::Reader::of`] and
+//!   [`crate::extract::query`], the functions the handler's extractors call.
+//! - **Every refusal** (token, parameters, slots, the hub not ready, a resume from further back
+//!   than the ring) hands the connection back untouched: the server answers it through every
+//!   layer, so error bodies, headers and the metrics of refusals are the server's.
+//! - **Limits**: the per-route concurrency limit exempts the stream on both paths (its slots
+//!   are its limits, taken by the same `open`); the connection cap and the header-read timeout
+//!   apply before the takeover sees the connection (`serve.rs`); a request body is read and
+//!   dropped, never parsed (no body limit to apply).
+//! - **Metrics**: one request `/v1/stream GET 200` at the hand-over, as `metrics::track`
+//!   counts the server's.
+//! - **Headers**: [`protocol::HEADERS`] on both (the server's `nosniff` layer sets the same).
+//!
+//! `tests/stream.rs` opens streams by both paths and checks the same headers, shared slots,
+//! the same refusals and the same metrics.
+//!
 //! A client that falls behind the feed gets a `lagged` event whose id resumes it, and the stream
 //! ends. Limits: `--max-streams` in all, of which a quarter is kept for clients with a token;
 //! `--max-streams-per-client` per token (or per IP address without one); and a lifetime, after

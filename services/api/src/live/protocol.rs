@@ -82,10 +82,24 @@ impl Filter {
     }
 }
 
-/// The response head of a stream written by the live-stream writers: the body is the events
-/// until the connection closes.
-pub const RAW_HEAD: &[u8] =
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+/// The headers of a live stream's answer, whichever path serves it (the server's adds them to
+/// its response, the writers' head is made of them): an event stream, not cached, not sniffed.
+pub const HEADERS: [(&str, &str); 3] = [
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    ("x-content-type-options", "nosniff"),
+];
+
+/// The response head of a stream written by the live-stream writers: [`HEADERS`], and the
+/// body is the events until the connection closes.
+pub static RAW_HEAD: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+    for (name, value) in HEADERS {
+        head.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+    }
+    head.extend_from_slice(b"connection: close\r\n\r\n");
+    head
+});
 
 /// A stream that has been silent this long gets a comment, so that proxies and clients do not
 /// take it for dead.
