@@ -26,15 +26,7 @@ async fn unknown_methods_cannot_add_metric_series() {
             assert_eq!(b["error"]["code"], "method_not_allowed", "{b}");
         }
     }
-    let text = api
-        .http
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = api.text("/metrics").await;
     assert!(!text.contains("method=\"X1"), "no client-chosen label reaches /metrics");
     assert!(text.contains("method=\"other\""), "{text}");
     let series = text

@@ -410,15 +410,7 @@ fn content_headers(headers: &[String]) -> Vec<String> {
 
 /// `/v1/stream` requests counted by `/metrics` with this status.
 async fn counted(api: &Api, status: u16) -> u64 {
-    let text = api
-        .http
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = api.text("/metrics").await;
     text.lines()
         .filter(|l| {
             l.starts_with("vitals_api_requests_total{")

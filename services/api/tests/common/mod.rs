@@ -83,6 +83,18 @@ impl Api {
         format!("{}{}", self.base, path)
     }
 
+    /// The body of a GET as text (`/metrics`).
+    pub async fn text(&self, path: &str) -> String {
+        self.http
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
         let r = self.http.get(self.url(path)).send().await.unwrap();
         let status = r.status().as_u16();
