@@ -464,6 +464,15 @@ impl Tracker {
         matches!(self.phase, Phase::Probation(_))
     }
 
+    /// Out of rotation (by a rule or forced unhealthy) or on probation: its latency is not a
+    /// peer's (one phase test, on the hot path of every latency comparison).
+    pub(crate) fn out_or_on_probation(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Out(_) | Phase::Probation(_) | Phase::Operator(HealthState::Unhealthy)
+        )
+    }
+
     /// On probation, its weight growing to full.
     pub(crate) fn probation_growing(&self) -> bool {
         matches!(&self.phase, Phase::Probation(p) if p.growing_until.is_some())

@@ -34,7 +34,7 @@ impl PoolState {
                     // One on probation gets a trickle of calls: its latency is mostly its probes'.
                     n.as_str() != name
                         && t.latency_samples() >= LATENCY_MIN_SAMPLES
-                        && !(in_rotation_only && (t.state() == HealthState::Unhealthy || t.probation()))
+                        && !(in_rotation_only && t.out_or_on_probation())
                 })
                 .map(|(_, t)| t.latency_ewma_ms()),
         );
