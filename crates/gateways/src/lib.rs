@@ -136,6 +136,65 @@ pub fn retry_after_ms(v: &str) -> Option<i64> {
     v.parse::<i64>().ok().map(|s| s * 1000)
 }
 
+/// An `x-ratelimit-reset-*` value in milliseconds: the time until the limit resets as OpenAI
+/// and the APIs that copy its headers write it (`20ms`, `1s`, `6m0s`, `1h2m3.5s`), or plain
+/// seconds. None for anything else, or past a day.
+pub fn ratelimit_reset_ms(v: &str) -> Option<i64> {
+    let v = v.trim();
+    if v.is_empty() || v.len() > 24 {
+        return None;
+    }
+    if let Ok(secs) = v.parse::<f64>() {
+        return (0.0..=86_400.0).contains(&secs).then(|| (secs * 1000.0).round() as i64);
+    }
+    let (mut total, mut rest) = (0.0f64, v);
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let n: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit_ms, len) = if rest.starts_with("ms") {
+            (1.0, 2)
+        } else if rest.starts_with('h') {
+            (3_600_000.0, 1)
+        } else if rest.starts_with('m') {
+            (60_000.0, 1)
+        } else if rest.starts_with('s') {
+            (1000.0, 1)
+        } else {
+            return None;
+        };
+        total += n * unit_ms;
+        rest = &rest[len..];
+    }
+    (total <= 86_400_000.0).then(|| total.round() as i64)
+}
+
+/// When a 429's limit lifts, in milliseconds, from the response headers `header` gives (by
+/// lower-case name): `Retry-After` first, else the `x-ratelimit-reset-*` of the limit that ran
+/// out (requests or tokens, by their `x-ratelimit-remaining-*`; the later of the two when the
+/// headers do not say which).
+pub fn limit_lifts_in_ms<S: AsRef<str>>(header: impl Fn(&str) -> Option<S>) -> Option<i64> {
+    if let Some(ms) = header("retry-after").and_then(|v| retry_after_ms(v.as_ref())) {
+        return Some(ms);
+    }
+    let reset = |kind: &str| header(&format!("x-ratelimit-reset-{kind}")).and_then(|v| ratelimit_reset_ms(v.as_ref()));
+    let out = |kind: &str| {
+        header(&format!("x-ratelimit-remaining-{kind}"))
+            .and_then(|v| v.as_ref().trim().parse::<f64>().ok())
+            .is_some_and(|n| n <= 0.0)
+    };
+    match (out("requests"), out("tokens")) {
+        (true, false) => reset("requests"),
+        (false, true) => reset("tokens"),
+        _ => reset("requests").max(reset("tokens")),
+    }
+}
+
 /// A 128-bit FNV-1a of `bytes` as 32 hex digits: the id of a line that carries none.
 pub fn line_id(bytes: &[u8]) -> String {
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013B;
@@ -155,6 +214,53 @@ fn ms(v: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratelimit_resets_read_openai_durations_and_plain_seconds() {
+        for (v, ms) in [
+            ("20ms", 20),
+            ("1s", 1000),
+            ("6m0s", 360_000),
+            ("1h2m3.5s", 3_723_500),
+            ("0.5s", 500),
+            (" 2 ", 2000),
+            ("1.25", 1250),
+        ] {
+            assert_eq!(ratelimit_reset_ms(v), Some(ms), "{v}");
+        }
+        for v in ["", "s", "1x", "m1s", "-1s", "1d", "25h", "90000", "1s2", "NaN", "inf"] {
+            assert_eq!(ratelimit_reset_ms(v), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn a_limit_lifts_when_retry_after_says_else_when_the_exhausted_limit_resets() {
+        fn lifts(pairs: &[(&str, &'static str)]) -> Option<i64> {
+            limit_lifts_in_ms(|name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| *v))
+        }
+        let (rq, tk) = (
+            ("x-ratelimit-reset-requests", "2s"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        );
+        assert_eq!(lifts(&[("retry-after", "7"), rq, tk]), Some(7000));
+        assert_eq!(lifts(&[rq, tk]), Some(360_000), "the later, when unsaid");
+        let requests_out = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-remaining-tokens", "900"),
+            rq,
+            tk,
+        ];
+        assert_eq!(lifts(&requests_out), Some(2000));
+        let tokens_out = [
+            ("x-ratelimit-remaining-requests", "12"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            rq,
+            tk,
+        ];
+        assert_eq!(lifts(&tokens_out), Some(360_000));
+        assert_eq!(lifts(&[("retry-after", "soon")]), None);
+        assert_eq!(lifts(&[]), None);
+    }
 
     #[test]
     fn retry_after_takes_seconds_and_refuses_the_rest() {

@@ -398,9 +398,10 @@ impl Map {
         let ttft_us = self.ttft_us(span, attrs).filter(|t| *t <= latency_us);
         let retry_after_ms = matches!(ended.class, OutcomeClass::RateLimited | OutcomeClass::ServerError)
             .then(|| {
-                attrs
-                    .text("http.response.header.retry-after")
-                    .and_then(|v| retry_after_ms(&v))
+                // When the limit lifts (the bridges' parser: Retry-After, else the exhausted
+                // limit's x-ratelimit-reset-*), held to a day, the most the contract takes.
+                vitals_gateways::limit_lifts_in_ms(|name| attrs.text(&format!("http.response.header.{name}")))
+                    .map(|ms| ms.min(86_400_000))
             })
             .flatten();
         let mut attributes = BTreeMap::new();
@@ -491,10 +492,4 @@ fn bounded(s: &str) -> String {
         end -= 1;
     }
     s[..end].to_owned()
-}
-
-/// A Retry-After header's delay in milliseconds (the bridges' parser), held to a day, the most
-/// the contract takes.
-pub fn retry_after_ms(v: &str) -> Option<i64> {
-    vitals_gateways::retry_after_ms(v).map(|ms| ms.min(86_400_000))
 }

@@ -160,6 +160,26 @@ fn a_429_carries_its_retry_after_and_first_tokens_come_from_events_or_attributes
     let o = call(&m, &client(a)).unwrap();
     assert_eq!((o.outcome, o.retry_after_ms), (OutcomeClass::RateLimited, Some(7000)));
 
+    // Without a Retry-After, the reset of the limit that ran out (OpenAI's headers).
+    let header = |name: &str, v: &str| KeyValue {
+        key: format!("http.response.header.{name}"),
+        key_strindex: 0,
+        value: Some(AnyValue {
+            value: Some(Value::ArrayValue(ArrayValue {
+                values: vec![AnyValue {
+                    value: Some(Value::StringValue(v.into())),
+                }],
+            })),
+        }),
+    };
+    let mut a = addr("h", 80);
+    a.push(i("http.response.status_code", 429));
+    a.push(header("x-ratelimit-remaining-requests", "0"));
+    a.push(header("x-ratelimit-reset-requests", "1.5s"));
+    a.push(header("x-ratelimit-reset-tokens", "6m0s"));
+    let o = call(&m, &client(a)).unwrap();
+    assert_eq!(o.retry_after_ms, Some(1500));
+
     let mut sp = client(addr("h", 80));
     sp.events.push(Event {
         name: "gen_ai.first_token".into(),

@@ -47,6 +47,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if mode == "429":
             return self._json(429, {"error": {"message": "slow down", "type": "rate_limit"}}, [("retry-after", "7")])
+        if mode == "429r":
+            # OpenAI's headers, no Retry-After: the request limit ran out and resets in 1.5 s.
+            return self._json(429, {"error": {"message": "slow down", "type": "rate_limit"}},
+                              [("x-ratelimit-remaining-requests", "0"), ("x-ratelimit-remaining-tokens", "8000"),
+                               ("x-ratelimit-reset-requests", "1.5s"), ("x-ratelimit-reset-tokens", "6m0s")])
         if mode in ("500", "503", "400"):
             return self._json(int(mode), {"error": {"message": f"answered {mode}"}})
         if not body.get("stream"):

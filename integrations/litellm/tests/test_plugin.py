@@ -97,7 +97,7 @@ def test_the_packaged_schemas_are_the_repositorys():
 
 
 def test_real_litellm_failures_are_reported_as_vitals_outcomes():
-    ups = {m: Upstream(m, ttft_s=0.3, role_late=True) for m in ("ok", "drop", "429", "500", "400", "hang")}
+    ups = {m: Upstream(m, ttft_s=0.3, role_late=True) for m in ("ok", "drop", "429", "429r", "500", "400", "hang")}
     try:
         cb, rec = recording_callback()
         litellm.callbacks = [cb]
@@ -108,6 +108,7 @@ def test_real_litellm_failures_are_reported_as_vitals_outcomes():
             ("g-ok", False, "SUCCESS", 200, None, False),
             ("g-drop", True, "CONNECTION_DROPPED", None, None, None),
             ("g-429", False, "RATE_LIMITED", 429, 7000, False),
+            ("g-429r", False, "RATE_LIMITED", 429, 1500, False),  # x-ratelimit-reset-requests
             ("g-500", False, "SERVER_ERROR", 500, None, False),
             ("g-400", False, "CLIENT_ERROR", 400, None, False),
             ("g-hang", False, "TIMEOUT", None, None, False),
@@ -513,3 +514,18 @@ def test_a_fleet_behind_a_merge_stage_keys_reports_by_endpoint():
         r._send_kafka([Report("openai/gpt-4o", "eu%1", 1, "SUCCESS", 200, 10, None, None, None)])
         keys[key] = sent
     assert keys == {"pool": [("t", b"openai/gpt-4o")], "endpoint": [("t", b"openai%2Fgpt-4o/eu%251")]}
+
+
+def test_ratelimit_resets_read_as_the_rust_bridges_read_them():
+    from vitals_litellm.outcome import limit_lifts_in_ms, ratelimit_reset_ms
+    for v, ms in [("20ms", 20), ("1s", 1000), ("6m0s", 360_000), ("1h2m3.5s", 3_723_500), ("0.5s", 500),
+                  (" 2 ", 2000), ("1.25", 1250)]:
+        assert ratelimit_reset_ms(v) == ms, v
+    for v in ["", "s", "1x", "m1s", "-1s", "1d", "25h", "90000", "1s2", "nan", "inf"]:
+        assert ratelimit_reset_ms(v) is None, v
+    both = {"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "6m0s"}
+    assert limit_lifts_in_ms({"retry-after": "7", **both}) == 7000
+    assert limit_lifts_in_ms(both) == 360_000
+    assert limit_lifts_in_ms({"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "9", **both}) == 2000
+    assert limit_lifts_in_ms({"x-ratelimit-remaining-requests": "3", "x-ratelimit-remaining-tokens": "0", **both}) == 360_000
+    assert limit_lifts_in_ms({}) is None

@@ -83,6 +83,70 @@ def _headers(exc: BaseException) -> dict:
     return found
 
 
+_DAY_MS = 86_400_000
+_UNITS = (("ms", 1), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
+
+
+def ratelimit_reset_ms(value) -> int | None:
+    """An `x-ratelimit-reset-*` value in milliseconds: OpenAI's durations (`20ms`, `1s`, `6m0s`,
+    `1h2m3.5s`) or plain seconds; None for anything else or past a day (as vitals_gateways'
+    `ratelimit_reset_ms`)."""
+    v = str(value).strip()
+    if not v or len(v) > 24:
+        return None
+    try:
+        secs = float(v)
+        return round(secs * 1000) if 0 <= secs <= 86_400 else None
+    except ValueError:
+        pass
+    total, rest = 0.0, v
+    while rest:
+        n = 0
+        while n < len(rest) and (rest[n].isdigit() or rest[n] == "."):
+            n += 1
+        if n == 0:
+            return None
+        try:
+            number = float(rest[:n])
+        except ValueError:
+            return None
+        rest = rest[n:]
+        for unit, ms in _UNITS:
+            if rest.startswith(unit):
+                total += number * ms
+                rest = rest[len(unit):]
+                break
+        else:
+            return None
+    return round(total) if total <= _DAY_MS else None
+
+
+def limit_lifts_in_ms(headers: dict, now: float | None = None) -> int | None:
+    """When a 429's limit lifts: its Retry-After, else the `x-ratelimit-reset-*` of the limit that
+    ran out (by `x-ratelimit-remaining-*`; the later of requests and tokens when they do not say)."""
+    ms = retry_after_ms(headers, now)
+    if ms is not None:
+        return ms
+
+    def reset(kind):
+        v = headers.get(f"x-ratelimit-reset-{kind}")
+        return None if v is None else ratelimit_reset_ms(v)
+
+    def out(kind):
+        try:
+            return float(str(headers.get(f"x-ratelimit-remaining-{kind}")).strip()) <= 0
+        except ValueError:
+            return False
+
+    requests, tokens = out("requests"), out("tokens")
+    if requests and not tokens:
+        return reset("requests")
+    if tokens and not requests:
+        return reset("tokens")
+    found = [r for r in (reset("requests"), reset("tokens")) if r is not None]
+    return max(found) if found else None
+
+
 def retry_after_ms(headers: dict, now: float | None = None) -> int | None:
     """A Retry-After header (seconds, or an HTTP date) in milliseconds; `retry-after-ms` first."""
     ms = headers.get("retry-after-ms")
@@ -120,7 +184,7 @@ def classify(exc: BaseException | None) -> Outcome | None:
         category = str(getattr(exc, "category", "") or "")
         if category.startswith("litellm"):
             return None  # LiteLLM's own limiter refused it: the upstream was never asked
-        return Outcome(RATE_LIMITED, 429, retry_after_ms(headers))
+        return Outcome(RATE_LIMITED, 429, limit_lifts_in_ms(headers))
     if name in ("budgetexceedederror", "guardrailraisedexception", "blockedpiientityerror",
                 "modifyresponseexception", "sensitivedatarouteexception"):
         return None
