@@ -1013,7 +1013,7 @@ impl Tracker {
                 };
                 let ms = self.next_isolation(now, policy);
                 let out_for = dim.or(self.out_for()).unwrap_or(Dimension::Errors);
-                self.isolate(now, ms, out_for, 0)
+                isolate(now, ms, out_for, 0)
             }
             Entry::TrialFailed(key) => {
                 // The same isolation again, jittered: a continuing outage does not grow it.
@@ -1025,13 +1025,13 @@ impl Tracker {
                 let iso = us(self.isolation(policy));
                 let ms = iso.saturating_add(jitter(key, self.isolations, failed, iso)) / 1000;
                 let out_for = self.out_for().unwrap_or(Dimension::Errors);
-                self.isolate(now, ms, out_for, failed)
+                isolate(now, ms, out_for, failed)
             }
             Entry::Cooldown(ms) => {
                 self.cooldowns = self.cooldowns_in_a_row(now, policy);
                 self.cooled_at = Some(now);
                 self.retry_after_ms = None;
-                self.isolate(now, ms, Dimension::RateLimit, 0)
+                isolate(now, ms, Dimension::RateLimit, 0)
             }
             Entry::Operator(to) => (Phase::Operator(to), None),
             Entry::Recovering { probation } => {
@@ -1097,13 +1097,6 @@ impl Tracker {
         }
     }
 
-    /// Out of rotation for `ms`, for `out_for`, after `failed_trials` failed trials: the phase,
-    /// and when the router's trial is due.
-    fn isolate(&self, now: Micros, ms: i64, out_for: Dimension, failed_trials: u16) -> (Phase, Option<Micros>) {
-        let until = now.saturating_add(us(ms));
-        (Phase::Out(Isolation::new(out_for, until, failed_trials)), Some(until))
-    }
-
     /// The isolation for a new ejection: base × 2^k, capped. k grows only for a flapping
     /// endpoint, one ejected again within `isolation_reset_ms` of its last readmission; a first
     /// ejection (or one after a quiet period) starts again at the base.
@@ -1148,6 +1141,13 @@ impl Tracker {
         }
         self.ttft_percentile(q)
     }
+}
+
+/// Out of rotation for `ms` from `now`, for `out_for`, after `failed_trials` failed trials: the
+/// phase, and when the router's trial is due.
+fn isolate(now: Micros, ms: i64, out_for: Dimension, failed_trials: u16) -> (Phase, Option<Micros>) {
+    let until = now.saturating_add(us(ms));
+    (Phase::Out(Isolation::new(out_for, until, failed_trials)), Some(until))
 }
 
 /// The run [`noise_run`] asks for at up to ~11 calls a second: the policy's runs hold there,
