@@ -75,6 +75,10 @@ pub struct Config {
     /// Seconds to finish in-flight work after SIGTERM.
     #[arg(long, env = "VITALS_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     pub shutdown_grace_secs: u64,
+    /// Record loops in this processor, each a consumer of the group with its own partitions,
+    /// batches and writer: the partitions are consumed in parallel on as many cores.
+    #[arg(long, env = "VITALS_LANES", default_value_t = 1)]
+    pub lanes: usize,
 }
 
 impl std::fmt::Debug for Config {
@@ -91,9 +95,14 @@ impl std::fmt::Debug for Config {
             .field("tick_interval_ms", &self.tick_interval_ms)
             .field("view_tick_interval_ms", &self.view_tick_interval_ms)
             .field("http_addr", &self.http_addr)
+            .field("lanes", &self.lanes)
             .finish_non_exhaustive()
     }
 }
+
+/// Lanes in one processor at most: each holds a consumer with its own fetch buffers, a thread
+/// and a database connection; past the cores a machine has, more processors spread better.
+pub const MAX_LANES: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -120,6 +129,9 @@ impl Config {
         }
         if self.audit_retention_every_secs == 0 {
             return err("--audit-retention-every-secs must be at least 1".into());
+        }
+        if !(1..=MAX_LANES).contains(&self.lanes) {
+            return err(format!("--lanes must be between 1 and {MAX_LANES}"));
         }
         if self.partitions < 1 {
             return err("--partitions must be at least 1".into());
@@ -151,6 +163,12 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("named twice"));
         let c = Config::parse_from(["p", "--database-url", "postgres://u:hunter2@db/x"]);
         assert!(!format!("{c:?}").contains("hunter2"));
+        let c = Config::parse_from(["p", "--lanes", "0"]);
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--lanes must be between 1"));
         assert!(Config::parse_from(["p"]).validate().is_ok());
     }
 }

@@ -13,6 +13,7 @@
 //! ([`crate::writer`], a task beside the loop) writes the previous batch while the next fills.
 
 use crate::config::Config;
+use crate::lanes::{lane_config, Readiness};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::receiver::{receive, Chunk, Feed, ProcessorContext, Rebalanced, FEED_CHUNKS};
@@ -21,7 +22,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rustc_hash::FxHashMap as HashMap;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
@@ -71,14 +71,16 @@ pub struct Processor {
 }
 
 impl Processor {
+    /// Lane `lane` of the processor (see [`crate::lanes`]).
     #[allow(clippy::too_many_arguments)] // the shared handles of `run`, each used once here
     pub fn new(
+        lane: usize,
         cfg: Config,
         db: AuditLog,
         metrics: Arc<Metrics>,
         relay_wake: Arc<Notify>,
         cancel: CancellationToken,
-        ready: Arc<AtomicBool>,
+        ready: Arc<Readiness>,
         progress: Arc<Progress>,
         restore: Arc<crate::receiver::RestoreStatus>,
     ) -> Result<Processor, KafkaError> {
@@ -86,16 +88,17 @@ impl Processor {
             db.clone(),
             cfg.topics.signals_topic.clone(),
             cancel.clone(),
-            ready,
+            (ready, lane),
             progress.clone(),
             restore,
             metrics.unrestorable.clone(),
         );
-        let consumer: BaseConsumer<ProcessorContext> = crate::kafka::consumer_config(&cfg).create_with_context(ctx)?;
+        let consumer: BaseConsumer<ProcessorContext> =
+            lane_config(crate::kafka::consumer_config(&cfg), lane, cfg.lanes).create_with_context(ctx)?;
         consumer.subscribe(&[&cfg.topics.signals_topic])?;
         let (tx, feed) = mpsc::channel(FEED_CHUNKS);
         let receiver = std::thread::Builder::new()
-            .name("kafka-receiver".into())
+            .name(format!("kafka-receiver-{lane}"))
             .spawn(move || receive(consumer, tx))
             .map_err(|e| KafkaError::Subscription(format!("cannot start the receiver thread: {e}")))?;
         let topics = Topics {

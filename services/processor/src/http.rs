@@ -7,15 +7,14 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use sqlx::PgPool;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct Health {
     pub metrics: Arc<Metrics>,
     pub pool: PgPool,
-    /// The consumer has joined its group and restored every partition it was assigned.
-    pub ready: Arc<AtomicBool>,
+    /// Every lane's consumer has joined the group and restored every partition it was assigned.
+    pub ready: Arc<crate::lanes::Readiness>,
     pub progress: Arc<Progress>,
     pub restore: Arc<crate::receiver::RestoreStatus>,
 }
@@ -33,7 +32,7 @@ async fn ready(State(h): State<Health>) -> (StatusCode, String) {
     if let Some(problem) = h.restore.problem() {
         return unavailable(&problem);
     }
-    if !h.ready.load(Ordering::Relaxed) {
+    if !h.ready.all() {
         return unavailable("partitions not assigned and restored");
     }
     if sqlx::query("SELECT 1").execute(&h.pool).await.is_err() {

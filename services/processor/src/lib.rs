@@ -5,6 +5,7 @@ pub mod config;
 pub mod consumer;
 pub mod http;
 pub mod kafka;
+pub mod lanes;
 pub mod metrics;
 pub mod progress;
 pub mod receiver;
@@ -15,7 +16,6 @@ pub mod writer;
 use anyhow::Context;
 use config::Config;
 use rdkafka::producer::FutureProducer;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -28,7 +28,10 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     if cfg.create_topics {
         kafka::ensure_topics(&cfg).await.context("creating topics")?;
     }
-    let pool = vitals_store::connect_owner(&cfg.db.database_url, &cfg.db.db_schema, 8)
+    // Each lane's writer holds a connection while it writes and its rebalance callback one while
+    // it restores; the relay, the progress monitor and /readyz share the rest.
+    let connections = 6 + 2 * cfg.lanes as u32;
+    let pool = vitals_store::connect_owner(&cfg.db.database_url, &cfg.db.db_schema, connections)
         .await
         .with_context(|| format!("connecting to {}", cfg.db.shown()))?;
     let metrics = Arc::new(metrics::Metrics::default());
@@ -45,7 +48,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         topic: cfg.topics.signals_topic.clone(),
         months: vitals_store::months::Months::new(retention),
     };
-    let ready = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(lanes::Readiness::new(cfg.lanes));
     let restore = Arc::new(receiver::RestoreStatus::default());
     let progress = Arc::new(progress::Progress::new(Duration::from_secs(cfg.stall_after_secs)));
 
@@ -115,7 +118,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         let name = format!("processor-{}", std::process::id());
         let every = Duration::from_millis(cfg.view_tick_interval_ms);
         let (ready, progress) = (ready.clone(), progress.clone());
-        let alive = move || ready.load(std::sync::atomic::Ordering::Relaxed) && progress.stalled().is_empty();
+        let alive = move || ready.all() && progress.stalled().is_empty();
         let fut = ticker::run(
             producer.clone(),
             cfg.topics.changes_topic.clone(),
@@ -149,19 +152,20 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             Ok(())
         });
     }
-    {
+    for lane in 0..cfg.lanes {
         let processor = consumer::Processor::new(
+            lane,
             cfg.clone(),
-            database,
+            database.clone(),
             metrics.clone(),
             wake.clone(),
             cancel.clone(),
-            ready,
-            progress,
-            restore,
+            ready.clone(),
+            progress.clone(),
+            restore.clone(),
         )
-        .context("creating the Kafka consumer")?;
-        tasks.spawn(async move { processor.run().await.context("processor") });
+        .with_context(|| format!("creating the Kafka consumer of lane {lane}"))?;
+        tasks.spawn(async move { processor.run().await.with_context(|| format!("processor lane {lane}")) });
     }
 
     let mut result = Ok(());

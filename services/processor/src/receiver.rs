@@ -5,6 +5,7 @@
 //! step took about the same time per record; one thread doing both was the processor's limit
 //! on two cores.
 
+use crate::lanes::Readiness;
 use crate::progress::Progress;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -70,9 +71,8 @@ pub struct ProcessorContext {
     events: Mutex<Vec<Rebalanced>>,
     /// `events` has something: the receiver looks at it only then (not a lock per poll).
     pending: AtomicBool,
-    /// True while the consumer holds an assignment whose partitions are all restored (an
-    /// empty assignment counts: that processor is ready, with nothing to do).
-    ready: Arc<AtomicBool>,
+    /// The lanes' readiness, and this consumer's lane.
+    ready: (Arc<Readiness>, usize),
     progress: Arc<Progress>,
     restore: Arc<RestoreStatus>,
     unrestorable: vitals_runtime::metrics::Gauge,
@@ -113,13 +113,13 @@ impl ConsumerContext for ProcessorContext {
                     tracing::error!(error = %e, "assign failed");
                 }
                 self.rebalanced(Rebalanced::Assigned(restored));
-                self.ready.store(true, Ordering::Relaxed);
+                self.ready.0.set(self.ready.1, true);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");
                 partitions.iter().for_each(|p| self.progress.revoked(*p));
                 self.forget_failed(&partitions);
-                self.ready.store(false, Ordering::Relaxed);
+                self.ready.0.set(self.ready.1, false);
                 self.rebalanced(Rebalanced::Revoked(partitions));
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "unassign failed");
@@ -141,7 +141,7 @@ impl ProcessorContext {
         db: AuditLog,
         topic: String,
         cancel: CancellationToken,
-        ready: Arc<AtomicBool>,
+        ready: (Arc<Readiness>, usize),
         progress: Arc<Progress>,
         restore: Arc<RestoreStatus>,
         unrestorable: vitals_runtime::metrics::Gauge,

@@ -5,7 +5,8 @@
 //! crossing a month boundary with a retention that no longer keeps the first month — driven
 //! through the real processor binary, the real broker and Postgres while the processors are
 //! restarted, killed with SIGKILL at random points, joined by a second one and left (rebalances),
-//! stopped while input arrives, and run with batch and snapshot limits forced small or large.
+//! stopped while input arrives, and run with batch and snapshot limits forced small or large and
+//! with one to three lanes (record loops consuming partitions in parallel).
 //!
 //! After each case: no processor stopped by itself; the audit log (transitions and pool events)
 //! and the endpoint-state projection are what `vitals simulate` (the oracle, run per partition
@@ -492,7 +493,11 @@ impl Fleet<'_> {
         let snapshot = self.rng.pick(&["1", "7", "300", "50000"]).to_string();
         let counts = self.rng.pick(&["1", "200", "5000"]).to_string();
         let retention = self.retention_days.to_string();
+        // Drawn last, so that the draws before it are those of the seeds kept before lanes.
+        let lanes = self.rng.pick(&["1", "2", "3"]).to_string();
         let args = [
+            "--lanes",
+            &lanes,
             "--batch-max-records",
             &batch,
             "--batch-max-ms",

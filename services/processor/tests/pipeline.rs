@@ -534,6 +534,67 @@ async fn a_second_processor_joining_and_leaving_changes_nothing() {
     db.drop_schema().await;
 }
 
+/// The members of `group` and their client ids, as the broker's group coordinator lists them.
+async fn group_members(group: &str) -> Vec<String> {
+    use rdkafka::consumer::Consumer;
+    let c = vitals_testkit::consumer(&unique("lister"));
+    let group = group.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let list = c.fetch_group_list(Some(&group), Duration::from_secs(10)).ok()?;
+        let mut ids: Vec<String> = list
+            .groups()
+            .iter()
+            .find(|g| g.name() == group && g.state() == "Stable")?
+            .members()
+            .iter()
+            .map(|m| m.client_id().to_owned())
+            .collect();
+        ids.sort();
+        Some(ids)
+    })
+    .await
+    .unwrap()
+    .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_consume_the_partitions_in_parallel_and_decide_as_one_loop_does() {
+    let name = unique("lanes");
+    let topics = create_topics(&name, 4).await;
+    let inputs = workload(24, 40_000, 4, 31);
+    let total = inputs.len() as i64;
+    let db = Db::connect(&name).await;
+    let args = ["--lanes", "3", "--batch-max-records", "300", "--snapshot-every", "2000"];
+    let (mut p, port) = start_serving(&topics, &name, &name, &args);
+    // Three members of the group, all this one processor's lanes, and it is ready only once
+    // every lane holds a restored assignment.
+    wait_until("three lanes in a stable group", LONG, || async {
+        group_members(&name).await.len() == 3
+    })
+    .await;
+    let members = group_members(&name).await;
+    let lanes: Vec<&str> = members.iter().map(|m| m.rsplit('-').next().unwrap()).collect();
+    assert_eq!(lanes, ["0", "1", "2"], "{members:?}");
+    assert!(members.iter().all(|m| m.contains("-lane-")), "{members:?}");
+    wait_until("/readyz ready", LONG, || async {
+        http_get(port, "/readyz").await.as_deref() == Some("ready")
+    })
+    .await;
+    produce(&topics.signals, &inputs).await;
+    db.wait_consumed(&name, total, LONG).await;
+    assert!(
+        p.terminate().success(),
+        "{}",
+        std::fs::read_to_string(&p.log).unwrap_or_default()
+    );
+    let got = db.digest(true).await;
+    let want = reference_digest(&topics, total, true).await;
+    assert!(got.0 > 20, "transitions: {}", got.0);
+    assert_eq!(got, want, "three lanes decide and record what one loop does");
+    assert_eq!(db.sequence_gaps().await, vec![]);
+    db.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_into_a_fresh_schema_gives_an_identical_audit_log() {
     let name = unique("replay");

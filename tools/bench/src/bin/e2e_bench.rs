@@ -4,7 +4,7 @@
 //! each part of the stack used per signal, and where the processor's time went.
 //!
 //!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
-//!   target/release/e2e-bench [--signals 1000000,5000000] [--runs 5]
+//!   target/release/e2e-bench [--signals 1000000,5000000] [--runs 5] [--lanes 1,2]
 //!   target/release/e2e-bench --offline [--signals 5000000]   (the record step only; no stack)
 
 use clap::Parser;
@@ -31,6 +31,11 @@ struct Args {
     /// Extra flags for the processor (e.g. --extra=--batch-max-records=10000).
     #[arg(long, allow_hyphen_values = true)]
     extra: Vec<String>,
+    /// Lanes of the processor (`--lanes`), comma-separated: each is run in every round, after
+    /// the bare loop of one consumer and (above 1) a bare loop of as many consumers; both
+    /// ratios are reported.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    lanes: Vec<usize>,
     /// Only the record step offline, on the largest size: no Kafka, no Postgres.
     #[arg(long)]
     offline: bool,
@@ -95,6 +100,10 @@ async fn main() -> anyhow::Result<()> {
         endpoints_per_pool: 10,
         rate: 10_000,
     };
+    anyhow::ensure!(
+        args.lanes.iter().all(|l| (1..=64).contains(l)),
+        "--lanes: each between 1 and 64"
+    );
     if args.offline {
         let n = args.signals.iter().copied().max().unwrap_or(1_000_000);
         offline_breakdown(&workload::generate(&mix, n, 42));
@@ -116,8 +125,22 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect(&stack::database_url())
         .await?;
-    let mut results: Vec<(usize, Vec<BareRun>, Vec<ProcRun>)> =
-        sizes.iter().map(|(n, ..)| (*n, Vec::new(), Vec::new())).collect();
+    let mut results: Vec<SizeResults> = sizes
+        .iter()
+        .map(|(n, ..)| SizeResults {
+            n: *n,
+            bare: Vec::new(),
+            by_lanes: args
+                .lanes
+                .iter()
+                .map(|l| LaneResults {
+                    lanes: *l,
+                    procs: Vec::new(),
+                    wide: Vec::new(),
+                })
+                .collect(),
+        })
+        .collect();
     for run in 1..=args.runs {
         for (i, (n, name, topics, _)) in sizes.iter().enumerate() {
             let bare_run = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
@@ -126,42 +149,100 @@ async fn main() -> anyhow::Result<()> {
                 "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {:.2} µs CPU per signal",
                 bare_run.cpu_us
             );
-            let schema = format!("{name}_{run}");
-            let p = processor_run(&db, topics, &schema, *n, &args.extra).await?;
-            eprintln!(
-                "run {run}, {n} signals: processor {:.0} signals/s, ratio {:.2}; CPU µs/signal: processor {:.2}, postgres {:.2}, broker {:.2}",
-                p.rate,
-                p.rate / bare,
-                p.cpu_processor_us,
-                p.cpu_postgres_us,
-                p.cpu_broker_us
-            );
-            results[i].1.push(bare_run);
-            results[i].2.push(p);
+            results[i].bare.push(bare_run);
+            for by in results[i].by_lanes.iter_mut() {
+                let lanes = by.lanes;
+                if lanes > 1 {
+                    let wide = bare_lanes(&topics.signals, args.partitions, lanes, *n).await?;
+                    eprintln!(
+                        "run {run}, {n} signals: bare loop of {lanes} consumers {:.0} signals/s, {:.2} µs CPU per signal",
+                        wide.rate, wide.cpu_us
+                    );
+                    by.wide.push(wide);
+                }
+                let schema = format!("{name}_{run}_l{lanes}");
+                let mut extra = args.extra.clone();
+                extra.extend(["--lanes".to_string(), lanes.to_string()]);
+                let p = processor_run(&db, topics, &schema, *n, &extra).await?;
+                eprintln!(
+                    "run {run}, {n} signals: processor, {lanes} lane(s) {:.0} signals/s, ratio {:.2}; CPU µs/signal: processor {:.2}, postgres {:.2}, broker {:.2}",
+                    p.rate,
+                    p.rate / bare,
+                    p.cpu_processor_us,
+                    p.cpu_postgres_us,
+                    p.cpu_broker_us
+                );
+                by.procs.push(p);
+            }
         }
     }
 
     println!(
-        "e2e-bench: {} partitions, {} interleaved run(s) per size",
-        args.partitions, args.runs
+        "e2e-bench: {} partitions, lanes {:?}, {} interleaved run(s) per size",
+        args.partitions, args.lanes, args.runs
     );
-    for (n, bare_runs, procs) in &results {
-        let bare: Vec<f64> = bare_runs.iter().map(|b| b.rate).collect();
+    for r in &results {
+        report(r);
+    }
+    let (_, _, _, input) = sizes.iter().max_by_key(|s| s.0).expect("at least one size");
+    offline_breakdown(input);
+    for (_, name, _, _) in &sizes {
+        // Topics stay (they are named per run); the schemas went after each run.
+        eprintln!("topic {name}-signals kept");
+    }
+    Ok(())
+}
+
+/// Every run of one size.
+struct SizeResults {
+    n: usize,
+    /// The bare loop of one consumer.
+    bare: Vec<BareRun>,
+    by_lanes: Vec<LaneResults>,
+}
+
+/// The processor's runs with one number of lanes, and the bare loop with as many consumers.
+struct LaneResults {
+    lanes: usize,
+    procs: Vec<ProcRun>,
+    /// Empty for one lane (the bare loop of one consumer is that).
+    wide: Vec<BareRun>,
+}
+
+fn report(r: &SizeResults) {
+    let n = r.n;
+    let bare: Vec<f64> = r.bare.iter().map(|b| b.rate).collect();
+    let bare_cpu: Vec<f64> = r.bare.iter().map(|b| b.cpu_us).collect();
+    println!("\n{n} signals");
+    println!("  bare consumer + decode   {}", spread(&bare, "signals/s"));
+    println!("  CPU, bare loop           {}", spread(&bare_cpu, "µs/signal"));
+    for by in &r.by_lanes {
+        let procs = &by.procs;
+        let lanes = by.lanes;
         let rates: Vec<f64> = procs.iter().map(|p| p.rate).collect();
         let ratios: Vec<f64> = rates.iter().zip(&bare).map(|(p, b)| p / b).collect();
         println!(
-            "\n{n} signals ({} transitions recorded)",
+            "\n  processor with {lanes} lane(s) ({} transitions recorded)",
             procs.first().map_or(0, |p| p.transitions)
         );
-        println!("  bare consumer + decode   {}", spread(&bare, "signals/s"));
         println!("  processor → Postgres     {}", spread(&rates, "signals/s"));
-        println!("  ratio (same run)         {}   target ≥ 0.8", spread(&ratios, ""));
+        println!("  ratio to one consumer    {}   target ≥ 0.8", spread(&ratios, ""));
+        if !by.wide.is_empty() {
+            let wide: Vec<f64> = by.wide.iter().map(|b| b.rate).collect();
+            let ratios: Vec<f64> = rates.iter().zip(&wide).map(|(p, b)| p / b).collect();
+            let cpu: Vec<f64> = by.wide.iter().map(|b| b.cpu_us).collect();
+            println!("  bare, {lanes} consumers        {}", spread(&wide, "signals/s"));
+            println!("  ratio to {lanes} consumers     {}", spread(&ratios, ""));
+            println!("  CPU, bare {lanes} consumers    {}", spread(&cpu, "µs/signal"));
+        }
         let per = |f: fn(&ProcRun) -> f64| spread(&procs.iter().map(f).collect::<Vec<_>>(), "µs/signal");
-        let bare_cpu: Vec<f64> = bare_runs.iter().map(|b| b.cpu_us).collect();
-        println!("  CPU, bare loop           {}", spread(&bare_cpu, "µs/signal"));
         println!("  CPU, processor           {}", per(|p| p.cpu_processor_us));
         println!("  CPU, Postgres            {}", per(|p| p.cpu_postgres_us));
         println!("  CPU, Kafka broker        {}", per(|p| p.cpu_broker_us));
+        println!(
+            "  CPU, the three           {}",
+            per(|p| p.cpu_processor_us + p.cpu_postgres_us + p.cpu_broker_us)
+        );
         // Does the rate fall as the run grows? The median rate of each fifth, over the runs.
         let by_fifth = |runs: Vec<&Vec<f64>>| {
             (0..5)
@@ -178,7 +259,7 @@ async fn main() -> anyhow::Result<()> {
         };
         println!(
             "  rate by fifth of the run, bare loop   {} signals/s",
-            by_fifth(bare_runs.iter().map(|b| &b.fifths).collect())
+            by_fifth(r.bare.iter().map(|b| &b.fifths).collect())
         );
         println!(
             "  rate by fifth of the run, processor   {} signals/s",
@@ -192,23 +273,16 @@ async fn main() -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        println!("  where the processor's time went (median over runs, µs per signal; phases overlap: the writer runs beside the loop):");
+        println!("  where the processor's time went (median over runs, µs per signal, summed over lanes; phases overlap: the writer runs beside the loop):");
         let phases: Vec<&String> = procs.first().map(|p| p.phases.keys().collect()).unwrap_or_default();
         for phase in phases {
             let v: Vec<f64> = procs
                 .iter()
-                .map(|p| p.phases.get(phase).copied().unwrap_or(0.0) * 1e6 / *n as f64)
+                .map(|p| p.phases.get(phase).copied().unwrap_or(0.0) * 1e6 / n as f64)
                 .collect();
             println!("    {phase:<18} {:>8.3}", median(&v));
         }
     }
-    let (_, _, _, input) = sizes.iter().max_by_key(|s| s.0).expect("at least one size");
-    offline_breakdown(input);
-    for (_, name, _, _) in &sizes {
-        // Topics stay (they are named per run); the schemas went after each run.
-        eprintln!("topic {name}-signals kept");
-    }
-    Ok(())
 }
 
 /// The bare loop: consume and decode, nothing else. Signals per second.
@@ -248,6 +322,67 @@ async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<BareRun
         rate: n as f64 / start.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64()),
         cpu_us: (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / n as f64,
         fifths: fifths(&marks, n as f64),
+    })
+}
+
+/// The bare loop with the processor's parallelism: `lanes` consumers, each on a task of its
+/// own, assigned every `lanes`-th partition (no group protocol: with no committed offsets a
+/// rebalance would read records twice), consuming and decoding until `n` are read in all.
+async fn bare_lanes(topic: &str, partitions: i32, lanes: usize, n: usize) -> anyhow::Result<BareRun> {
+    use rdkafka::TopicPartitionList;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, OnceLock};
+    let seen = Arc::new(AtomicUsize::new(0));
+    let decoded = Arc::new(AtomicUsize::new(0));
+    let start: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+    let cpu0 = cpu::of_pid(std::process::id());
+    let mut tasks = tokio::task::JoinSet::new();
+    for lane in 0..lanes {
+        let c: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", stack::brokers())
+            .set("group.id", stack::unique("e2e-bare-lanes"))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "20")
+            .set("max.partition.fetch.bytes", "8388608")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in (0..partitions).filter(|p| *p as usize % lanes == lane) {
+            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+        }
+        c.assign(&tpl)?;
+        let (seen, decoded, start) = (seen.clone(), decoded.clone(), start.clone());
+        tasks.spawn(async move {
+            while seen.load(Ordering::Relaxed) < n {
+                let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(100), c.recv()).await else {
+                    continue;
+                };
+                start.get_or_init(Instant::now);
+                if decode_signal(m.payload().unwrap_or_default()).is_ok() {
+                    decoded.fetch_add(1, Ordering::Relaxed);
+                }
+                seen.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let mut samples = Vec::new();
+    while seen.load(Ordering::Relaxed) < n {
+        if let Some(s) = start.get() {
+            samples.push((s.elapsed().as_secs_f64(), seen.load(Ordering::Relaxed) as f64));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let secs = start.get().map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64());
+    samples.push((secs, n as f64));
+    while tasks.join_next().await.is_some() {}
+    let decoded = decoded.load(Ordering::Relaxed);
+    anyhow::ensure!(
+        decoded == n,
+        "the bare loop of {lanes} consumers decoded {decoded} of {n}"
+    );
+    Ok(BareRun {
+        rate: n as f64 / secs,
+        cpu_us: (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / n as f64,
+        fifths: fifths(&samples, n as f64),
     })
 }
 
