@@ -186,7 +186,7 @@ pg_up() {
     fi
     say "starting postgres on 127.0.0.1:$PG_PORT"
     as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t "$DEADLINE_SECS" \
-      -o "-h 127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300 -c shared_buffers=512MB -c fsync=on" start >/dev/null \
+      -o "-h 127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300 -c shared_buffers=512MB -c fsync=on -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top" start >/dev/null \
       || { tail -n 20 "$PG_DATA/server.log" >&2; die "postgres did not start; log: $PG_DATA/server.log"; }
     wait_for "postgres" "$DEADLINE_SECS" pg_ready || die "postgres not ready within ${DEADLINE_SECS}s"
   else
@@ -202,6 +202,15 @@ pg_up() {
   # The read-only role of the API: it may read every schema and table the owner creates.
   if [[ "$(as_pg "${psql[@]}" -c "select 1 from pg_roles where rolname='$PG_READER'")" != 1 ]]; then
     as_pg "${psql[@]}" -c "create role $PG_READER login password '$PG_READER_PASSWORD'"
+  fi
+  # Statement statistics for the benchmarks (e2e-bench prints each write statement's share); a
+  # cluster started before they were configured goes on without them.
+  if [[ "$(as_pg "${psql[@]}" -c "show shared_preload_libraries")" == *pg_stat_statements* ]]; then
+    as_pg "${psql[@]}" -d "$PG_DB" <<SQL >/dev/null
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+GRANT pg_read_all_stats TO $PG_USER;
+GRANT EXECUTE ON FUNCTION pg_stat_statements_reset(oid, oid, bigint) TO $PG_USER;
+SQL
   fi
   as_pg "${psql[@]}" -d "$PG_DB" <<SQL >/dev/null
 ALTER DEFAULT PRIVILEGES FOR ROLE $PG_USER GRANT USAGE ON SCHEMAS TO $PG_READER;

@@ -100,10 +100,12 @@ pub async fn transitions(db: &PgPool, f: &TransitionFilter, limit: i64) -> Resul
     rows.iter().map(transition).collect()
 }
 
-/// The last transition of an endpoint.
+/// The last transition of an endpoint: the newest in stream time (an endpoint's seq grows with
+/// its stream time), which its history index (the unique key) reads first.
 pub async fn last_transition(db: &PgPool, pool: &str, endpoint: &str) -> Result<Option<HealthChanged>, StoreError> {
     let row = sqlx::query(&format!(
-        "SELECT {TRANSITION_COLUMNS} FROM transitions WHERE pool = $1 AND endpoint = $2 ORDER BY seq DESC LIMIT 1"
+        "SELECT {TRANSITION_COLUMNS} FROM transitions WHERE pool = $1 AND endpoint = $2
+         ORDER BY stream_time DESC, seq DESC LIMIT 1"
     ))
     .bind(pool)
     .bind(endpoint)

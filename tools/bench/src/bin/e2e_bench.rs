@@ -53,6 +53,9 @@ struct ProcRun {
     /// Seconds by phase, from the processor's `vitals_processor_time_seconds`.
     phases: BTreeMap<String, f64>,
     outbox_backlog: i64,
+    /// Postgres' time in each statement (pg_stat_statements, when the stack has it): µs per
+    /// signal and calls, by the statement's text.
+    statements: BTreeMap<String, (f64, i64)>,
     /// Signals per second in each fifth of the run (the first from the first commit).
     fifths: Vec<f64>,
 }
@@ -282,6 +285,28 @@ fn report(r: &SizeResults) {
                 .collect();
             println!("    {phase:<18} {:>8.3}", median(&v));
         }
+        let mut by_statement: BTreeMap<&String, (Vec<f64>, Vec<i64>)> = BTreeMap::new();
+        for p in procs {
+            for (q, (us, calls)) in &p.statements {
+                let e = by_statement.entry(q).or_default();
+                e.0.push(*us);
+                e.1.push(*calls);
+            }
+        }
+        if !by_statement.is_empty() {
+            let mut rows: Vec<(f64, i64, &String)> = by_statement
+                .into_iter()
+                .map(|(q, (us, calls))| (median(&us), calls.iter().sum::<i64>() / calls.len() as i64, q))
+                .collect();
+            rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let total: f64 = rows.iter().map(|r| r.0).sum();
+            println!(
+                "  Postgres' time by statement (pg_stat_statements, median over runs, µs per signal; all: {total:.3}):"
+            );
+            for (us, calls, q) in rows.iter().take(14) {
+                println!("    {us:>7.3} {calls:>8} calls  {q}");
+            }
+        }
     }
 }
 
@@ -399,6 +424,11 @@ async fn processor_run(
     let addr = format!("127.0.0.1:{port}");
     let mut flags = vec!["--http-addr", &addr];
     flags.extend(extra.iter().map(String::as_str));
+    // Statement statistics count from here (an error: the stack runs without them).
+    let counting = sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(db)
+        .await
+        .is_ok();
     let (pg0, broker0) = (cpu::of_command("postgres"), cpu::of_command("java"));
     let mut child = stack::start_processor(topics, schema, schema, &flags);
     let pid = child.child.id();
@@ -430,6 +460,11 @@ async fn processor_run(
     let cpu_processor = cpu::of_pid(pid);
     let (pg1, broker1) = (cpu::of_command("postgres"), cpu::of_command("java"));
     let metrics = vitals_testkit::http_get(port, "/metrics").await.unwrap_or_default();
+    let statements = if counting {
+        statements(db, n).await?
+    } else {
+        BTreeMap::new()
+    };
     let outbox_backlog: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".outbox"))
         .fetch_one(db)
         .await?;
@@ -449,8 +484,34 @@ async fn processor_run(
         cpu_broker_us: per(broker1 - broker0),
         phases: phases(&metrics),
         outbox_backlog,
+        statements,
         fifths: fifths(&samples, n as f64),
     })
+}
+
+/// Postgres' execution time by statement since the reset, µs per signal, with the calls; the
+/// statements of this benchmark and of the statistics themselves left out.
+async fn statements(db: &sqlx::PgPool, n: usize) -> anyhow::Result<BTreeMap<String, (f64, i64)>> {
+    let rows: Vec<(String, f64, i64)> = sqlx::query_as(
+        "SELECT query, total_exec_time, calls FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%coalesce(sum(greatest(next_offset%'",
+    )
+    .fetch_all(db)
+    .await?;
+    let mut out: BTreeMap<String, (f64, i64)> = BTreeMap::new();
+    for (query, ms, calls) in rows {
+        let words: Vec<&str> = query.split_whitespace().collect();
+        let mut label = words.join(" ");
+        if label.len() > 90 {
+            let cut = (0..=90).rev().find(|i| label.is_char_boundary(*i)).unwrap_or(0);
+            label.truncate(cut);
+        }
+        let e = out.entry(label).or_default();
+        e.0 += ms * 1e3 / n as f64;
+        e.1 += calls;
+    }
+    Ok(out)
 }
 
 /// `vitals_processor_time_seconds_total{phase="..."} v` samples.
