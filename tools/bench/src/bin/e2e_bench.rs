@@ -5,6 +5,8 @@
 //!
 //!   scripts/stack.sh up && cargo build --release -p vitals-processor -p vitals-bench
 //!   target/release/e2e-bench [--signals 1000000,5000000] [--runs 5] [--lanes 1,2]
+//!   target/release/e2e-bench --peer tools/streams-peer   (and the Kafka Streams peer: build it
+//!     first with `mvn -q -B -f tools/streams-peer/pom.xml package dependency:copy-dependencies`)
 //!   target/release/e2e-bench --offline [--signals 5000000]   (the record step only; no stack)
 
 use clap::Parser;
@@ -36,6 +38,13 @@ struct Args {
     /// ratios are reported.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     lanes: Vec<usize>,
+    /// The Kafka Streams peer (tools/streams-peer, built with Maven): run in every round after
+    /// the processor, exactly once, on the same topic; its rate and CPU are reported beside.
+    #[arg(long)]
+    peer: Option<std::path::PathBuf>,
+    /// Stream threads of the peer.
+    #[arg(long, default_value_t = 1)]
+    peer_threads: usize,
     /// Only the record step offline, on the largest size: no Kafka, no Postgres.
     #[arg(long)]
     offline: bool,
@@ -133,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|(n, ..)| SizeResults {
             n: *n,
             bare: Vec::new(),
+            peer: Vec::new(),
             by_lanes: args
                 .lanes
                 .iter()
@@ -177,6 +187,21 @@ async fn main() -> anyhow::Result<()> {
                 );
                 by.procs.push(p);
             }
+            if let Some(dir) = &args.peer {
+                let peer = peer_run(
+                    dir,
+                    &topics.signals,
+                    &format!("{name}-peer-{run}"),
+                    *n,
+                    args.peer_threads,
+                )
+                .await?;
+                eprintln!(
+                    "run {run}, {n} signals: Kafka Streams peer ({} thread(s), exactly once) {:.0} signals/s; CPU µs/signal: peer {:.2}, broker {:.2}",
+                    args.peer_threads, peer.rate, peer.cpu_peer_us, peer.cpu_broker_us
+                );
+                results[i].peer.push(peer);
+            }
         }
     }
 
@@ -201,6 +226,7 @@ struct SizeResults {
     n: usize,
     /// The bare loop of one consumer.
     bare: Vec<BareRun>,
+    peer: Vec<PeerRun>,
     by_lanes: Vec<LaneResults>,
 }
 
@@ -219,6 +245,21 @@ fn report(r: &SizeResults) {
     println!("\n{n} signals");
     println!("  bare consumer + decode   {}", spread(&bare, "signals/s"));
     println!("  CPU, bare loop           {}", spread(&bare_cpu, "µs/signal"));
+    if !r.peer.is_empty() {
+        let rates: Vec<f64> = r.peer.iter().map(|p| p.rate).collect();
+        let per = |f: fn(&PeerRun) -> f64| spread(&r.peer.iter().map(f).collect::<Vec<_>>(), "µs/signal");
+        println!(
+            "  Kafka Streams peer       {}   ({} changes)",
+            spread(&rates, "signals/s"),
+            r.peer[0].changes
+        );
+        println!("  CPU, peer                {}", per(|p| p.cpu_peer_us));
+        println!("  CPU, broker with peer    {}", per(|p| p.cpu_broker_us));
+        println!(
+            "  CPU, the two             {}",
+            per(|p| p.cpu_peer_us + p.cpu_broker_us)
+        );
+    }
     for by in &r.by_lanes {
         let procs = &by.procs;
         let lanes = by.lanes;
@@ -230,6 +271,11 @@ fn report(r: &SizeResults) {
         );
         println!("  processor → Postgres     {}", spread(&rates, "signals/s"));
         println!("  ratio to one consumer    {}   target ≥ 0.8", spread(&ratios, ""));
+        if !r.peer.is_empty() {
+            let peer: Vec<f64> = r.peer.iter().map(|p| p.rate).collect();
+            let ratios: Vec<f64> = rates.iter().zip(&peer).map(|(p, b)| p / b).collect();
+            println!("  ratio to the peer        {}   target ≥ 2.5", spread(&ratios, ""));
+        }
         if !by.wide.is_empty() {
             let wide: Vec<f64> = by.wide.iter().map(|b| b.rate).collect();
             let ratios: Vec<f64> = rates.iter().zip(&wide).map(|(p, b)| p / b).collect();
@@ -308,6 +354,76 @@ fn report(r: &SizeResults) {
             }
         }
     }
+}
+
+/// One run of the Kafka Streams peer.
+struct PeerRun {
+    rate: f64,
+    /// CPU µs per signal of the peer's JVM and of the broker, from the peer's first record to
+    /// its last (start-up and group join left out).
+    cpu_peer_us: f64,
+    cpu_broker_us: f64,
+    changes: i64,
+}
+
+/// Run the Kafka Streams peer over `topic` until it has read `n` records.
+async fn peer_run(dir: &std::path::Path, topic: &str, app: &str, n: usize, threads: usize) -> anyhow::Result<PeerRun> {
+    use std::io::BufRead;
+    let out = stack::Topics::create(app, 1, stack::Stamp::CreateTime).await;
+    let cp = format!("{0}/target/classes:{0}/target/lib/*", dir.display());
+    let schemas = concat!(env!("CARGO_MANIFEST_DIR"), "/../../schemas");
+    let mut child = std::process::Command::new("java")
+        .args([
+            "-cp",
+            &cp,
+            "vitals.peer.Peer",
+            "--brokers",
+            &stack::brokers(),
+            "--topic",
+            topic,
+        ])
+        .args([
+            "--output",
+            &out.changes,
+            "--records",
+            &n.to_string(),
+            "--schemas",
+            schemas,
+        ])
+        .args(["--threads", &threads.to_string(), "--app-id", app])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start java for the peer: {e}"))?;
+    let pid = child.id();
+    let stdout = child.stdout.take().expect("piped");
+    // (peer CPU, all java CPU) at the first record; the same at the last; the result line.
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut first = None;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line == "peer: first record" {
+                first = Some((cpu::of_pid(pid), cpu::of_command("java")));
+            } else if line.starts_with("peer: ") {
+                return Some((first?, (cpu::of_pid(pid), cpu::of_command("java")), line));
+            }
+        }
+        None
+    })
+    .await?;
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    let Some(((peer0, java0), (peer1, java1), line)) = lines else {
+        anyhow::bail!("the peer ended ({status}) without a result");
+    };
+    // "peer: N records in S s, R records/s, C changes, D not decoded"
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let secs: f64 = words.get(4).and_then(|w| w.parse().ok()).unwrap_or(f64::NAN);
+    let changes: i64 = words.get(8).and_then(|w| w.parse().ok()).unwrap_or(-1);
+    let per = |s: f64| s * 1e6 / n as f64;
+    Ok(PeerRun {
+        rate: n as f64 / secs,
+        cpu_peer_us: per(peer1 - peer0),
+        cpu_broker_us: per((java1 - java0) - (peer1 - peer0)),
+        changes,
+    })
 }
 
 /// The bare loop: consume and decode, nothing else. Signals per second.
