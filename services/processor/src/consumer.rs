@@ -99,7 +99,11 @@ impl Processor {
         let (tx, feed) = mpsc::channel(FEED_CHUNKS);
         let receiver = std::thread::Builder::new()
             .name(format!("kafka-receiver-{lane}"))
-            .spawn(move || receive(consumer, tx))
+            .spawn(move || {
+                // The rebalance callback runs on this thread: its logs name the lane too.
+                let _lane = tracing::info_span!("lane", lane).entered();
+                receive(consumer, tx)
+            })
             .map_err(|e| KafkaError::Subscription(format!("cannot start the receiver thread: {e}")))?;
         let topics = Topics {
             signals: cfg.topics.signals_topic.clone(),

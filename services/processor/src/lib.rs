@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Start everything and run until `cancel` fires or a task fails (which cancels the rest).
 pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
@@ -165,7 +166,10 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             restore.clone(),
         )
         .with_context(|| format!("creating the Kafka consumer of lane {lane}"))?;
-        tasks.spawn(async move { processor.run().await.with_context(|| format!("processor lane {lane}")) });
+        let span = tracing::info_span!("lane", lane);
+        tasks.spawn(
+            async move { processor.run().await.with_context(|| format!("processor lane {lane}")) }.instrument(span),
+        );
     }
 
     let mut result = Ok(());

@@ -65,6 +65,11 @@ struct ProcRun {
     /// Postgres' time in each statement (pg_stat_statements, when the stack has it): µs per
     /// signal and calls, by the statement's text.
     statements: BTreeMap<String, (f64, i64)>,
+    /// Postgres' write-ahead log over the run: bytes per signal and MB/s.
+    wal_bytes: f64,
+    wal_mb_s: f64,
+    /// The processor's peak resident memory (VmHWM), MB.
+    peak_rss_mb: f64,
     /// Signals per second in each fifth of the run (the first from the first commit).
     fifths: Vec<f64>,
 }
@@ -288,6 +293,15 @@ fn report(r: &SizeResults) {
         println!("  CPU, processor           {}", per(|p| p.cpu_processor_us));
         println!("  CPU, Postgres            {}", per(|p| p.cpu_postgres_us));
         println!("  CPU, Kafka broker        {}", per(|p| p.cpu_broker_us));
+        println!(
+            "  Postgres WAL             {}   {}",
+            per(|p| p.wal_bytes).replace("µs/signal", "bytes/signal"),
+            spread(&procs.iter().map(|p| p.wal_mb_s).collect::<Vec<_>>(), "MB/s")
+        );
+        println!(
+            "  processor peak RSS       {}",
+            spread(&procs.iter().map(|p| p.peak_rss_mb).collect::<Vec<_>>(), "MB")
+        );
         println!(
             "  CPU, the three           {}",
             per(|p| p.cpu_processor_us + p.cpu_postgres_us + p.cpu_broker_us)
@@ -546,6 +560,8 @@ async fn processor_run(
         .await
         .is_ok();
     let (pg0, broker0) = (cpu::of_command("postgres"), cpu::of_command("java"));
+    let wal = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8";
+    let wal0: f64 = sqlx::query_scalar(wal).fetch_one(db).await?;
     let mut child = stack::start_processor(topics, schema, schema, &flags);
     let pid = child.child.id();
     let query = format!("SELECT coalesce(sum(greatest(next_offset,0)),0)::bigint FROM \"{schema}\".consumer_offsets");
@@ -581,6 +597,13 @@ async fn processor_run(
     } else {
         BTreeMap::new()
     };
+    let wal1: f64 = sqlx::query_scalar(wal).fetch_one(db).await?;
+    let peak_rss_mb = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0);
     let outbox_backlog: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".outbox"))
         .fetch_one(db)
         .await?;
@@ -601,6 +624,9 @@ async fn processor_run(
         phases: phases(&metrics),
         outbox_backlog,
         statements,
+        wal_bytes: (wal1 - wal0) / n as f64,
+        wal_mb_s: (wal1 - wal0) / 1e6 / secs,
+        peak_rss_mb,
         fifths: fifths(&samples, n as f64),
     })
 }
