@@ -185,8 +185,13 @@ pg_up() {
         -E UTF8 --locale=C.UTF-8 >"$LOCAL/pg-initdb.log" 2>&1 || { cat "$LOCAL/pg-initdb.log" >&2; die "initdb failed"; }
     fi
     say "starting postgres on 127.0.0.1:$PG_PORT"
+    # Statement statistics for the benchmarks, where the server has the module (contrib).
+    local stats=""
+    if [[ -f "$("$PG_BIN/pg_config" --pkglibdir 2>/dev/null || echo "$PG_BIN/../lib")/pg_stat_statements.so" ]]; then
+      stats="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top"
+    fi
     as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t "$DEADLINE_SECS" \
-      -o "-h 127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300 -c shared_buffers=512MB -c fsync=on -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top" start >/dev/null \
+      -o "-h 127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300 -c shared_buffers=512MB -c fsync=on $stats" start >/dev/null \
       || { tail -n 20 "$PG_DATA/server.log" >&2; die "postgres did not start; log: $PG_DATA/server.log"; }
     wait_for "postgres" "$DEADLINE_SECS" pg_ready || die "postgres not ready within ${DEADLINE_SECS}s"
   else
