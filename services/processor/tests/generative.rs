@@ -493,7 +493,8 @@ impl Fleet<'_> {
         let snapshot = self.rng.pick(&["1", "7", "300", "50000"]).to_string();
         let counts = self.rng.pick(&["1", "200", "5000"]).to_string();
         let retention = self.retention_days.to_string();
-        // Drawn last, so that the draws before it are those of the seeds kept before lanes.
+        // Drawn last (a kept seed's records are its own; the fleet's flags after its first start
+        // are drawn anew since lanes were added).
         let lanes = self.rng.pick(&["1", "2", "3"]).to_string();
         let args = [
             "--lanes",
