@@ -244,20 +244,16 @@ mod tests {
         );
         assert_eq!(lifts(&[("retry-after", "7"), rq, tk]), Some(7000));
         assert_eq!(lifts(&[rq, tk]), Some(360_000), "the later, when unsaid");
-        let requests_out = [
-            ("x-ratelimit-remaining-requests", "0"),
-            ("x-ratelimit-remaining-tokens", "900"),
-            rq,
-            tk,
-        ];
-        assert_eq!(lifts(&requests_out), Some(2000));
-        let tokens_out = [
-            ("x-ratelimit-remaining-requests", "12"),
-            ("x-ratelimit-remaining-tokens", "0"),
-            rq,
-            tk,
-        ];
-        assert_eq!(lifts(&tokens_out), Some(360_000));
+        let remaining = |requests, tokens| {
+            [
+                ("x-ratelimit-remaining-requests", requests),
+                ("x-ratelimit-remaining-tokens", tokens),
+                rq,
+                tk,
+            ]
+        };
+        assert_eq!(lifts(&remaining("0", "900")), Some(2000));
+        assert_eq!(lifts(&remaining("12", "0")), Some(360_000));
         assert_eq!(lifts(&[("retry-after", "soon")]), None);
         assert_eq!(lifts(&[]), None);
     }

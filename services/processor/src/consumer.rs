@@ -13,7 +13,7 @@
 //! ([`crate::writer`], a task beside the loop) writes the previous batch while the next fills.
 
 use crate::config::Config;
-use crate::lanes::{lane_config, Readiness};
+use crate::lanes::Readiness;
 use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::receiver::{receive, Chunk, Feed, ProcessorContext, Rebalanced, FEED_CHUNKS};
@@ -88,13 +88,13 @@ impl Processor {
             db.clone(),
             cfg.topics.signals_topic.clone(),
             cancel.clone(),
-            (ready, lane),
+            ready.lane(lane),
             progress.clone(),
             restore,
             metrics.unrestorable.clone(),
         );
         let consumer: BaseConsumer<ProcessorContext> =
-            lane_config(crate::kafka::consumer_config(&cfg), lane, cfg.lanes).create_with_context(ctx)?;
+            crate::kafka::consumer_config(&cfg, lane).create_with_context(ctx)?;
         consumer.subscribe(&[&cfg.topics.signals_topic])?;
         let (tx, feed) = mpsc::channel(FEED_CHUNKS);
         let receiver = std::thread::Builder::new()

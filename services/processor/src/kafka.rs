@@ -20,10 +20,11 @@ pub fn producer_config(cfg: &Config) -> ClientConfig {
 /// Bytes per partition in one fetch response.
 pub const FETCH_BYTES_PER_PARTITION: &str = "8388608";
 
-/// The consumer of the signals topic. Offsets live in Postgres and nothing is committed to
-/// Kafka; lag is measured from the write path (`progress`), so no statistics are requested.
-pub fn consumer_config(cfg: &Config) -> ClientConfig {
-    kafka::consumer(
+/// The consumer of the signals topic for lane `lane`. Offsets live in Postgres and nothing is
+/// committed to Kafka; lag is measured from the write path (`progress`), so no statistics are
+/// requested.
+pub fn consumer_config(cfg: &Config, lane: usize) -> ClientConfig {
+    let c = kafka::consumer(
         &cfg.kafka,
         &cfg.group,
         &[
@@ -40,7 +41,8 @@ pub fn consumer_config(cfg: &Config) -> ClientConfig {
             // signals/s with 1 MB, 228–241 K with 8 MB).
             ("max.partition.fetch.bytes", FETCH_BYTES_PER_PARTITION),
         ],
-    )
+    );
+    crate::lanes::lane_config(c, lane, cfg.lanes)
 }
 
 /// Create the signals, changes, state (compacted) and dead-letter topics if missing.

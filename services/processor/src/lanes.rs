@@ -16,6 +16,7 @@
 //! previous one is written.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Whether each lane holds an assignment whose partitions are all restored (an empty
 /// assignment counts: that lane is ready, with nothing to do).
@@ -30,8 +31,16 @@ impl Readiness {
         }
     }
 
-    pub(crate) fn set(&self, lane: usize, ready: bool) {
+    fn set(&self, lane: usize, ready: bool) {
         self.lanes[lane].store(ready, Ordering::Relaxed);
+    }
+
+    /// The handle lane `lane` reports its own readiness by.
+    pub(crate) fn lane(self: &Arc<Self>, lane: usize) -> LaneReady {
+        LaneReady {
+            all: self.clone(),
+            lane,
+        }
     }
 
     /// Every lane is ready.
@@ -40,9 +49,22 @@ impl Readiness {
     }
 }
 
-/// The consumer settings of lane `lane` of `lanes`: a static membership id given by the user
-/// (`group.instance.id`) gets the lane's number, since two members may not share one.
-pub fn lane_config(mut config: rdkafka::ClientConfig, lane: usize, lanes: usize) -> rdkafka::ClientConfig {
+/// One lane's part of [`Readiness`].
+pub(crate) struct LaneReady {
+    all: Arc<Readiness>,
+    lane: usize,
+}
+
+impl LaneReady {
+    pub(crate) fn set(&self, ready: bool) {
+        self.all.set(self.lane, ready);
+    }
+}
+
+/// The consumer settings of lane `lane` of `lanes` ([`crate::kafka::consumer_config`] applies
+/// it): a static membership id given by the user (`group.instance.id`) gets the lane's number,
+/// since two members may not share one.
+pub(crate) fn lane_config(mut config: rdkafka::ClientConfig, lane: usize, lanes: usize) -> rdkafka::ClientConfig {
     if lanes > 1 {
         if let Some(id) = config.get("group.instance.id").map(str::to_owned) {
             config.set("group.instance.id", format!("{id}-lane-{lane}"));

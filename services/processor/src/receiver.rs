@@ -5,7 +5,7 @@
 //! step took about the same time per record; one thread doing both was the processor's limit
 //! on two cores.
 
-use crate::lanes::Readiness;
+use crate::lanes::LaneReady;
 use crate::progress::Progress;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -71,8 +71,8 @@ pub struct ProcessorContext {
     events: Mutex<Vec<Rebalanced>>,
     /// `events` has something: the receiver looks at it only then (not a lock per poll).
     pending: AtomicBool,
-    /// The lanes' readiness, and this consumer's lane.
-    ready: (Arc<Readiness>, usize),
+    /// This consumer's lane's readiness.
+    ready: LaneReady,
     progress: Arc<Progress>,
     restore: Arc<RestoreStatus>,
     unrestorable: vitals_runtime::metrics::Gauge,
@@ -113,13 +113,13 @@ impl ConsumerContext for ProcessorContext {
                     tracing::error!(error = %e, "assign failed");
                 }
                 self.rebalanced(Rebalanced::Assigned(restored));
-                self.ready.0.set(self.ready.1, true);
+                self.ready.set(true);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(?partitions, "partitions revoked");
                 partitions.iter().for_each(|p| self.progress.revoked(*p));
                 self.forget_failed(&partitions);
-                self.ready.0.set(self.ready.1, false);
+                self.ready.set(false);
                 self.rebalanced(Rebalanced::Revoked(partitions));
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "unassign failed");
@@ -141,7 +141,7 @@ impl ProcessorContext {
         db: AuditLog,
         topic: String,
         cancel: CancellationToken,
-        ready: (Arc<Readiness>, usize),
+        ready: LaneReady,
         progress: Arc<Progress>,
         restore: Arc<RestoreStatus>,
         unrestorable: vitals_runtime::metrics::Gauge,
