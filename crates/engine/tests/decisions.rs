@@ -633,7 +633,9 @@ fn an_endpoint_down_ten_seconds_in_twenty_is_held_on_probation_not_cycled() {
 }
 
 /// An endpoint on probation that goes down for good (every call and probe fails) is taken out
-/// again, with the isolation grown: probation is not a way to keep a dead endpoint serving.
+/// again, with the isolation grown: probation is not a way to keep a dead endpoint serving. It
+/// takes the whole window failing, not only a run of ten: at a prober's fast cadence ten
+/// failures are one down phase of a fault that comes and goes every 10 s.
 #[test]
 fn an_endpoint_on_probation_that_goes_down_is_ejected_again_with_a_longer_isolation() {
     let mut r = Run::new();
@@ -651,10 +653,18 @@ fn an_endpoint_on_probation_that_goes_down_is_ejected_again_with_a_longer_isolat
     // Back on probation (the drops that go on may grow its weight and hold it again).
     assert!(codes(&r, "a").contains(&"probation".to_owned()), "{:?}", codes(&r, "a"));
     assert_eq!(r.state_of("p", "a"), HealthState::Recovering);
-    for _ in 0..10 {
+    // Failures at a prober's fast cadence: while the pass that readmitted it is in the window,
+    // the run is one phase of an intermittent fault; once the whole window has failed, it is
+    // down.
+    // Its last pass: the drops' traffic ran to 60 s.
+    let last_pass = 60 * SEC;
+    for _ in 0..45 {
         t += SEC;
         id += 1;
         r.at(t, call("p", "a", id, OutcomeClass::ConnectError, None));
+        if r.state_of("p", "a") == HealthState::Unhealthy {
+            break;
+        }
     }
     let again = *r.changes_of("a").last().unwrap();
     assert_eq!(
@@ -662,9 +672,17 @@ fn an_endpoint_on_probation_that_goes_down_is_ejected_again_with_a_longer_isolat
         (HealthState::Unhealthy, "failed_while_recovering")
     );
     assert!(
-        again.reason.contains("10 failures in a row on probation"),
+        again
+            .reason
+            .contains("failures in a row on probation (connect_error) and no pass in 30 s"),
         "{}",
         again.reason
+    );
+    let after = again.stream_time - T0 - last_pass;
+    assert!(
+        (27 * SEC..=33 * SEC).contains(&after),
+        "out again once its last pass left the window: {} s after it",
+        after / SEC
     );
     assert_eq!(again.evidence.isolations, 2);
     assert_eq!(again.retry_at, Some(again.stream_time + 60 * SEC));
@@ -775,4 +793,37 @@ fn a_retry_after_beyond_the_longest_isolation_is_capped_and_the_reason_says_so()
         "{}",
         cool.reason
     );
+}
+
+/// A health route's passing probe cannot meet a rate limit, so it says nothing of one: every
+/// call rate-limited, each followed by a prober's fast probes of the health route (which pass),
+/// still cools the endpoint down on the run of 429s. Counted as passes, the probes broke the
+/// run and diluted the share of 429s below three among twelve: never cooled, every call failed.
+#[test]
+fn health_probes_passing_between_429s_do_not_hide_the_limit() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 20 * SEC, 5, 0, ok);
+    let start = 20 * SEC;
+    for k in 0..4i64 {
+        id += 1;
+        r.at(start + k * SEC, call("p", "a", id, OutcomeClass::RateLimited, None));
+        for j in 1..=5 {
+            id += 1;
+            r.at(start + k * SEC + j * 150 * MS, http("a", id, OutcomeClass::Success));
+        }
+    }
+    let cool = r
+        .changes_of("a")
+        .into_iter()
+        .find(|h| h.reason_code == "cooldown")
+        .expect("cooled down on the 429s");
+    assert!(
+        cool.evidence
+            .thresholds
+            .iter()
+            .any(|t| t.starts_with("consecutive_429")),
+        "{:?}",
+        cool.evidence.thresholds
+    );
+    assert_eq!(cool.stream_time - T0, start + 2 * SEC, "on the third 429");
 }

@@ -37,6 +37,19 @@ pub const SLOW_MS: i64 = 1_250;
 /// An ejection within this long after the endpoint's fault ended still counts as caused by it
 /// (the outcomes of calls made during the fault are still arriving).
 const GRACE: Micros = SEC;
+
+/// How long after a transition the prober follows it (the state topic, read by its cadence
+/// view): from then an endpoint that wants the fast cadence gets it.
+pub const PROBER_LAG: Micros = 500 * MS;
+
+/// Whether the prober probes an endpoint in this state at its fast interval (vitals-prober's
+/// `view::wants_fast`).
+fn wants_fast(state: HealthState) -> bool {
+    matches!(
+        state,
+        HealthState::Suspect | HealthState::Unhealthy | HealthState::Recovering
+    )
+}
 const POOL: &str = "sim";
 
 /// A deterministic generator (splitmix64): no dependency, the same stream on every platform.
@@ -139,7 +152,13 @@ pub struct Scenario {
     /// Calls per second into the pool (Poisson).
     pub rate: f64,
     pub duration: Micros,
+    /// The prober's interval for an endpoint in rotation and healthy or degraded.
     pub probe_every: Micros,
+    /// Its interval while the endpoint is suspect, out or recovering, as vitals-prober does
+    /// (`fast_interval_ms`, 1 s by default): that is what brings an endpoint back quickly.
+    /// From one follow lag after the transition ([`PROBER_LAG`]), the next probe comes one fast
+    /// interval after the last.
+    pub fast_probe_every: Micros,
     pub probe_kind: ProbeKind,
     pub faults: Vec<Injection>,
 }
@@ -310,10 +329,21 @@ fn answer(fault: Option<Fault>, rng: &mut Rng, health_route: bool) -> Answer {
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Tick,
-    Probe(usize),
+    /// The probe of an endpoint, in its schedule's generation (a change of cadence starts a
+    /// new one: the probes of an older one are not sent).
+    Probe(usize, u32),
     Arrival,
     /// A finished call or probe, reported to the engine.
     Report(usize),
+}
+
+/// The prober's schedule for one endpoint.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProbeSchedule {
+    generation: u32,
+    fast: bool,
+    next: Micros,
+    last: Option<Micros>,
 }
 
 /// The router's view of one endpoint.
@@ -360,10 +390,12 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
     };
     push(&mut queue, 0, Event::Tick);
     push(&mut queue, rng.gap(s.rate), Event::Arrival);
-    for ep in 0..s.endpoints {
+    // Each endpoint's probe schedule: its generation, fast or not, the next probe and the last.
+    let mut probes = vec![ProbeSchedule::default(); s.endpoints];
+    for (ep, p) in probes.iter_mut().enumerate() {
         // Probers are not in phase with each other.
-        let phase = (rng.unit() * s.probe_every as f64) as Micros;
-        push(&mut queue, phase, Event::Probe(ep));
+        p.next = (rng.unit() * s.probe_every as f64) as Micros;
+        push(&mut queue, p.next, Event::Probe(ep, 0));
     }
     let mut routes = vec![
         Route {
@@ -441,8 +473,15 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
                 push(&mut queue, at + a.latency, Event::Report(reports.len() - 1));
                 continue;
             }
-            Event::Probe(ep) => {
-                push(&mut queue, at + s.probe_every, Event::Probe(ep));
+            Event::Probe(ep, generation) => {
+                let p = &mut probes[ep];
+                if generation != p.generation {
+                    continue;
+                }
+                let every = if p.fast { s.fast_probe_every } else { s.probe_every };
+                p.last = Some(at);
+                p.next = at + every;
+                push(&mut queue, p.next, Event::Probe(ep, generation));
                 let health_route = s.probe_kind != ProbeKind::SyntheticCompletion;
                 let a = answer(s.fault_at(ep, at), &mut rng, health_route);
                 ids += 1;
@@ -457,7 +496,7 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
                     latency_us: a.latency,
                     ttft_us: a.ttft,
                     http_status: None,
-                    interval_ms: Some(s.probe_every / MS),
+                    interval_ms: Some(every / MS),
                     dependencies: vec![],
                     detail: String::new(),
                 };
@@ -480,6 +519,16 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
                         ramp_ms: h.ramp_ms,
                     };
                     score.transitions += 1;
+                    // The prober follows: faster now, the next probe comes one fast interval
+                    // after the last (slower, the one due is sent and the next is slower).
+                    let p = &mut probes[ep];
+                    p.fast = wants_fast(h.to_state);
+                    let sooner = p.last.map_or(at, |l| l + s.fast_probe_every).max(at + PROBER_LAG);
+                    if p.fast && sooner < p.next {
+                        p.generation += 1;
+                        p.next = sooner;
+                        push(&mut queue, sooner, Event::Probe(ep, p.generation));
+                    }
                     if first_fault.is_some_and(|f| at >= f)
                         && last_fault_end.is_some_and(|e| at < e)
                         && faulty.contains(&ep)
@@ -621,6 +670,7 @@ fn latency_tail(name: &'static str, endpoints: usize, per_endpoint: f64) -> Scen
         rate: per_endpoint * endpoints as f64,
         duration: 420 * SEC,
         probe_every: 5 * SEC,
+        fast_probe_every: SEC,
         probe_kind: ProbeKind::Http,
         faults: vec![Injection {
             endpoint: 0,
@@ -644,6 +694,7 @@ pub fn scenarios() -> Vec<Scenario> {
         rate: 20.0,
         duration: 150 * SEC,
         probe_every: 5 * SEC,
+        fast_probe_every: SEC,
         probe_kind: ProbeKind::Http,
         faults: vec![],
     };

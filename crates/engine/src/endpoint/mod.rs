@@ -534,7 +534,8 @@ impl Tracker {
 
     /// Record an outcome: window, counters, score. `class` is the effective class (a success
     /// slower than `slow_call_ms` to its first token arrives here as a timeout).
-    /// Returns the window's counts after recording.
+    /// `sees_limits`: whether the outcome could have met a rate limit (a call or a completion
+    /// probe, not a health route's probe). Returns the window's counts after recording.
     pub(crate) fn record(
         &mut self,
         now: Micros,
@@ -542,6 +543,7 @@ impl Tracker {
         class: OutcomeClass,
         ttft_us: Option<i64>,
         id: &str,
+        sees_limits: bool,
     ) -> Rate {
         self.window.record(now, us(policy.bucket_ms), class);
         let rate = self.rate(now, policy);
@@ -549,13 +551,18 @@ impl Tracker {
             return rate;
         }
         let limited = class == OutcomeClass::RateLimited;
-        self.limited_bits = (self.limited_bits << 1) | u16::from(limited);
+        // A pass that could not have met the limit (a health route's) says nothing of it.
+        if limited || sees_limits {
+            self.limited_bits = (self.limited_bits << 1) | u16::from(limited);
+        }
         if limited {
             // Not a failure of the endpoint: its own rule (the cooldown) answers it.
             self.consecutive_rate_limited = self.consecutive_rate_limited.saturating_add(1);
             return rate;
         }
-        self.consecutive_rate_limited = 0;
+        if sees_limits {
+            self.consecutive_rate_limited = 0;
+        }
         let failed = counts_as_failure(class);
         if failed {
             self.consecutive_failures += 1;

@@ -376,7 +376,11 @@ impl PoolState {
         if t.state() == HealthState::Recovering && counts_as_failure(class) && o.stale(t, now) {
             return;
         }
-        let totals = t.record(now, policy, class, o.ttft_us, o.id);
+        let sees_limits = match o.source {
+            Source::Probe(kind) => kind == ProbeKind::SyntheticCompletion,
+            _ => true,
+        };
+        let totals = t.record(now, policy, class, o.ttft_us, o.id, sees_limits);
         if class.is_neutral() {
             return;
         }

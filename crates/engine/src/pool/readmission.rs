@@ -175,10 +175,15 @@ impl PoolState {
         match verdict {
             Verdict::Neutral | Verdict::Canary => None,
             Verdict::Fail => {
-                if counts_as_failure(class) && t.consecutive_failures() >= down_after {
+                // And no pass in the whole window: a run of failures as long as an isolation
+                // lasts is one phase of an intermittent fault (down 10 s, up 10 s), whose
+                // every phase it would follow out and back at a prober's fast cadence.
+                let window_failed = t.rate(now, &self.policy).ok == 0;
+                if counts_as_failure(class) && t.consecutive_failures() >= down_after && window_failed {
                     let reason = format!(
-                        "{down_after} failures in a row on probation ({}); isolated again",
-                        class.as_str()
+                        "{down_after} failures in a row on probation ({}) and no pass in {} s; isolated again",
+                        class.as_str(),
+                        self.policy.window_ms / 1000
                     );
                     return self.eject_again(o, reason);
                 }
