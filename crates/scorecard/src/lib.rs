@@ -42,6 +42,17 @@ const GRACE: Micros = SEC;
 /// view): from then an endpoint that wants the fast cadence gets it.
 pub const PROBER_LAG: Micros = 500 * MS;
 
+/// Calls within its traffic interval that make the prober probe an endpoint at that interval:
+/// three for each probe the plain interval sends over it (vitals-prober's
+/// `view::calls_for_traffic`).
+fn calls_for_traffic(s: &Scenario) -> usize {
+    let plain = (s.traffic_probe_every + s.probe_every - 1) / s.probe_every.max(1);
+    (3 * plain as usize).clamp(1, TRAFFIC_MEMORY)
+}
+
+/// The most calls the prober remembers per endpoint.
+const TRAFFIC_MEMORY: usize = 16;
+
 /// Whether the prober probes an endpoint in this state at its fast interval (vitals-prober's
 /// `view::wants_fast`).
 fn wants_fast(state: HealthState) -> bool {
@@ -154,6 +165,10 @@ pub struct Scenario {
     pub duration: Micros,
     /// The prober's interval for an endpoint in rotation and healthy or degraded.
     pub probe_every: Micros,
+    /// Its interval for such an endpoint that enough calls reached within this interval (three
+    /// for each probe `probe_every` would send): the calls are evidence already (vitals-prober's
+    /// `traffic_interval_ms`, by default 3 × the interval).
+    pub traffic_probe_every: Micros,
     /// Its interval while the endpoint is suspect, out or recovering, as vitals-prober does
     /// (`fast_interval_ms`, 1 s by default): that is what brings an endpoint back quickly.
     /// From one follow lag after the transition ([`PROBER_LAG`]), the next probe comes one fast
@@ -392,6 +407,10 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
     push(&mut queue, rng.gap(s.rate), Event::Arrival);
     // Each endpoint's probe schedule: its generation, fast or not, the next probe and the last.
     let mut probes = vec![ProbeSchedule::default(); s.endpoints];
+    // When the latest calls reached each endpoint, newest first (the prober sees them on the
+    // signals topic).
+    let mut last_calls: Vec<[Option<Micros>; TRAFFIC_MEMORY]> = vec![[None; TRAFFIC_MEMORY]; s.endpoints];
+    let traffic_calls = calls_for_traffic(s);
     for (ep, p) in probes.iter_mut().enumerate() {
         // Probers are not in phase with each other.
         p.next = (rng.unit() * s.probe_every as f64) as Micros;
@@ -458,6 +477,8 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
                     score.failed += 1;
                     continue;
                 };
+                last_calls[ep].rotate_right(1);
+                last_calls[ep][0] = Some(at);
                 let mut a = answer(s.fault_at(ep, at), &mut rng, false);
                 if a.retry_after_ms.is_some() {
                     a.retry_after_ms = s.retry_after(ep, at);
@@ -478,7 +499,13 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
                 if generation != p.generation {
                     continue;
                 }
-                let every = if p.fast { s.fast_probe_every } else { s.probe_every };
+                let every = if p.fast {
+                    s.fast_probe_every
+                } else if last_calls[ep][traffic_calls - 1].is_some_and(|c| at - c <= s.traffic_probe_every) {
+                    s.traffic_probe_every
+                } else {
+                    s.probe_every
+                };
                 p.last = Some(at);
                 p.next = at + every;
                 push(&mut queue, p.next, Event::Probe(ep, generation));
@@ -670,6 +697,7 @@ fn latency_tail(name: &'static str, endpoints: usize, per_endpoint: f64) -> Scen
         rate: per_endpoint * endpoints as f64,
         duration: 420 * SEC,
         probe_every: 5 * SEC,
+        traffic_probe_every: 15 * SEC,
         fast_probe_every: SEC,
         probe_kind: ProbeKind::Http,
         faults: vec![Injection {
@@ -694,6 +722,7 @@ pub fn scenarios() -> Vec<Scenario> {
         rate: 20.0,
         duration: 150 * SEC,
         probe_every: 5 * SEC,
+        traffic_probe_every: 15 * SEC,
         fast_probe_every: SEC,
         probe_kind: ProbeKind::Http,
         faults: vec![],

@@ -70,6 +70,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             rate: per_endpoint * endpoints as f64,
             duration: 360 * SEC,
             probe_every: 5 * SEC,
+            traffic_probe_every: 15 * SEC,
             fast_probe_every: SEC,
             probe_kind: if completions {
                 ProbeKind::SyntheticCompletion

@@ -183,10 +183,14 @@ async fn run_target(t: Target, ctx: Arc<Context>, cancel: CancellationToken, pre
         let _ = p.await;
     }
     let mut fast = ctx.view.fast(&t.pool, &t.endpoint);
+    let traffic_calls = crate::view::calls_for_traffic(t.interval, t.traffic_interval);
     let interval_now = |fast: bool| {
         if fast {
             t.fast_interval
-        } else if ctx.view.carries_traffic(&t.pool, &t.endpoint, t.interval) {
+        } else if ctx
+            .view
+            .carries_traffic(&t.pool, &t.endpoint, t.traffic_interval, traffic_calls)
+        {
             t.traffic_interval
         } else {
             t.interval

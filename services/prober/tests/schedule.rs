@@ -242,7 +242,11 @@ async fn a_healthy_endpoint_with_gateway_traffic_is_probed_slower_and_its_comple
          [[target]]\nid = \"c\"\npool = \"p\"\nendpoint = \"busy\"\nkind = \"completion\"\nurl = \"http://{addr}/v1/chat/completions\"\nmodel = \"m\"\n"
     ))
     .unwrap();
-    // Gateway calls with first-token times every 50 ms, for 3 s.
+    // Gateway calls with first-token times: enough to count as traffic before the first probe
+    // (three per plain interval over the traffic interval: 15), then every 50 ms for 3 s.
+    for _ in 0..16 {
+        r.view.saw_call("p", "busy", true);
+    }
     let view = r.view.clone();
     let feeder = tokio::spawn(async move {
         for _ in 0..60 {
@@ -250,7 +254,6 @@ async fn a_healthy_endpoint_with_gateway_traffic_is_probed_slower_and_its_comple
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
     r.scheduler.reconcile(&t, |_| true);
     let busy = collect(&mut r.rx, Duration::from_millis(2_500)).await;
     let health = busy.iter().filter(|p| p.probe_id.contains("/h/")).count();
