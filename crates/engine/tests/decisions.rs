@@ -554,7 +554,7 @@ fn an_endpoint_dropping_a_share_of_calls_comes_back_on_probation_and_stays_there
         (HealthState::Recovering, 0.01, 0),
         "held on probation: {during:?}"
     );
-    // Fine again: a run of passes grows its weight to full over 20 s, and probation ends there.
+    // Fine again: a run of passes grows its weight to full over 10 s, and probation ends there.
     for _ in 0..120 {
         t += SEC;
         id += 1;
@@ -568,9 +568,9 @@ fn an_endpoint_dropping_a_share_of_calls_comes_back_on_probation_and_stays_there
         .iter()
         .map(|h| (h.reason_code.as_str(), h.weight, h.ramp_ms))
         .collect();
-    assert_eq!(path, [("probation_growing", 0.01, 20_000), ("recovered", 1.0, 0)]);
+    assert_eq!(path, [("probation_growing", 0.01, 10_000), ("recovered", 1.0, 0)]);
     assert!(
-        after[1].stream_time - after[0].stream_time >= 20 * SEC,
+        after[1].stream_time - after[0].stream_time >= 10 * SEC,
         "full weight once the ramp has run"
     );
 }

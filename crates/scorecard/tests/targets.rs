@@ -1,10 +1,12 @@
 //! The decision targets, held on the closed-loop scorecard (simulated time: deterministic, not a
-//! timed test). Medians over five seeds; false ejections over every run.
+//! timed test). Medians over twenty seeds, as docs/decisions.md reports them (over five, a
+//! detection spread from 2 to 22 s between seeds put the median 3 s from the tables'); false
+//! ejections over every run.
 
 use vitals_contracts::Micros;
 use vitals_scorecard::{run, scenarios, Score, SEC};
 
-const SEEDS: u64 = 5;
+const SEEDS: u64 = 20;
 
 fn runs(name: &str) -> Vec<Score> {
     let s = scenarios()
@@ -96,10 +98,10 @@ fn fifteen_percent_drops_for_five_minutes_are_out_once_and_held_not_cycled() {
     for name in ["drops-15pct-5min", "drops-15pct-3-endpoints"] {
         let s = runs(name);
         assert!(delay(&s, |x| x.ejection) <= 10 * SEC, "{name}: {s:#?}");
-        // Out, back on probation, held: at most 5; a run of passes by chance grows its weight
-        // once and the next drop holds it again (two more). A second growth needs 32 passes
-        // in a row (0.5 % at 15 % drops).
-        assert!(worst(&s, |x| x.fault_transitions) <= 7, "{name}: {s:#?}");
+        // Out, back on probation, held; a run of passes by chance grows its weight once and the
+        // next drop holds it again (two more): at most 6, the bound. A growth needs 20
+        // passes in a row (3.9 % at 15 % drops), the next 40 (0.15 %).
+        assert!(worst(&s, |x| x.fault_transitions) <= 6, "{name}: {s:#?}");
         assert!(restore(&s) <= 10 * SEC, "{name}: {s:#?}");
         assert_eq!(false_ejections(&s), 0, "{name}");
     }
@@ -114,12 +116,13 @@ fn capacity_lost(scores: &[Score]) -> f64 {
 /// Capacity back soon after a fault ends (docs/decisions.md, capacity back): the weight of an endpoint on
 /// probation grows after a run of passes, where it used to be held at 0.01 for 20 to 60 passes
 /// and then slow start (59 to 89 endpoint-seconds lost after these faults, the whole of the
-/// 60 or 90 s the runs go on after them).
+/// 60 or 90 s the runs go on after them). At full weight within 30 s of the fault's end, the
+/// issue's target, now that the prober's fast cadence brings the evidence.
 #[test]
-fn a_healed_endpoint_on_probation_gives_its_capacity_back_within_a_minute() {
-    for name in ["drops-15pct", "periodic-10s", "periodic-503"] {
+fn a_healed_endpoint_on_probation_gives_its_capacity_back_within_thirty_seconds() {
+    for name in ["drops-15pct", "periodic", "periodic-10s", "periodic-503"] {
         let s = runs(name);
-        assert!(capacity_lost(&s) <= 40.0, "{name}: {s:#?}");
+        assert!(capacity_lost(&s) <= 25.0, "{name}: {s:#?}");
         let full = median(
             s.iter()
                 .map(|x| match x.full_weight {
@@ -128,7 +131,7 @@ fn a_healed_endpoint_on_probation_gives_its_capacity_back_within_a_minute() {
                 })
                 .collect(),
         );
-        assert!(full <= 60 * SEC, "{name}: {s:#?}");
+        assert!(full <= 30 * SEC, "{name}: {s:#?}");
     }
 }
 

@@ -64,8 +64,8 @@ pub(crate) struct Probation {
     pub after: Option<Dimension>,
     /// Passing outcomes in a row (a failure starts the count again).
     pub passes: u16,
-    /// Times its weight grew and fell back: each makes the run the next growth needs four
-    /// times as long.
+    /// Times its weight grew and fell back: each makes the run the next growth needs twice
+    /// as long.
     pub falls: u8,
     /// Growing to full weight over the ramp, reached at this time; None while held.
     pub growing_until: Option<Micros>,

@@ -163,7 +163,7 @@ impl PoolState {
     /// An outcome of an endpoint on probation. Held at the probation weight, a run of passes
     /// makes its weight grow to full over the ramp ([`PROBATION_RAMP_MS`]), and a failure only
     /// starts the count again; growing, a failure holds it at the probation weight again and
-    /// the next growth needs four times the run. Passes end it at full weight once it grew; a
+    /// the next growth needs twice the run. Passes end it at full weight once it grew; a
     /// probation for first tokens, whose few fast ones end it, through slow start. A
     /// run of failures as long as two ejections' worth takes it out again.
     /// `passes`: the run of passes, this outcome counted.
