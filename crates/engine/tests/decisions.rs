@@ -827,3 +827,60 @@ fn health_probes_passing_between_429s_do_not_hide_the_limit() {
     );
     assert_eq!(cool.stream_time - T0, start + 2 * SEC, "on the third 429");
 }
+
+/// Without a prober the evidence on probation is the calls its weight brings: 0.07 a second
+/// into a pool of four at 5 each. A run of passes long in time grows the weight as one long in
+/// count does: 8 over a minute (~2 minutes of such calls, where 20 take ~5); 8 that come within
+/// seconds (a prober's fast cadence) do not — a fault that fails 15 % of them passes 8 in a row
+/// 27 % of the time.
+#[test]
+fn on_probation_a_slow_run_of_passes_grows_the_weight_where_a_fast_one_must_be_longer() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 30 * SEC, 5, 0, ok);
+    // 15 % drops on `a` until it is out for them.
+    let mut fail = drops(15, 0x5eed);
+    let mut t = 30 * SEC;
+    while r.state_of("p", "a") != HealthState::Unhealthy {
+        assert!(t < 90 * SEC, "ejected for its drops");
+        for ep in EPS {
+            id += 1;
+            let (class, ttft) = fail(ep, id);
+            r.at(t, call("p", ep, id, class, ttft));
+        }
+        t += 200 * MS;
+    }
+    t += 11 * SEC;
+    id += 1;
+    r.at(t, http("a", id, OutcomeClass::Success));
+    assert_eq!(codes(&r, "a").last().map(String::as_str), Some("probation"));
+    let on_probation = r.changes_of("a").len();
+    let mut pass = |r: &mut Run, t: Micros| {
+        id += 1;
+        r.at(t, call("p", "a", id, OutcomeClass::Success, Some(250)));
+    };
+    // Eight passes a second apart, then a drop: no growth.
+    for _ in 0..8 {
+        t += SEC;
+        pass(&mut r, t);
+    }
+    t += SEC;
+    r.at(t, call("p", "a", 1_000_000, OutcomeClass::ConnectionDropped, None));
+    assert_eq!(r.changes_of("a").len(), on_probation, "8 fast passes grow nothing");
+    // Eight passes 14 s apart: the eighth spans 98 s and grows the weight.
+    for k in 1..=8 {
+        t += 14 * SEC;
+        pass(&mut r, t);
+        let grew = r.changes_of("a").len() > on_probation;
+        assert_eq!(grew, k == 8, "pass {k}: {:?}", codes(&r, "a"));
+    }
+    let grow = *r.changes_of("a").last().unwrap();
+    assert_eq!(grow.reason_code, "probation_growing");
+    assert_eq!(grow.evidence.thresholds, ["probation_passes>=8_over_60s"]);
+    assert!(
+        grow.reason
+            .contains("8 passing outcomes in a row on probation over 98 s"),
+        "{}",
+        grow.reason
+    );
+    assert_eq!((grow.weight, grow.ramp_ms), (0.01, 10_000));
+}

@@ -39,9 +39,24 @@ pub const PROBATION_GROW_PASSES: u16 = 20;
 /// back 5 endpoint-seconds less after each fault, for nothing the tables showed).
 pub const PROBATION_RAMP_MS: i64 = 10000;
 
-/// The passes in a row a growth needs after `falls` growths fell back: × 2 for each.
-fn grow_passes(falls: u8) -> u16 {
-    PROBATION_GROW_PASSES << falls.min(3)
+/// Passes in a row on probation that grow its weight however fast they came, when they span
+/// [`PROBATION_SLOW_SPAN_MS`]: evidence that comes slowly (calls alone at the probation weight,
+/// no prober: 0.07 a second into a pool of four at 5 each) gives a fault few runs to be lucky
+/// in, so a shorter run suffices — 8 over a minute, ~2 minutes of such calls, not the ~5 that
+/// 20 take. At a prober's 1 s the count decides: a run spans a minute only after 60 passes.
+pub const PROBATION_SLOW_PASSES: u16 = 8;
+/// The span of [`PROBATION_SLOW_PASSES`] that grows the weight.
+pub const PROBATION_SLOW_SPAN_MS: i64 = 60_000;
+
+/// What a growth needs after `falls` growths fell back, each × 2 for each (up to × 8): passes
+/// in a row, or fewer passes and the ms they must span.
+fn grow_needs(falls: u8) -> (u16, u16, i64) {
+    let k = falls.min(3);
+    (
+        PROBATION_GROW_PASSES << k,
+        PROBATION_SLOW_PASSES << k,
+        PROBATION_SLOW_SPAN_MS << k,
+    )
 }
 
 /// The weight of an endpoint on probation for `dim`: a trickle of real calls that keeps the
@@ -491,15 +506,33 @@ impl Tracker {
         }
     }
 
-    /// The passes in a row on probation after which its weight grows: [`PROBATION_GROW_PASSES`],
-    /// × 2 for each growth that fell back in this probation (up to × 8).
-    pub(crate) fn probation_grow_passes(&self) -> u16 {
-        grow_passes(self.probation_falls())
+    /// Whether the run of passes on probation grows its weight at `now`: [`PROBATION_GROW_PASSES`]
+    /// of them, or [`PROBATION_SLOW_PASSES`] spanning [`PROBATION_SLOW_SPAN_MS`] (each × 2 for
+    /// each growth that fell back in this probation, up to × 8). The threshold it met, if any.
+    pub(crate) fn probation_grows(&self, now: Micros) -> Option<String> {
+        let Phase::Probation(p) = &self.phase else {
+            return None;
+        };
+        let (passes, slow, span_ms) = grow_needs(p.falls);
+        if p.passes >= passes {
+            return Some(format!("probation_passes>={passes}"));
+        }
+        let span = p.run_from.map_or(0, |from| now.saturating_sub(from));
+        (p.passes >= slow && span >= us(span_ms)).then(|| format!("probation_passes>={slow}_over_{}s", span_ms / 1000))
     }
 
-    /// [`Tracker::probation_grow_passes`] once the growth under way falls back.
-    pub(crate) fn grow_passes_after_a_fall(&self) -> u16 {
-        grow_passes(self.probation_falls().saturating_add(1))
+    /// How long the run of passes on probation has lasted (None without one, or unknown).
+    pub(crate) fn since_probation_run(&self, now: Micros) -> Option<Micros> {
+        match &self.phase {
+            Phase::Probation(p) => p.run_from.map(|from| now.saturating_sub(from)),
+            _ => None,
+        }
+    }
+
+    /// What the next growth needs once the growth under way falls back, for its reason.
+    pub(crate) fn grow_needs_after_a_fall(&self) -> String {
+        let (passes, slow, span_ms) = grow_needs(self.probation_falls().saturating_add(1));
+        format!("{passes} outcomes in a row pass ({slow} over {} s)", span_ms / 1000)
     }
 
     pub(crate) fn retry_after_ms(&self) -> Option<u32> {
@@ -892,7 +925,7 @@ impl Tracker {
     /// A failure while out for a share of failed calls whose failures now come `down_after` in
     /// a row says it is down, not partly failing: evidence that can see errors readmits it, as
     /// it would any endpoint that was down.
-    pub(crate) fn tally(&mut self, passed: bool, down_after: u32) -> u16 {
+    pub(crate) fn tally(&mut self, now: Micros, passed: bool, down_after: u32) -> u16 {
         let failures = self.consecutive_failures;
         match &mut self.phase {
             Phase::Out(i) if passed => {
@@ -907,7 +940,15 @@ impl Tracker {
                 0
             }
             Phase::Probation(p) => {
-                p.passes = if passed { p.passes.saturating_add(1) } else { 0 };
+                if passed {
+                    if p.passes == 0 {
+                        p.run_from = Some(now);
+                    }
+                    p.passes = p.passes.saturating_add(1);
+                } else {
+                    p.passes = 0;
+                    p.run_from = None;
+                }
                 p.passes
             }
             _ => 0,
@@ -1060,6 +1101,7 @@ impl Tracker {
                     Phase::Probation(Probation {
                         after,
                         passes: 0,
+                        run_from: None,
                         falls: 0,
                         growing_until: None,
                     })
@@ -1077,6 +1119,7 @@ impl Tracker {
                     other => Probation {
                         after: other.out_for(),
                         passes: 0,
+                        run_from: None,
                         falls: 0,
                         growing_until: None,
                     },

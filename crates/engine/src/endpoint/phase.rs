@@ -64,6 +64,9 @@ pub(crate) struct Probation {
     pub after: Option<Dimension>,
     /// Passing outcomes in a row (a failure starts the count again).
     pub passes: u16,
+    /// When the first of those passes came (None without one, or read from a snapshot that
+    /// did not keep it: that run is judged by its count alone).
+    pub run_from: Option<Micros>,
     /// Times its weight grew and fell back: each makes the run the next growth needs twice
     /// as long.
     pub falls: u8,

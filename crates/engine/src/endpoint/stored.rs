@@ -90,6 +90,9 @@ struct StoredV1<'a> {
     latency_clear_since: Option<Micros>,
     #[serde(default)]
     latency_median_seen: f64,
+    /// When the run of passes on probation began (written only while one runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    probation_run_from: Option<Micros>,
 }
 
 impl<'a> From<&'a Tracker> for StoredV1<'a> {
@@ -150,6 +153,7 @@ impl<'a> From<&'a Tracker> for StoredV1<'a> {
             born: t.born,
             latency_clear_since: t.latency_clear_since,
             latency_median_seen: t.latency_median_seen,
+            probation_run_from: probation.and_then(|p| p.run_from),
         }
     }
 }
@@ -172,6 +176,7 @@ impl StoredV1<'_> {
             HealthState::Recovering if self.canary => Phase::Probation(Probation {
                 after: self.out_for,
                 passes: self.canary_calls,
+                run_from: self.probation_run_from,
                 falls: self.probation_falls,
                 growing_until: self.probation_growing.then(|| self.ramp_until.unwrap_or(self.since)),
             }),

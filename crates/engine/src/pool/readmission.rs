@@ -117,7 +117,7 @@ impl PoolState {
             Verdict::Fail => false,
             Verdict::Pass | Verdict::Canary => true,
         };
-        t.tally(passed, down_after)
+        t.tally(self.now, passed, down_after)
     }
 
     /// Whether a failure in slow start takes the endpoint out again: one does at the traffic
@@ -201,9 +201,9 @@ impl PoolState {
                         HealthState::Recovering,
                         ReasonCode::ProbationHeld,
                         format!(
-                            "{} at weight {grown:.2} while its weight grew on probation; held at {w} again until {} outcomes in a row pass",
+                            "{} at weight {grown:.2} while its weight grew on probation; held at {w} again until {}",
                             class.as_str(),
-                            t.grow_passes_after_a_fall()
+                            t.grow_needs_after_a_fall()
                         ),
                         vec!["failure_while_growing".into()],
                         vec![o.id.to_owned()],
@@ -244,16 +244,19 @@ impl PoolState {
                     change.probation = false;
                     return Some(change);
                 }
-                let grow = t.probation_grow_passes();
-                (passes >= grow).then(|| {
+                t.probation_grows(now).map(|threshold| {
+                    let over = match t.since_probation_run(now) {
+                        Some(span) if span >= us(1_000) => format!(" over {:.0} s", span as f64 / 1e6),
+                        _ => String::new(),
+                    };
                     Change::new(
                         HealthState::Recovering,
                         ReasonCode::ProbationGrowing,
                         format!(
-                            "{passes} passing outcomes in a row on probation; its weight grows from {w} to full over {} s while they go on passing, and {needed} end probation",
+                            "{passes} passing outcomes in a row on probation{over}; its weight grows from {w} to full over {} s while they go on passing, and {needed} end probation",
                             PROBATION_RAMP_MS / 1000
                         ),
-                        vec![format!("probation_passes>={grow}")],
+                        vec![threshold],
                         vec![o.id.to_owned()],
                     )
                 })
