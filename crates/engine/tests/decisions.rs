@@ -884,3 +884,52 @@ fn on_probation_a_slow_run_of_passes_grows_the_weight_where_a_fast_one_must_be_l
     );
     assert_eq!((grow.weight, grow.ramp_ms), (0.01, 10_000));
 }
+
+/// A busy endpoint on probation that goes down fails a hundred calls within a second: out
+/// again at once, not after a window without a pass (at 67 calls a second, the probation
+/// weight's share of a busy pool, a window is 2,000 failed calls).
+#[test]
+fn a_busy_endpoint_on_probation_that_goes_down_is_out_again_within_a_second() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 30 * SEC, 5, 0, ok);
+    let mut fail = drops(15, 0x5eed);
+    let mut t = 30 * SEC;
+    while r.state_of("p", "a") != HealthState::Unhealthy {
+        assert!(t < 90 * SEC, "ejected for its drops");
+        for ep in EPS {
+            id += 1;
+            let (class, ttft) = fail(ep, id);
+            r.at(t, call("p", ep, id, class, ttft));
+        }
+        t += 200 * MS;
+    }
+    t += 11 * SEC;
+    id += 1;
+    r.at(t, http("a", id, OutcomeClass::Success));
+    assert_eq!(codes(&r, "a").last().map(String::as_str), Some("probation"));
+    // Its calls pass for a while, then it goes down.
+    for _ in 0..5 {
+        t += 100 * MS;
+        id += 1;
+        r.at(t, call("p", "a", id, OutcomeClass::Success, Some(250)));
+    }
+    let back = t;
+    let mut n = 0;
+    while r.state_of("p", "a") != HealthState::Unhealthy {
+        assert!(n < 200, "out again on its run of failures");
+        n += 1;
+        t += 10 * MS;
+        id += 1;
+        r.at(t, call("p", "a", id, OutcomeClass::ConnectError, None));
+    }
+    let again = *r.changes_of("a").last().unwrap();
+    assert_eq!(n, 100, "{}", again.reason);
+    assert!(t - back <= SEC);
+    assert!(
+        again
+            .reason
+            .contains("100 failures in a row on probation (connect_error); isolated again"),
+        "{}",
+        again.reason
+    );
+}

@@ -9,7 +9,8 @@
 //! rotation at the probation weight, held: its failures cost users little, and real calls stay
 //! the evidence. A failure there is no transition; it only starts the count of passes again.
 //! [`PROBATION_PASSES`] passes in a row end it (slow start follows); a run of failures as long as
-//! two ejections' worth with no pass between takes it out again, with the isolation grown.
+//! two ejections' worth and a window without a pass take it out again, with the isolation grown
+//! (or a run ten times as long: a busy endpoint that is down fails that many within a second).
 
 use super::{Change, Outcome, PoolState, Source};
 use crate::endpoint::{probation_weight, run_growth, us, Dimension, Tracker, PROBATION_PASSES, PROBATION_RAMP_MS};
@@ -165,7 +166,8 @@ impl PoolState {
     /// starts the count again; growing, a failure holds it at the probation weight again and
     /// the next growth needs twice the run. Passes end it at full weight once it grew; a
     /// probation for first tokens, whose few fast ones end it, through slow start. A
-    /// run of failures as long as two ejections' worth takes it out again.
+    /// run of failures as long as two ejections' worth takes it out again once its window holds
+    /// no pass, or at once when ten times as long.
     /// `passes`: the run of passes, this outcome counted.
     fn on_probation(&self, o: &Outcome<'_>, class: OutcomeClass, verdict: Verdict, passes: u16) -> Option<Change> {
         let down_after = 2 * self.policy.consecutive_failures.max(1) as u32;
@@ -177,14 +179,26 @@ impl PoolState {
             Verdict::Fail => {
                 // And no pass in the whole window: a run of failures as long as an isolation
                 // lasts is one phase of an intermittent fault (down 10 s, up 10 s), whose
-                // every phase it would follow out and back at a prober's fast cadence.
+                // every phase it would follow out and back at a prober's fast cadence. A run
+                // ten times as long is more than that cadence brings in a window: a busy
+                // endpoint that is down (its calls at the probation weight, or gateways that
+                // do not follow weights) is out again within a second, not a window.
+                let run = t.consecutive_failures();
                 let window_failed = t.rate(now, &self.policy).ok == 0;
-                if counts_as_failure(class) && t.consecutive_failures() >= down_after && window_failed {
-                    let reason = format!(
-                        "{down_after} failures in a row on probation ({}) and no pass in {} s; isolated again",
-                        class.as_str(),
-                        self.policy.window_ms / 1000
-                    );
+                if counts_as_failure(class) && run >= down_after && (window_failed || run >= 10 * down_after) {
+                    let reason = if window_failed {
+                        format!(
+                            "{down_after} failures in a row on probation ({}) and no pass in {} s; isolated again",
+                            class.as_str(),
+                            self.policy.window_ms / 1000
+                        )
+                    } else {
+                        format!(
+                            "{} failures in a row on probation ({}); isolated again",
+                            10 * down_after,
+                            class.as_str()
+                        )
+                    };
                     return self.eject_again(o, reason);
                 }
                 // Growing, it falls back on a failure as slow start would eject on one: at
