@@ -61,6 +61,7 @@ fn wants_fast(state: HealthState) -> bool {
         HealthState::Suspect | HealthState::Unhealthy | HealthState::Recovering
     )
 }
+
 const POOL: &str = "sim";
 
 /// A deterministic generator (splitmix64): no dependency, the same stream on every platform.
