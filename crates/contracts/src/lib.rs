@@ -11,6 +11,7 @@
 //!   rejection is short enough to go into a dead-letter header.
 
 mod bounds;
+pub mod cadence;
 pub mod codec;
 pub mod hash;
 pub mod keys;

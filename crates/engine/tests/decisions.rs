@@ -835,24 +835,7 @@ fn health_probes_passing_between_429s_do_not_hide_the_limit() {
 /// 27 % of the time.
 #[test]
 fn on_probation_a_slow_run_of_passes_grows_the_weight_where_a_fast_one_must_be_longer() {
-    let mut r = Run::new();
-    let mut id = traffic(&mut r, 0, 30 * SEC, 5, 0, ok);
-    // 15 % drops on `a` until it is out for them.
-    let mut fail = drops(15, 0x5eed);
-    let mut t = 30 * SEC;
-    while r.state_of("p", "a") != HealthState::Unhealthy {
-        assert!(t < 90 * SEC, "ejected for its drops");
-        for ep in EPS {
-            id += 1;
-            let (class, ttft) = fail(ep, id);
-            r.at(t, call("p", ep, id, class, ttft));
-        }
-        t += 200 * MS;
-    }
-    t += 11 * SEC;
-    id += 1;
-    r.at(t, http("a", id, OutcomeClass::Success));
-    assert_eq!(codes(&r, "a").last().map(String::as_str), Some("probation"));
+    let (mut r, mut id, mut t) = on_probation_after_drops();
     let on_probation = r.changes_of("a").len();
     let mut pass = |r: &mut Run, t: Micros| {
         id += 1;
@@ -890,23 +873,7 @@ fn on_probation_a_slow_run_of_passes_grows_the_weight_where_a_fast_one_must_be_l
 /// weight's share of a busy pool, a window is 2,000 failed calls).
 #[test]
 fn a_busy_endpoint_on_probation_that_goes_down_is_out_again_within_a_second() {
-    let mut r = Run::new();
-    let mut id = traffic(&mut r, 0, 30 * SEC, 5, 0, ok);
-    let mut fail = drops(15, 0x5eed);
-    let mut t = 30 * SEC;
-    while r.state_of("p", "a") != HealthState::Unhealthy {
-        assert!(t < 90 * SEC, "ejected for its drops");
-        for ep in EPS {
-            id += 1;
-            let (class, ttft) = fail(ep, id);
-            r.at(t, call("p", ep, id, class, ttft));
-        }
-        t += 200 * MS;
-    }
-    t += 11 * SEC;
-    id += 1;
-    r.at(t, http("a", id, OutcomeClass::Success));
-    assert_eq!(codes(&r, "a").last().map(String::as_str), Some("probation"));
+    let (mut r, mut id, mut t) = on_probation_after_drops();
     // Its calls pass for a while, then it goes down.
     for _ in 0..5 {
         t += 100 * MS;
@@ -932,4 +899,28 @@ fn a_busy_endpoint_on_probation_that_goes_down_is_out_again_within_a_second() {
         "{}",
         again.reason
     );
+}
+
+/// `a` ejected for 15 % drops, then readmitted on probation by a passing probe 11 s later: the
+/// run, the last id used and the time of the readmission.
+fn on_probation_after_drops() -> (Run, u64, Micros) {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 30 * SEC, 5, 0, ok);
+    // 15 % drops on `a` until it is out for them.
+    let mut fail = drops(15, 0x5eed);
+    let mut t = 30 * SEC;
+    while r.state_of("p", "a") != HealthState::Unhealthy {
+        assert!(t < 90 * SEC, "ejected for its drops");
+        for ep in EPS {
+            id += 1;
+            let (class, ttft) = fail(ep, id);
+            r.at(t, call("p", ep, id, class, ttft));
+        }
+        t += 200 * MS;
+    }
+    t += 11 * SEC;
+    id += 1;
+    r.at(t, http("a", id, OutcomeClass::Success));
+    assert_eq!(codes(&r, "a").last().map(String::as_str), Some("probation"));
+    (r, id, t)
 }

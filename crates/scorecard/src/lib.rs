@@ -11,6 +11,8 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::time::Duration;
+use vitals_contracts::cadence::{calls_for_traffic, wants_fast, TRAFFIC_MEMORY};
 use vitals_contracts::{CallOutcome, HealthState, Micros, OutcomeClass, Policy, ProbeKind, ProbeResult, Signal, Tick};
 use vitals_engine::{Decision, Engine};
 
@@ -41,26 +43,6 @@ const GRACE: Micros = SEC;
 /// How long after a transition the prober follows it (the state topic, read by its cadence
 /// view): from then an endpoint that wants the fast cadence gets it.
 pub const PROBER_LAG: Micros = 500 * MS;
-
-/// Calls within its traffic interval that make the prober probe an endpoint at that interval:
-/// three for each probe the plain interval sends over it (vitals-prober's
-/// `view::calls_for_traffic`).
-fn calls_for_traffic(s: &Scenario) -> usize {
-    let plain = (s.traffic_probe_every + s.probe_every - 1) / s.probe_every.max(1);
-    (3 * plain as usize).clamp(1, TRAFFIC_MEMORY)
-}
-
-/// The most calls the prober remembers per endpoint.
-const TRAFFIC_MEMORY: usize = 16;
-
-/// Whether the prober probes an endpoint in this state at its fast interval (vitals-prober's
-/// `view::wants_fast`).
-fn wants_fast(state: HealthState) -> bool {
-    matches!(
-        state,
-        HealthState::Suspect | HealthState::Unhealthy | HealthState::Recovering
-    )
-}
 
 const POOL: &str = "sim";
 
@@ -411,7 +393,10 @@ pub fn run_judged(s: &Scenario, seed: u64, engine: &mut dyn Judge) -> Score {
     // When the latest calls reached each endpoint, newest first (the prober sees them on the
     // signals topic).
     let mut last_calls: Vec<[Option<Micros>; TRAFFIC_MEMORY]> = vec![[None; TRAFFIC_MEMORY]; s.endpoints];
-    let traffic_calls = calls_for_traffic(s);
+    let traffic_calls = calls_for_traffic(
+        Duration::from_micros(s.probe_every.max(1) as u64),
+        Duration::from_micros(s.traffic_probe_every.max(1) as u64),
+    );
     for (ep, p) in probes.iter_mut().enumerate() {
         // Probers are not in phase with each other.
         p.next = (rng.unit() * s.probe_every as f64) as Micros;

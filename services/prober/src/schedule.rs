@@ -183,7 +183,7 @@ async fn run_target(t: Target, ctx: Arc<Context>, cancel: CancellationToken, pre
         let _ = p.await;
     }
     let mut fast = ctx.view.fast(&t.pool, &t.endpoint);
-    let traffic_calls = crate::view::calls_for_traffic(t.interval, t.traffic_interval);
+    let traffic_calls = vitals_contracts::cadence::calls_for_traffic(t.interval, t.traffic_interval);
     let interval_now = |fast: bool| {
         if fast {
             t.fast_interval

@@ -9,27 +9,29 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use vitals_contracts::cadence::{wants_fast, TRAFFIC_MEMORY};
 use vitals_contracts::HealthState;
 
-/// The most calls the view remembers per endpoint (see [`calls_for_traffic`]).
-pub const TRAFFIC_MEMORY: usize = 16;
-
-/// Calls an endpoint must carry within its traffic interval for them to be its evidence: three
-/// for each probe the plain interval sends over that time, so that a call now and then does not
-/// slow its probes. One call within the plain interval did: in the scorecard's `low-traffic`
-/// (0.125 calls a second into the endpoint) an outage was seen 13.1 s after it began at the
-/// median of 20 runs and 20.4 s in the worst, against 9.9 and 15.0 s at this count.
-pub fn calls_for_traffic(interval: Duration, traffic_interval: Duration) -> usize {
-    let spared = traffic_interval.as_millis().div_ceil(interval.as_millis().max(1)) as usize;
-    (3 * spared).clamp(1, TRAFFIC_MEMORY)
-}
-
 /// When the latest calls, and the last successful call with a first-token time, were seen (ms
-/// since the view's epoch, plus one; 0: never), newest first.
+/// since the view's epoch, plus one; 0: never).
 #[derive(Debug, Default, Clone, Copy)]
 struct Traffic {
+    /// A ring: the next call goes at `next`.
     calls: [u64; TRAFFIC_MEMORY],
+    next: usize,
     ttft: u64,
+}
+
+impl Traffic {
+    fn saw(&mut self, now: u64) {
+        self.calls[self.next] = now;
+        self.next = (self.next + 1) % TRAFFIC_MEMORY;
+    }
+
+    /// When the `k`-th latest call (1: the latest) was seen, `k` at most [`TRAFFIC_MEMORY`].
+    fn call(&self, k: usize) -> u64 {
+        self.calls[(self.next + TRAFFIC_MEMORY - k) % TRAFFIC_MEMORY]
+    }
 }
 
 /// What the prober knows of each endpoint for its cadence (not a router's health view:
@@ -49,14 +51,6 @@ impl Default for CadenceView {
             epoch: Instant::now(),
         }
     }
-}
-
-/// Whether an endpoint in this state wants the fast cadence.
-pub fn wants_fast(state: HealthState) -> bool {
-    matches!(
-        state,
-        HealthState::Suspect | HealthState::Unhealthy | HealthState::Recovering
-    )
 }
 
 impl CadenceView {
@@ -93,32 +87,31 @@ impl CadenceView {
             Some(t) => t,
             None => eps.entry(endpoint.to_owned()).or_default(),
         };
-        t.calls.rotate_right(1);
-        t.calls[0] = now;
+        t.saw(now);
         if with_ttft {
             t.ttft = now;
         }
     }
 
-    /// Whether at least `calls` gateway calls reached the endpoint within `within` (at most
-    /// [`TRAFFIC_MEMORY`]).
-    pub fn carries_traffic(&self, pool: &str, endpoint: &str, within: Duration, calls: usize) -> bool {
-        let k = calls.clamp(1, TRAFFIC_MEMORY) - 1;
+    fn seen_within(&self, pool: &str, endpoint: &str, within: Duration, f: impl Fn(&Traffic) -> u64) -> bool {
         let now = self.now_ms();
         let map = self.traffic.lock().expect("traffic lock");
         map.get(pool)
             .and_then(|e| e.get(endpoint))
-            .map(|t| t.calls[k])
+            .map(f)
             .is_some_and(|at| at > 0 && now.saturating_sub(at) <= within.as_millis() as u64)
+    }
+
+    /// Whether at least `calls` gateway calls reached the endpoint within `within` (at most
+    /// [`TRAFFIC_MEMORY`]).
+    pub fn carries_traffic(&self, pool: &str, endpoint: &str, within: Duration, calls: usize) -> bool {
+        let k = calls.clamp(1, TRAFFIC_MEMORY);
+        self.seen_within(pool, endpoint, within, |t| t.call(k))
     }
 
     /// Whether a real call brought a first-token time within `within`.
     pub fn ttft_covered(&self, pool: &str, endpoint: &str, within: Duration) -> bool {
-        let now = self.now_ms();
-        let map = self.traffic.lock().expect("traffic lock");
-        map.get(pool)
-            .and_then(|e| e.get(endpoint))
-            .is_some_and(|t| t.ttft > 0 && now.saturating_sub(t.ttft) <= within.as_millis() as u64)
+        self.seen_within(pool, endpoint, within, |t| t.ttft)
     }
 
     /// Endpoints on the fast cadence now.
@@ -133,11 +126,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn traffic_is_evidence_from_three_calls_per_probe_spared() {
+    fn traffic_is_the_latest_calls_within_the_interval() {
         let ms = Duration::from_millis;
-        assert_eq!(calls_for_traffic(ms(5_000), ms(15_000)), 9);
-        assert_eq!(calls_for_traffic(ms(300), ms(1_500)), 15);
-        assert_eq!(calls_for_traffic(ms(100), ms(3_600_000)), TRAFFIC_MEMORY);
         let v = CadenceView::default();
         let within = Duration::from_secs(60);
         assert!(!v.carries_traffic("p", "e", within, 3), "no calls");

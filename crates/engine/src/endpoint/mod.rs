@@ -508,24 +508,20 @@ impl Tracker {
 
     /// Whether the run of passes on probation grows its weight at `now`: [`PROBATION_GROW_PASSES`]
     /// of them, or [`PROBATION_SLOW_PASSES`] spanning [`PROBATION_SLOW_SPAN_MS`] (each × 2 for
-    /// each growth that fell back in this probation, up to × 8). The threshold it met, if any.
-    pub(crate) fn probation_grows(&self, now: Micros) -> Option<String> {
+    /// each growth that fell back in this probation, up to × 8). The threshold it met and how
+    /// long the run has lasted (0 when unknown), if it does.
+    pub(crate) fn probation_grows(&self, now: Micros) -> Option<(String, Micros)> {
         let Phase::Probation(p) = &self.phase else {
             return None;
         };
         let (passes, slow, span_ms) = grow_needs(p.falls);
-        if p.passes >= passes {
-            return Some(format!("probation_passes>={passes}"));
-        }
         let span = p.run_from.map_or(0, |from| now.saturating_sub(from));
-        (p.passes >= slow && span >= us(span_ms)).then(|| format!("probation_passes>={slow}_over_{}s", span_ms / 1000))
-    }
-
-    /// How long the run of passes on probation has lasted (None without one, or unknown).
-    pub(crate) fn since_probation_run(&self, now: Micros) -> Option<Micros> {
-        match &self.phase {
-            Phase::Probation(p) => p.run_from.map(|from| now.saturating_sub(from)),
-            _ => None,
+        if p.passes >= passes {
+            Some((format!("probation_passes>={passes}"), span))
+        } else if p.passes >= slow && span >= us(span_ms) {
+            Some((format!("probation_passes>={slow}_over_{}s", span_ms / 1000), span))
+        } else {
+            None
         }
     }
 

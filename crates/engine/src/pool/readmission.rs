@@ -186,19 +186,18 @@ impl PoolState {
                 let run = t.consecutive_failures();
                 let window_failed = t.rate(now, &self.policy).ok == 0;
                 if counts_as_failure(class) && run >= down_after && (window_failed || run >= 10 * down_after) {
-                    let reason = if window_failed {
-                        format!(
-                            "{down_after} failures in a row on probation ({}) and no pass in {} s; isolated again",
-                            class.as_str(),
-                            self.policy.window_ms / 1000
+                    let (needed, window) = if window_failed {
+                        (
+                            down_after,
+                            format!(" and no pass in {} s", self.policy.window_ms / 1000),
                         )
                     } else {
-                        format!(
-                            "{} failures in a row on probation ({}); isolated again",
-                            10 * down_after,
-                            class.as_str()
-                        )
+                        (10 * down_after, String::new())
                     };
+                    let reason = format!(
+                        "{needed} failures in a row on probation ({}){window}; isolated again",
+                        class.as_str()
+                    );
                     return self.eject_again(o, reason);
                 }
                 // Growing, it falls back on a failure as slow start would eject on one: at
@@ -258,10 +257,11 @@ impl PoolState {
                     change.probation = false;
                     return Some(change);
                 }
-                t.probation_grows(now).map(|threshold| {
-                    let over = match t.since_probation_run(now) {
-                        Some(span) if span >= us(1_000) => format!(" over {:.0} s", span as f64 / 1e6),
-                        _ => String::new(),
+                t.probation_grows(now).map(|(threshold, span)| {
+                    let over = if span >= us(1_000) {
+                        format!(" over {:.0} s", span as f64 / 1e6)
+                    } else {
+                        String::new()
                     };
                     Change::new(
                         HealthState::Recovering,
