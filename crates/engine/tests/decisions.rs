@@ -772,6 +772,58 @@ fn forty_percent_429s_start_a_cooldown_within_a_few_calls() {
     let _ = id;
 }
 
+/// A prober's completion probes meet the limit while the endpoint cools (it probes an endpoint
+/// that is out at its fast interval): their 429s, and a Retry-After heard then, are of the
+/// window that has ended. When the cooldown is over the endpoint waits for the calls after it:
+/// the first 429 with a Retry-After cools it for what that says. Counted, the probes' 429s sent
+/// it out again on the first tick after every cooldown, for the policy's cooldown doubled (40 s)
+/// — out of step with the upstream's windows, so that the next 429 said "1 s" and it cycled
+/// through them (10 transitions a minute in the generative stationary test).
+#[test]
+fn the_429s_probes_meet_while_cooling_do_not_send_it_out_again_when_the_cooldown_ends() {
+    let mut r = Run::new();
+    let mut id = traffic(&mut r, 0, 10 * SEC, 5, 0, ok);
+    let limited = |r: &mut Run, at: Micros, id: u64, retry_after_ms: i64| {
+        let Signal::Call(mut c) = call("p", "a", id, OutcomeClass::RateLimited, None) else {
+            unreachable!()
+        };
+        c.retry_after_ms = Some(retry_after_ms);
+        r.at(at, Signal::Call(c))
+    };
+    for k in 0..3 {
+        id += 1;
+        limited(&mut r, 10 * SEC + k * 100 * MS, id, 10_000);
+    }
+    let cool = (*r.changes_of("a").last().unwrap()).clone();
+    assert_eq!(cool.reason_code, "cooldown");
+    let back = cool.retry_at.expect("a cooldown says when it ends") - T0;
+    // Probes every second while out, nearly all 429s; a call in flight reports a 429 too.
+    let mut t = 10 * SEC + 700 * MS;
+    while t < back {
+        id += 1;
+        let p = probe("p", "a", id, ProbeKind::SyntheticCompletion, OutcomeClass::RateLimited);
+        r.at(t, Signal::Probe(p));
+        t += SEC;
+    }
+    id += 1;
+    limited(&mut r, back - 200 * MS, id, 1_000);
+    r.tick_until(back + 3 * SEC);
+    // The first probe after it meets the limit: one 429 without a Retry-After is no run.
+    id += 1;
+    let p = probe("p", "a", id, ProbeKind::SyntheticCompletion, OutcomeClass::RateLimited);
+    r.at(back + 3 * SEC, Signal::Probe(p));
+    assert_eq!(
+        codes(&r, "a")[1..],
+        ["cooldown_over"],
+        "waits for the calls after the cooldown"
+    );
+    id += 1;
+    limited(&mut r, back + 3 * SEC + 100 * MS, id, 9_000);
+    let again = *r.changes_of("a").last().unwrap();
+    assert_eq!(again.reason_code, "cooldown");
+    assert_eq!(again.retry_at, Some(again.stream_time + 9 * SEC), "{}", again.reason);
+}
+
 /// A Retry-After longer than the longest isolation is capped, and the reason says so (it said
 /// "the upstream's Retry-After" for a cooldown of 300 s when the upstream asked for 600 s).
 #[test]

@@ -1089,6 +1089,9 @@ impl Tracker {
                 // ejection is no flap.
                 let after = if was_cooling { None } else { self.out_for() };
                 self.reset_for_recovery(now);
+                // A Retry-After heard while cooling (a call still in flight) is of the window
+                // that has ended: a 429 after this one says its own.
+                self.retry_after_ms = None;
                 if !was_cooling && !ended_probation {
                     self.readmitted_at = Some(now);
                 }
@@ -1172,6 +1175,10 @@ impl Tracker {
         self.consecutive_failures = 0;
         self.consecutive_hard = 0;
         self.consecutive_rate_limited = 0;
+        // The 429s seen while out (a completion probe meets the limit too) are not the
+        // upstream's answer to the calls to come: a cooldown ends by its time, and what the
+        // upstream takes now is for the calls after it to say.
+        self.limited_bits = 0;
         self.failure_ids.clear();
         self.failure_outlier = false;
         self.ttft_outlier = false;
