@@ -198,6 +198,46 @@ fn a_slow_first_token_ejection_is_readmitted_by_a_fast_completion_probe_only() {
     assert!(!back.reason.contains("canary"), "{}", back.reason);
 }
 
+/// Back from slow first tokens, in slow start, the endpoint goes down: it is out for errors now,
+/// and passing health probes bring it back as they would any endpoint out for errors. Kept out
+/// for first tokens, it waited for a fast first token, or for the whole isolation and then
+/// probation on a health probe — and a busy one that came back to full weight a moment before
+/// went out for errors: the same outage, two ways back (the summaries' property test found it,
+/// the two engines a few milliseconds apart across slow start's end).
+#[test]
+fn back_from_slow_first_tokens_an_endpoint_that_goes_down_is_out_for_errors() {
+    let mut r = Run::new();
+    let mut id = eject_for_slow_first_tokens(&mut r);
+    id += 1;
+    r.at(45 * SEC, completion("a", id, 300));
+    assert_eq!(r.state_of("p", "a"), HealthState::Recovering, "readmitted: slow start");
+    let mut t = 46 * SEC;
+    while r.state_of("p", "a") == HealthState::Recovering {
+        id += 1;
+        r.at(t, call("p", "a", id, OutcomeClass::ConnectError, None));
+        t += 100 * MS;
+    }
+    let out = (*r.changes_of("a").last().unwrap()).clone();
+    assert_eq!(out.reason_code, "failed_while_recovering");
+    assert!(
+        !out.reason.contains("first token"),
+        "out for errors, not first tokens: {}",
+        out.reason
+    );
+    // The isolation over, health probes pass (two: it flapped): back, on probation for errors.
+    for k in 0..2 {
+        id += 1;
+        r.at(t + 15 * SEC + k * SEC, http("a", id, OutcomeClass::Success));
+    }
+    let back = *r.changes_of("a").last().unwrap();
+    assert_eq!(back.to_state, HealthState::Recovering, "{}", back.reason);
+    assert!(
+        !back.reason.contains("ttft") && !back.reason.contains("first token"),
+        "{}",
+        back.reason
+    );
+}
+
 /// A health-route probe cannot see first tokens: it readmits a TTFT ejection only once the
 /// announced isolation is over, and only on probation, where real calls decide. Slow calls keep
 /// it there (no transition, no cycle of ejections); a few fast ones end the probation.

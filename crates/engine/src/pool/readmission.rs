@@ -60,6 +60,15 @@ fn verdict(t: &Tracker, dim: Dimension, o: &Outcome<'_>, class: OutcomeClass, po
     }
 }
 
+/// What an endpoint out (or recovering) for another dimension is out for once `class` fails
+/// it: an endpoint back from slow first tokens (or silent heartbeats, a dependency) that fails
+/// its calls is out for errors — readmitted as an ejection for errors from rotation would be,
+/// not by a fast first token. None: what it was out for still holds.
+fn failing_for(t: &Tracker, class: OutcomeClass) -> Option<Dimension> {
+    let errors = matches!(t.out_for(), None | Some(Dimension::Errors | Dimension::ErrorRate));
+    (counts_as_failure(class) && !errors).then_some(Dimension::Errors)
+}
+
 /// The passes in a row that end a probation of `t`: slow first tokens are not a matter of
 /// chance, a few fast ones in a row show them gone; a share of failed calls is, and each
 /// probation that ended in another ejection makes the next one ask for [`PROBATION_PASSES`] more.
@@ -98,7 +107,8 @@ impl PoolState {
                 } else {
                     format!("first token after {} ms", o.ttft_us.unwrap_or(0) / 1000)
                 };
-                self.eject_again(o, format!("{what} while recovering; isolated again"))
+                let dim = failing_for(t, class);
+                self.eject_again(o, format!("{what} while recovering; isolated again"), dim)
             }
             HealthState::Recovering => self.recovery_complete(o.endpoint),
             _ => None,
@@ -147,16 +157,19 @@ impl PoolState {
 
     /// A failure of an endpoint back in rotation takes it out again (its isolation grows: it
     /// flaps), or, with no ejection slot free, keeps it serving, degraded.
-    fn eject_again(&self, o: &Outcome<'_>, reason: String) -> Option<Change> {
+    /// `dim`: what it is out for now, if not what it was out for before.
+    fn eject_again(&self, o: &Outcome<'_>, reason: String, dim: Option<Dimension>) -> Option<Change> {
         let thresholds = vec!["failure_while_recovering".into()];
         if self.may_eject() {
-            return Some(Change::new(
+            let mut change = Change::new(
                 HealthState::Unhealthy,
                 ReasonCode::FailedWhileRecovering,
                 reason,
                 thresholds,
                 vec![o.id.to_owned()],
-            ));
+            );
+            change.out_for = dim;
+            return Some(change);
         }
         Some(self.refusal(o.endpoint, thresholds))
     }
@@ -198,7 +211,7 @@ impl PoolState {
                         "{needed} failures in a row on probation ({}){window}; isolated again",
                         class.as_str()
                     );
-                    return self.eject_again(o, reason);
+                    return self.eject_again(o, reason, failing_for(t, class));
                 }
                 // Growing, it falls back on a failure as slow start would eject on one: at
                 // once up to ~11 calls a second, busier on a run as long as its traffic's
