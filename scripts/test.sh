@@ -13,6 +13,10 @@ fi
 export VITALS_TEST_KAFKA=${VITALS_TEST_KAFKA:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
 export VITALS_TEST_DATABASE_URL=${VITALS_TEST_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
 export VITALS_TEST_READER_DATABASE_URL=${VITALS_TEST_READER_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
+# The property tests (proptest) draw their cases from this seed, so that the command decides the
+# same on every run and a failure replays (each `*.proptest-regressions` file's cases first).
+# Another number draws other cases: `PROPTEST_RNG_SEED=$RANDOM scripts/test.sh`.
+export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261204}
 status=0
 cargo test --workspace --release --no-fail-fast "$@" || status=$?
 # The LiteLLM plug-in's own tests, in LiteLLM's virtual environment (scripts/install-deps.sh).

@@ -133,7 +133,10 @@ fn most_in_a_minute(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    // 48 cases, or `PROPTEST_CASES` for a sweep (docs/benchmarks.md, "Generative sweeps").
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(48)
+    ))]
 
     #[test]
     fn no_endpoint_flaps_under_a_stationary_fault(s in scenario(), seed in any::<u64>()) {
