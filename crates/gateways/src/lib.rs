@@ -174,11 +174,25 @@ pub fn ratelimit_reset_ms(v: &str) -> Option<i64> {
     (total <= 86_400_000.0).then(|| total.round() as i64)
 }
 
+/// A `retry-after-ms` value (OpenAI's and Azure OpenAI's, which their SDKs read before
+/// Retry-After): milliseconds, whole or not, within a day. None for anything else.
+pub fn retry_after_exact_ms(v: &str) -> Option<i64> {
+    let v = v.trim();
+    if v.is_empty() || v.len() > 24 {
+        return None;
+    }
+    let ms = v.parse::<f64>().ok()?;
+    (0.0..=86_400_000.0).contains(&ms).then(|| ms.round() as i64)
+}
+
 /// When a 429's limit lifts, in milliseconds, from the response headers `header` gives (by
-/// lower-case name): `Retry-After` first, else the `x-ratelimit-reset-*` of the limit that ran
-/// out (requests or tokens, by their `x-ratelimit-remaining-*`; the later of the two when the
-/// headers do not say which).
+/// lower-case name): `retry-after-ms` first, then `Retry-After`, else the `x-ratelimit-reset-*`
+/// of the limit that ran out (requests or tokens, by their `x-ratelimit-remaining-*`; the later
+/// of the two when the headers do not say which). A header that does not parse is passed over.
 pub fn limit_lifts_in_ms<S: AsRef<str>>(header: impl Fn(&str) -> Option<S>) -> Option<i64> {
+    if let Some(ms) = header("retry-after-ms").and_then(|v| retry_after_exact_ms(v.as_ref())) {
+        return Some(ms);
+    }
     if let Some(ms) = header("retry-after").and_then(|v| retry_after_ms(v.as_ref())) {
         return Some(ms);
     }
@@ -256,6 +270,13 @@ mod tests {
         assert_eq!(lifts(&remaining("12", "0")), Some(360_000));
         assert_eq!(lifts(&[("retry-after", "soon")]), None);
         assert_eq!(lifts(&[]), None);
+        // retry-after-ms first; one that does not parse is passed over.
+        let ra = ("retry-after", "7");
+        assert_eq!(lifts(&[("retry-after-ms", "1500"), ra, rq, tk]), Some(1500));
+        assert_eq!(lifts(&[("retry-after-ms", "20.4"), ra]), Some(20));
+        for bad in ["inf", "NaN", "-5", "", "1e309", "soon", "86400001"] {
+            assert_eq!(lifts(&[("retry-after-ms", bad), ra]), Some(7000), "{bad}");
+        }
     }
 
     #[test]

@@ -153,6 +153,16 @@ proptest! {
         }
     }
 
+    /// `retry-after-ms` likewise: any text is a delay within a day or None, and a number of
+    /// milliseconds within a day reads back.
+    #[test]
+    fn retry_after_ms_headers_are_a_delay_within_a_day_or_none(raw in "\\PC{0,30}", ms in 0u32..86_400_000) {
+        if let Some(got) = vitals_gateways::retry_after_exact_ms(&raw) {
+            prop_assert!((0..=86_400_000).contains(&got), "{raw:?}: {got}");
+        }
+        prop_assert_eq!(vitals_gateways::retry_after_exact_ms(&ms.to_string()), Some(i64::from(ms)));
+    }
+
     #[test]
     fn an_openai_duration_reads_back(h in 0u32..24, m in 0u32..60, s in 0u32..60, ms in 0u32..1000) {
         let text = match (h, m, ms) {

@@ -179,6 +179,12 @@ fn a_429_carries_its_retry_after_and_first_tokens_come_from_events_or_attributes
     a.push(header("x-ratelimit-reset-tokens", "6m0s"));
     let o = call(&m, &client(a)).unwrap();
     assert_eq!(o.retry_after_ms, Some(1500));
+    // retry-after-ms first (OpenAI's and Azure's exact delay).
+    let mut a = addr("h", 80);
+    a.push(i("http.response.status_code", 429));
+    a.push(header("retry-after-ms", "250"));
+    a.push(header("retry-after", "1"));
+    assert_eq!(call(&m, &client(a)).unwrap().retry_after_ms, Some(250));
 
     let mut sp = client(addr("h", 80));
     sp.events.push(Event {

@@ -529,3 +529,11 @@ def test_ratelimit_resets_read_as_the_rust_bridges_read_them():
     assert limit_lifts_in_ms({"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "9", **both}) == 2000
     assert limit_lifts_in_ms({"x-ratelimit-remaining-requests": "3", "x-ratelimit-remaining-tokens": "0", **both}) == 360_000
     assert limit_lifts_in_ms({}) is None
+    # retry-after-ms first, as the Rust bridges read it; one that does not parse is passed over
+    # (`inf` raised OverflowError here before).
+    assert limit_lifts_in_ms({"retry-after-ms": "1500", "retry-after": "7", **both}) == 1500
+    assert limit_lifts_in_ms({"retry-after-ms": "20.4", "retry-after": "7"}) == 20
+    for bad in ["inf", "NaN", "-5", "", "1e309", "soon", "86400001"]:
+        assert limit_lifts_in_ms({"retry-after-ms": bad, "retry-after": "7"}) == 7000, bad
+    for bad in ["inf", "1e400", "-1", "nan"]:
+        assert limit_lifts_in_ms({"retry-after": bad}) is None, bad

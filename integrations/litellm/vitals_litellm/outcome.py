@@ -147,20 +147,29 @@ def limit_lifts_in_ms(headers: dict, now: float | None = None) -> int | None:
     return max(found) if found else None
 
 
+def _within_a_day(ms: float) -> int | None:
+    """`ms` rounded, if it is a delay within a day (not negative, not NaN, not infinite)."""
+    return round(ms) if 0 <= ms <= _DAY_MS else None
+
+
 def retry_after_ms(headers: dict, now: float | None = None) -> int | None:
-    """A Retry-After header (seconds, or an HTTP date) in milliseconds; `retry-after-ms` first."""
+    """A Retry-After header (seconds, or an HTTP date) in milliseconds; `retry-after-ms` first
+    (milliseconds, as the Rust bridges read it: within a day, else passed over)."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
         try:
-            return max(0, int(float(ms)))
+            exact = _within_a_day(float(str(ms).strip()))
         except (TypeError, ValueError):
-            pass
+            exact = None
+        if exact is not None:
+            return exact
     value = headers.get("retry-after")
     if value is None:
         return None
     value = str(value).strip()
     try:
-        return max(0, int(float(value) * 1000))
+        # Seconds: a number within a day (`inf` or `1e400` passed over, not an overflow).
+        return _within_a_day(float(value) * 1000)
     except ValueError:
         pass
     try:

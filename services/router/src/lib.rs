@@ -280,12 +280,7 @@ async fn completions(State(p): State<Arc<Proxy>>, headers: HeaderMap, body: Byte
             }
         };
         let status = resp.status().as_u16();
-        let retry_after_ms = resp
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<i64>().ok())
-            .map(|s| s * 1000);
+        let retry_after_ms = retry_after_of(status, resp.headers());
         let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
         let streaming = content_type
             .as_ref()
@@ -372,9 +367,47 @@ async fn metrics(State(p): State<Arc<Proxy>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
+/// When the upstream says to try again, in ms. For a 429 what every bridge reads
+/// (`vitals_gateways::limit_lifts_in_ms`: `retry-after-ms`, Retry-After, else the
+/// `x-ratelimit-reset-*` of the limit that ran out); for another status its Retry-After alone
+/// (a 200 carries `x-ratelimit-reset-*` too, of limits that did not run out).
+fn retry_after_of(status: u16, headers: &HeaderMap) -> Option<i64> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if status == 429 {
+        vitals_gateways::limit_lifts_in_ms(text)
+    } else {
+        text(header::RETRY_AFTER.as_str()).and_then(vitals_gateways::retry_after_ms)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_429_says_when_its_limit_lifts_by_any_header_an_upstream_uses() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        assert_eq!(retry_after_of(429, &headers(&[("retry-after", "7")])), Some(7000));
+        assert_eq!(
+            retry_after_of(429, &headers(&[("retry-after-ms", "1500"), ("retry-after", "7")])),
+            Some(1500)
+        );
+        let openai = headers(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "2s"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ]);
+        assert_eq!(retry_after_of(429, &openai), Some(2000), "the limit that ran out");
+        assert_eq!(retry_after_of(200, &openai), None, "not a limit on a 200");
+        assert_eq!(retry_after_of(503, &headers(&[("retry-after", "30")])), Some(30_000));
+        assert_eq!(retry_after_of(429, &headers(&[("retry-after", "soon")])), None);
+    }
 
     #[test]
     fn content_is_seen_in_a_chunk_only_when_it_is_not_empty() {
