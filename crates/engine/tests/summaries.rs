@@ -748,14 +748,12 @@ fn compare(
         let near_cut = |v: &[(Micros, &'static str, HealthState, String)], i: usize| {
             v[i..].iter().all(|m| m.0 >= end - slack - r.brief())
         };
-        let differs = match differs.filter(|&i| apart.is_none() && near_cut(&x, i) && near_cut(&y, i)) {
-            Some(i) => {
-                x.truncate(i);
-                y.truncate(i);
-                None
-            }
-            None => differs,
-        };
+        let at_cut = differs.filter(|&i| apart.is_none() && near_cut(&x, i) && near_cut(&y, i));
+        if let Some(i) = at_cut {
+            x.truncate(i);
+            y.truncate(i);
+        }
+        let differs = differs.filter(|_| at_cut.is_none());
         // A move within the slack of the cut may fall on either side of it in the other engine.
         let k = x.len().min(y.len());
         let extra_at_cut = x

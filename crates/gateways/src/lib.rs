@@ -140,12 +140,9 @@ pub fn retry_after_ms(v: &str) -> Option<i64> {
 /// and the APIs that copy its headers write it (`20ms`, `1s`, `6m0s`, `1h2m3.5s`), or plain
 /// seconds. None for anything else, or past a day.
 pub fn ratelimit_reset_ms(v: &str) -> Option<i64> {
-    let v = v.trim();
-    if v.is_empty() || v.len() > 24 {
-        return None;
-    }
+    let v = header_value(v)?;
     if let Ok(secs) = v.parse::<f64>() {
-        return (0.0..=86_400.0).contains(&secs).then(|| (secs * 1000.0).round() as i64);
+        return within_a_day(secs * 1000.0);
     }
     let (mut total, mut rest) = (0.0f64, v);
     while !rest.is_empty() {
@@ -171,18 +168,24 @@ pub fn ratelimit_reset_ms(v: &str) -> Option<i64> {
         total += n * unit_ms;
         rest = &rest[len..];
     }
-    (total <= 86_400_000.0).then(|| total.round() as i64)
+    within_a_day(total)
+}
+
+/// A delay header's value, trimmed: None when empty or longer than any delay is written.
+fn header_value(v: &str) -> Option<&str> {
+    let v = v.trim();
+    (!v.is_empty() && v.len() <= 24).then_some(v)
+}
+
+/// `ms` rounded, if it is a delay within a day (not negative, not NaN, not infinite).
+fn within_a_day(ms: f64) -> Option<i64> {
+    (0.0..=86_400_000.0).contains(&ms).then(|| ms.round() as i64)
 }
 
 /// A `retry-after-ms` value (OpenAI's and Azure OpenAI's, which their SDKs read before
 /// Retry-After): milliseconds, whole or not, within a day. None for anything else.
 pub fn retry_after_exact_ms(v: &str) -> Option<i64> {
-    let v = v.trim();
-    if v.is_empty() || v.len() > 24 {
-        return None;
-    }
-    let ms = v.parse::<f64>().ok()?;
-    (0.0..=86_400_000.0).contains(&ms).then(|| ms.round() as i64)
+    within_a_day(header_value(v)?.parse::<f64>().ok()?)
 }
 
 /// When a 429's limit lifts, in milliseconds, from the response headers `header` gives (by
