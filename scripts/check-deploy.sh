@@ -82,5 +82,13 @@ refuse "must set listen" --set router.enabled=true --set-string router.routes='l
 refuse "merger" --set otlp.enabled=true --set otlp.toMerger=true
 refuse "does not match pattern" --set-json 'kafka.options=["security.protocol=SSL,sasl.mechanism=PLAIN"]'
 
+# The pods themselves, started as a kubelet would on the test stack (the test command gives it).
+if [[ -n ${VITALS_TEST_KAFKA:-} && -n ${VITALS_TEST_DATABASE_URL:-} && -n ${VITALS_TEST_READER_DATABASE_URL:-} ]]; then
+  say "the chart's workloads started on the local stack (scripts/check-chart-start.py)"
+  python3 scripts/check-chart-start.py || status=1
+else
+  say "no test stack given (VITALS_TEST_KAFKA, VITALS_TEST_*DATABASE_URL): the chart's workloads are not started"
+fi
+
 if ((status)); then say "FAILED"; else say "the image and the chart check out"; fi
 exit $status

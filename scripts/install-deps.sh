@@ -25,6 +25,10 @@ if ! python3 -c 'import fastavro' 2>/dev/null; then
   echo "[deps] pip install fastavro (interop tests)" >&2
   python3 -m pip install -q --root-user-action=ignore 'fastavro>=1.9,<2'
 fi
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  echo "[deps] pip install pyyaml (scripts/check-chart-start.py reads the rendered chart)" >&2
+  python3 -m pip install -q --root-user-action=ignore 'pyyaml>=6,<7'
+fi
 if ! python3 -c 'import schemathesis' 2>/dev/null; then
   echo "[deps] pip install schemathesis (API fuzz test)" >&2
   python3 -m pip install -q --root-user-action=ignore 'schemathesis>=4.32,<5'
