@@ -90,7 +90,7 @@ impl Processor {
             cancel.clone(),
             ready.lane(lane),
             progress.clone(),
-            restore,
+            restore.lane(lane),
             metrics.unrestorable.clone(),
         );
         let consumer: BaseConsumer<ProcessorContext> =

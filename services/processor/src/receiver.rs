@@ -21,11 +21,28 @@ use vitals_store::audit::{AuditLog, Restored};
 
 /// Why assigned partitions are not being consumed, for `/readyz` and the metrics: partitions
 /// whose restore failed with an error retrying cannot fix (left unconsumed, the rest go on), and
-/// the error a restore is retrying through.
+/// the error each lane's restore is retrying through — one slot per lane, so that one lane's
+/// finished restore does not hide another's that still retries.
 #[derive(Default)]
 pub struct RestoreStatus {
     failed: Mutex<std::collections::BTreeMap<i32, String>>,
-    retrying: Mutex<Option<String>>,
+    retrying: Mutex<std::collections::BTreeMap<usize, String>>,
+}
+
+/// One lane's view of the restore status: what its rebalance callback reports through.
+pub(crate) struct LaneRestore {
+    all: Arc<RestoreStatus>,
+    lane: usize,
+}
+
+impl LaneRestore {
+    fn retrying(&self, error: Option<String>) {
+        let mut retrying = self.all.retrying.lock().expect("not poisoned");
+        match error {
+            Some(e) => retrying.insert(self.lane, e),
+            None => retrying.remove(&self.lane),
+        };
+    }
 }
 
 impl RestoreStatus {
@@ -39,19 +56,24 @@ impl RestoreStatus {
                 each.join("; ")
             ));
         }
-        self.retrying
-            .lock()
-            .expect("not poisoned")
-            .as_ref()
-            .map(|e| format!("restoring partitions, retrying: {e}"))
+        let retrying = self.retrying.lock().expect("not poisoned");
+        if retrying.is_empty() {
+            return None;
+        }
+        let each: Vec<String> = retrying.iter().map(|(lane, e)| format!("lane {lane}: {e}")).collect();
+        Some(format!("restoring partitions, retrying: {}", each.join("; ")))
     }
 
     pub fn failed(&self) -> usize {
         self.failed.lock().expect("not poisoned").len()
     }
 
-    fn retrying(&self, error: Option<String>) {
-        *self.retrying.lock().expect("not poisoned") = error;
+    /// The handle lane `lane` reports its restores through.
+    pub(crate) fn lane(self: &Arc<Self>, lane: usize) -> LaneRestore {
+        LaneRestore {
+            all: self.clone(),
+            lane,
+        }
     }
 }
 
@@ -74,7 +96,7 @@ pub struct ProcessorContext {
     /// This consumer's lane's readiness.
     ready: LaneReady,
     progress: Arc<Progress>,
-    restore: Arc<RestoreStatus>,
+    restore: LaneRestore,
     unrestorable: vitals_runtime::metrics::Gauge,
 }
 
@@ -143,7 +165,7 @@ impl ProcessorContext {
         cancel: CancellationToken,
         ready: LaneReady,
         progress: Arc<Progress>,
-        restore: Arc<RestoreStatus>,
+        restore: LaneRestore,
         unrestorable: vitals_runtime::metrics::Gauge,
     ) -> ProcessorContext {
         ProcessorContext {
@@ -162,7 +184,7 @@ impl ProcessorContext {
     }
 
     fn forget_failed(&self, partitions: &[i32]) {
-        let mut failed = self.restore.failed.lock().expect("not poisoned");
+        let mut failed = self.restore.all.failed.lock().expect("not poisoned");
         partitions.iter().for_each(|p| {
             failed.remove(p);
         });
@@ -192,6 +214,7 @@ impl ProcessorContext {
                             "cannot restore partition (an error retrying cannot fix); leaving it unconsumed"
                         );
                         self.restore
+                            .all
                             .failed
                             .lock()
                             .expect("not poisoned")
@@ -224,7 +247,7 @@ impl ProcessorContext {
             }
         }
         self.restore.retrying(None);
-        self.unrestorable.set(self.restore.failed() as i64);
+        self.unrestorable.set(self.restore.all.failed() as i64);
         Some(out)
     }
 }
@@ -360,4 +383,35 @@ pub(crate) fn receive(consumer: BaseConsumer<ProcessorContext>, tx: mpsc::Sender
         }
     }
     consumer.unsubscribe();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_lanes_finished_restore_does_not_hide_another_lanes_retry() {
+        let status = Arc::new(RestoreStatus::default());
+        let (a, b) = (status.lane(0), status.lane(1));
+        a.retrying(Some("partition 3: connection refused".into()));
+        b.retrying(Some("partition 4: connection refused".into()));
+        b.retrying(None);
+        let problem = status.problem().expect("lane 0 is still retrying");
+        assert!(problem.contains("lane 0: partition 3"), "{problem}");
+        assert!(!problem.contains("lane 1"), "{problem}");
+        a.retrying(None);
+        assert_eq!(status.problem(), None);
+    }
+
+    #[test]
+    fn a_partition_that_cannot_be_restored_is_named_before_any_retry() {
+        let status = Arc::new(RestoreStatus::default());
+        status.lane(0).retrying(Some("partition 1: timeout".into()));
+        status.failed.lock().unwrap().insert(2, "snapshot unreadable".into());
+        let problem = status.problem().unwrap();
+        assert!(
+            problem.starts_with("cannot restore") && problem.contains("partition 2: snapshot unreadable"),
+            "{problem}"
+        );
+    }
 }
