@@ -135,6 +135,12 @@ fn a_flapping_endpoint_backs_off_needs_two_passing_probes_and_comes_back_on_prob
     };
     id = traffic(&mut r, 5 * SEC, 6 * SEC, 5, id, fail_a);
     assert_eq!(r.state_of("p", "a"), HealthState::Unhealthy);
+    let first = (*r.changes_of("a").last().unwrap()).clone();
+    assert!(
+        first.reason.contains("out: a passing probe or call readmits it after "),
+        "one pass readmits after a first ejection, and the reason says so in good grammar: {}",
+        first.reason
+    );
     id += 1;
     r.at(17 * SEC, http("a", id, OutcomeClass::Success));
     assert_eq!(r.state_of("p", "a"), HealthState::Recovering);

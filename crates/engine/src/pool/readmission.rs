@@ -393,10 +393,11 @@ impl PoolState {
         if t.cooling() {
             return format!("back at slow start in {iso} s");
         }
+        // The subject and its verb agree: "a passing probe or call readmits", "two ... readmit".
         let passes = if t.passes_needed() > 1 {
-            "two passing"
+            "two passing probes or calls readmit"
         } else {
-            "a passing"
+            "a passing probe or call readmits"
         };
         let probation = t.isolations() >= 2;
         let on = |p: bool| {
@@ -407,8 +408,8 @@ impl PoolState {
             }
         };
         let evidence = match t.out_for().unwrap_or(Dimension::Errors) {
-            Dimension::Errors => format!("{passes} probes or calls readmit it after {min} s{}", on(probation)),
-            Dimension::ErrorRate => format!("{passes} probes or calls readmit it after {min} s{}", on(true)),
+            Dimension::Errors => format!("{passes} it after {min} s{}", on(probation)),
+            Dimension::ErrorRate => format!("{passes} it after {min} s{}", on(true)),
             Dimension::Ttft => format!(
                 "a call or completion probe with a fast first token readmits it after {min} s{}; a health probe only after {iso} s, on probation at weight {w}",
                 on(probation)
