@@ -43,7 +43,7 @@ for port in 8080 8090 9310 9311 9312 9313 9321 9322 9464 9465 9466 9467; do
   fi
 done
 
-scripts/install-deps.sh
+scripts/install-deps.sh demo "$gateway"
 scripts/stack.sh up
 export VITALS_KAFKA_BROKERS=${VITALS_KAFKA_BROKERS:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
 export VITALS_DATABASE_URL=${VITALS_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}

