@@ -18,7 +18,9 @@ export VITALS_TEST_READER_DATABASE_URL=${VITALS_TEST_READER_DATABASE_URL:-postgr
 # Another number draws other cases: `PROPTEST_RNG_SEED=$RANDOM scripts/test.sh`.
 export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261204}
 status=0
-cargo test --workspace --release --no-fail-fast "$@" || status=$?
+# `--features stack` turns on the tests that need the stack and the peers (without it, `cargo test`
+# runs the rest on any machine: scripts/quick-test.sh).
+cargo test --workspace --release --no-fail-fast --features stack "$@" || status=$?
 # The container image and the Helm chart, on the binaries just built (no Docker engine or cluster
 # needed: scripts/check-deploy.sh says how).
 scripts/check-deploy.sh || status=$?

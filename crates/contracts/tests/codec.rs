@@ -2,8 +2,6 @@
 
 use apache_avro::{to_avro_datum, types::Value, Schema};
 use proptest::prelude::*;
-use std::path::PathBuf;
-use std::process::Command;
 use vitals_contracts::codec::{fingerprint, peek_kind};
 use vitals_contracts::*;
 
@@ -133,94 +131,103 @@ fn a_record_written_with_the_older_schema_still_decodes() {
     );
 }
 
-fn interop_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/fastavro_interop.py")
-}
+/// Interop with fastavro, an independent Avro implementation (python3 with fastavro, which
+/// scripts/install-deps.sh installs): the `stack` feature, which `scripts/test.sh` turns on.
+#[cfg(feature = "stack")]
+mod fastavro {
+    use super::*;
+    use std::path::PathBuf;
+    use std::process::Command;
 
-fn schema_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../schemas")
-        .join(name)
-}
+    fn interop_script() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/fastavro_interop.py")
+    }
 
-fn python(args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new("python3")
-        .arg(interop_script())
-        .args(args)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "fastavro peer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+    fn schema_path(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../schemas")
+            .join(name)
+    }
 
-#[test]
-fn decodes_what_fastavro_writes() {
-    let dir = std::env::temp_dir().join(format!("vitals-interop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("probe.bin");
-    let record = serde_json::json!({
-        "probe_id": "pr-9", "pool": "p", "endpoint": "e", "prober": "py",
-        "occurred_at": 1_700_000_000_000_001i64, "kind": "SYNTHETIC_COMPLETION", "outcome": "RATE_LIMITED",
-        "latency_us": 42, "ttft_us": 7, "http_status": 429, "interval_ms": null,
-        "dependencies": [{"name": "redis", "critical": false, "status": "DOWN"}], "detail": "from fastavro"
-    });
-    python(&[
-        "write".as_ref(),
-        schema_path("probe_result.avsc").as_os_str(),
-        record.to_string().as_ref(),
-        file.as_os_str(),
-    ]);
-    let Signal::Probe(p) = decode_signal(&std::fs::read(&file).unwrap()).unwrap() else {
-        panic!("not a probe")
-    };
-    assert_eq!(p.probe_id, "pr-9");
-    assert_eq!(
-        (p.kind, p.outcome, p.http_status, p.ttft_us),
-        (
-            ProbeKind::SyntheticCompletion,
-            OutcomeClass::RateLimited,
-            Some(429),
-            Some(7)
-        )
-    );
-    assert_eq!(p.dependencies[0].status, DependencyStatus::Down);
-    assert_eq!(p.detail, "from fastavro");
-}
+    fn python(args: &[&std::ffi::OsStr]) -> String {
+        let out = Command::new("python3")
+            .arg(interop_script())
+            .args(args)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "fastavro peer failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
 
-#[test]
-fn fastavro_reads_what_we_write() {
-    let dir = std::env::temp_dir().join(format!("vitals-interop-w-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("change.bin");
-    std::fs::write(&file, encode(&sample_change()).unwrap()).unwrap();
-    let json = python(&[
-        "read".as_ref(),
-        schema_path("health_changed.avsc").as_os_str(),
-        file.as_os_str(),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["transition_id"], "gpt-pool/azure-eastus/3");
-    assert_eq!(v["to_state"], "UNHEALTHY");
-    assert_eq!(v["evidence"]["consecutive_failures"], 5);
-    assert_eq!(v["trigger_ids"], serde_json::json!(["a", "b"]));
+    #[test]
+    fn decodes_what_fastavro_writes() {
+        let dir = std::env::temp_dir().join(format!("vitals-interop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("probe.bin");
+        let record = serde_json::json!({
+            "probe_id": "pr-9", "pool": "p", "endpoint": "e", "prober": "py",
+            "occurred_at": 1_700_000_000_000_001i64, "kind": "SYNTHETIC_COMPLETION", "outcome": "RATE_LIMITED",
+            "latency_us": 42, "ttft_us": 7, "http_status": 429, "interval_ms": null,
+            "dependencies": [{"name": "redis", "critical": false, "status": "DOWN"}], "detail": "from fastavro"
+        });
+        python(&[
+            "write".as_ref(),
+            schema_path("probe_result.avsc").as_os_str(),
+            record.to_string().as_ref(),
+            file.as_os_str(),
+        ]);
+        let Signal::Probe(p) = decode_signal(&std::fs::read(&file).unwrap()).unwrap() else {
+            panic!("not a probe")
+        };
+        assert_eq!(p.probe_id, "pr-9");
+        assert_eq!(
+            (p.kind, p.outcome, p.http_status, p.ttft_us),
+            (
+                ProbeKind::SyntheticCompletion,
+                OutcomeClass::RateLimited,
+                Some(429),
+                Some(7)
+            )
+        );
+        assert_eq!(p.dependencies[0].status, DependencyStatus::Down);
+        assert_eq!(p.detail, "from fastavro");
+    }
 
-    let file = dir.join("call.bin");
-    std::fs::write(&file, encode(&sample_call()).unwrap()).unwrap();
-    let json = python(&[
-        "read".as_ref(),
-        schema_path("call_outcome.avsc").as_os_str(),
-        file.as_os_str(),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["outcome"], "SERVER_ERROR");
-    assert_eq!(v["http_status"], 503);
-    assert_eq!(v["ttft_us"], 250_000);
-    assert_eq!(v["model"], "gpt-6");
-    assert_eq!(v["attributes"]["route"], "/v1/chat");
+    #[test]
+    fn fastavro_reads_what_we_write() {
+        let dir = std::env::temp_dir().join(format!("vitals-interop-w-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("change.bin");
+        std::fs::write(&file, encode(&sample_change()).unwrap()).unwrap();
+        let json = python(&[
+            "read".as_ref(),
+            schema_path("health_changed.avsc").as_os_str(),
+            file.as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["transition_id"], "gpt-pool/azure-eastus/3");
+        assert_eq!(v["to_state"], "UNHEALTHY");
+        assert_eq!(v["evidence"]["consecutive_failures"], 5);
+        assert_eq!(v["trigger_ids"], serde_json::json!(["a", "b"]));
+
+        let file = dir.join("call.bin");
+        std::fs::write(&file, encode(&sample_call()).unwrap()).unwrap();
+        let json = python(&[
+            "read".as_ref(),
+            schema_path("call_outcome.avsc").as_os_str(),
+            file.as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["outcome"], "SERVER_ERROR");
+        assert_eq!(v["http_status"], 503);
+        assert_eq!(v["ttft_us"], 250_000);
+        assert_eq!(v["model"], "gpt-6");
+        assert_eq!(v["attributes"]["route"], "/v1/chat");
+    }
 }
 
 fn outcome() -> impl Strategy<Value = OutcomeClass> {

@@ -1,6 +1,8 @@
 //! The view filled from the real broker: a cold start from the state topic, then live changes.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The reporter against the real broker, and against none.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use rdkafka::Message;
 use std::time::Duration;

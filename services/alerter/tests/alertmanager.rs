@@ -6,6 +6,8 @@
 //! delivers what came after its committed offset).
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use axum::extract::{Path, State};
 use axum::routing::post;

@@ -1,4 +1,6 @@
 //! The HTTP API against the real database and broker.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

@@ -2,6 +2,8 @@
 //! Debian's chromium through `dashboard_test.py` (fleet, search, pool, endpoint, an operator
 //! action from the page, a live update without reload). Screenshots are left in the temp
 //! directory for a person to look at.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

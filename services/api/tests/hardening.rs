@@ -3,6 +3,8 @@
 //! NUL bytes answered with 500, an unpaginated fleet listing, live-stream slots taken by
 //! anonymous clients, oversized items answered as retryable, policy typos and absurd values
 //! accepted, and a lowercase `bearer` refused.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

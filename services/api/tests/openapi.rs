@@ -1,5 +1,7 @@
 //! The OpenAPI document is served, valid, and the live service honours it under a schema-based
 //! fuzzer (schemathesis): no 5xx, no undocumented status, content type or body.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

@@ -1,6 +1,8 @@
 //! Uptime and incidents over HTTP, from a known audit log: exact figures for a range that starts
 //! mid-incident, an endpoint first seen inside it, maintenance and pool panic; incidents a page at
 //! a time; bad ranges refused with the parameter named.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

@@ -3,6 +3,8 @@
 //! against the real API; `--help` and exit codes.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use std::io::Write;
 use std::process::{Command, Stdio};

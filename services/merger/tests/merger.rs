@@ -1,6 +1,8 @@
 //! The merge stage on the real broker: a fleet of gateways (the real reporter, keyed by
 //! endpoint) → the real `vitals-merger` binary, killed with SIGKILL mid-run and restarted →
 //! the signals topic read `read_committed`, as the processor reads it.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::Message;

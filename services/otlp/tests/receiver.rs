@@ -3,6 +3,8 @@
 //! says, counted, and stops nothing; a Kafka that cannot keep up is answered "busy, send again
 //! later" (429 with Retry-After; RESOURCE_EXHAUSTED with a RetryInfo) instead of queueing
 //! without bound. Needs the local stack: run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};

@@ -3,6 +3,8 @@
 //! and reloads, heartbeats, and a down endpoint ejected and brought back by the fast cadence.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use rdkafka::consumer::Consumer;
 use rdkafka::Message;

@@ -19,6 +19,8 @@
 //! `VITALS_GEN_SEED=N` replays one seed; `VITALS_GEN_SECS=3600 VITALS_GEN_CASES=1000000` runs
 //! for an hour (figures in docs/benchmarks.md). A failing case prints its seed: keep it in
 //! [`REGRESSIONS`].
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

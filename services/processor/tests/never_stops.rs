@@ -2,6 +2,8 @@
 //! database: two policy changes of one pool in one batch, retention meeting a backlog or a month
 //! dropped under the writer, and a partition whose snapshot cannot be read. The generative test
 //! (`generative.rs`) looks for more of them.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

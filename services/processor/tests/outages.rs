@@ -1,6 +1,8 @@
 //! Postgres and Kafka restart under a running processor. These stop the shared local services,
 //! so they live in their own test binary (cargo runs test binaries one at a time) and run one
 //! after the other.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

@@ -1,5 +1,7 @@
 //! The processor end to end on the real broker and the real database: results, crash safety,
 //! poison input, rebalancing and replay.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 mod common;
 use common::*;

@@ -3,6 +3,8 @@
 //! health view says is out gets no calls.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use futures::StreamExt;
 use rdkafka::producer::FutureRecord;

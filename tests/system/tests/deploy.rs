@@ -3,6 +3,8 @@
 //! asks for metrics the real processor exports and runs SQL the real audit log answers.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,6 +3,8 @@
 //! the kcat commands show and send records, and the curl batch is ingested item by item.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use rdkafka::consumer::Consumer;
 use rdkafka::Message;

@@ -3,6 +3,8 @@
 //! thaws, the view is fresh and routes by weight again.
 //!
 //! Needs the local stack (Kafka and Postgres, started by `scripts/test.sh`): run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use std::time::Duration;
 use vitals_healthview::{follow, Config, Freshness};

@@ -6,6 +6,8 @@
 //! silent, every server is put back (fail-open), except the one an operator put in maintenance.
 //! And the bridge fed garbage and a flood keeps going and counts everything. Needs the local
 //! stack: run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

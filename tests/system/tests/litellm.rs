@@ -4,6 +4,8 @@
 //! stops choosing them, and takes them back after they heal; a frozen processor makes LiteLLM fail
 //! open; the same through the LiteLLM proxy with a YAML config. Needs the local stack: run
 //! `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use futures::StreamExt;
 use std::io::{BufRead, BufReader};

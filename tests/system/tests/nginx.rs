@@ -4,6 +4,8 @@
 //! an upstream answering 503 is retried by nginx on the next one, each attempt is its own report,
 //! and vitals ejects the failing upstream on nginx's reports; then one refusing connections. Needs the local stack: run
 //! `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -8,6 +8,8 @@
 //!   from LiteLLM's own spans.
 //!
 //! No prober runs: the spans are the only evidence. Needs the local stack: run `scripts/test.sh`.
+// Needs the local stack and its peers: `scripts/test.sh` runs it (`--features stack`).
+#![cfg(feature = "stack")]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
