@@ -12,6 +12,7 @@
 
 mod bounds;
 pub mod cadence;
+pub mod clock;
 pub mod codec;
 pub mod hash;
 pub mod keys;

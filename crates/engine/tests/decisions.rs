@@ -559,7 +559,8 @@ fn an_endpoint_dropping_a_share_of_calls_comes_back_on_probation_and_stays_there
         .find(|h| h.to_state == HealthState::Unhealthy)
         .unwrap();
     assert!(
-        out.reason.contains("a passing probe or call readmits it after 10 s, on probation"),
+        out.reason
+            .contains("a passing probe or call readmits it after 10 s, on probation"),
         "{}",
         out.reason
     );

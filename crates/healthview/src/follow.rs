@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vitals_contracts::clock::now_us;
 use vitals_contracts::codec::peek_kind;
 use vitals_contracts::{decode, EndpointState, HealthChanged, PoolHealthChanged, SchemaKind};
 
@@ -134,12 +135,6 @@ fn apply(view: &HealthView, payload: &[u8], listener: &dyn Fn(Event<'_>)) -> boo
         _ => {}
     }
     false
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// Every partition of the state topic, from its beginning to its high watermark, into `view`.

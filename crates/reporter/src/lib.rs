@@ -27,7 +27,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use vitals_contracts::{encode_signal, keys, CallOutcome, Micros, OutcomeClass, Signal, Summarizer, SummaryConfig};
+use vitals_contracts::clock::now_us;
+use vitals_contracts::{encode_signal, keys, CallOutcome, OutcomeClass, Signal, Summarizer, SummaryConfig};
 
 /// How a reporter connects and how much it may hold.
 #[derive(Debug, Clone)]
@@ -545,12 +546,6 @@ impl Reporter {
         }
         flushed
     }
-}
-
-fn now_us() -> Micros {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as Micros)
 }
 
 /// Where the worker's reports go: through the summarizer when there is one, then the sink.

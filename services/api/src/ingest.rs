@@ -11,10 +11,10 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::Utc;
 use rdkafka::producer::FutureRecord;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use vitals_contracts::clock::now_us;
 use vitals_contracts::{self as c, view};
 
 /// The request body. Items are checked one by one: a bad item is reported, the rest go on.
@@ -58,10 +58,6 @@ pub struct IngestResponse {
     pub rejected: usize,
     pub failed: usize,
     pub results: Vec<ItemResult>,
-}
-
-fn now_us() -> i64 {
-    Utc::now().timestamp_micros()
 }
 
 fn rejected(index: usize, field: Option<String>, error: String) -> ItemResult {

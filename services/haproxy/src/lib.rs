@@ -22,8 +22,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use vitals_contracts::clock::now_us;
 use vitals_contracts::HealthState;
 use vitals_gateways::map::Map;
 use vitals_gateways::runtime::{held_by_others, plan, Client, OutState, Server, Want};
@@ -76,12 +77,6 @@ fn out_state(s: &str) -> Result<OutState, String> {
         "drain" => Ok(OutState::Drain),
         _ => Err(format!("{s:?}: expected maint or drain")),
     }
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// How long a server whose trial is due is let in.

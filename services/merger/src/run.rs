@@ -12,7 +12,8 @@ use rdkafka::{ClientContext, Message};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
-use vitals_contracts::{decode_signal, encode_signal, Micros, Signal};
+use vitals_contracts::clock::now_us;
+use vitals_contracts::{decode_signal, encode_signal, Signal};
 use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::kafka;
 
@@ -51,12 +52,6 @@ impl ConsumerContext for Ctx {
         tracing::info!(?rebalance, "rebalance");
         self.rebalanced.store(true, Relaxed);
     }
-}
-
-fn now_us() -> Micros {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| Micros::try_from(d.as_micros()).unwrap_or(Micros::MAX))
 }
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);

@@ -12,10 +12,11 @@ use crate::sink::Sink;
 use crate::view::CadenceView;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use vitals_contracts::clock::now_us;
 use vitals_contracts::{Micros, ProbeKind, ProbeResult};
 
 /// Tokens a completion probe's prompt costs, counted against the budget with its output.
@@ -89,12 +90,6 @@ impl Context {
             })
             .sum()
     }
-}
-
-fn now_us() -> Micros {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as Micros)
 }
 
 /// Where in its interval a target's probes fall: spread by its id, so that targets with one

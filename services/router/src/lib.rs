@@ -17,7 +17,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+use vitals_contracts::clock::now_us;
 use vitals_healthview::{Freshness, HealthView};
 use vitals_reporter::{CallResult, CallTimer, Reporter};
 
@@ -100,12 +101,6 @@ pub struct Proxy {
     client: reqwest::Client,
     ids: AtomicU64,
     boot: u64,
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
 
 impl Proxy {

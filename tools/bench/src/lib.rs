@@ -6,12 +6,8 @@ pub mod stack;
 pub mod workload;
 
 /// The wall clock in µs since the epoch (a signal's `occurred_at`).
-pub fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros() as i64
-}
+/// The wall clock in microseconds since the epoch (the one every part of vitals stamps with).
+pub use vitals_contracts::clock::now_us;
 
 /// CPU time (user + system) this process has used, in seconds.
 pub fn cpu_seconds() -> f64 {

@@ -8,7 +8,8 @@ use clap::Parser;
 use rdkafka::producer::FutureRecord;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use vitals_bench::now_us;
 use vitals_bench::stack;
 use vitals_contracts::{encode, HealthChanged, HealthState};
 
@@ -43,10 +44,6 @@ struct Args {
 
 /// What a client sends on a kept-alive connection (`--kept-alive`): a request before the stream.
 const FIRST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n";
-
-fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
-}
 
 fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
