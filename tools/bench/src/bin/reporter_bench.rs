@@ -4,6 +4,7 @@
 //!
 //!   scripts/stack.sh up
 //!   cargo run --release -p vitals-bench --bin reporter-bench -- [--reports 1000000] [--summarize]
+//!     [--idle-secs 10]   (first: the CPU of a reporter with nothing to report)
 
 use clap::Parser;
 use std::time::{Duration, Instant};
@@ -21,6 +22,28 @@ struct Args {
     /// Also run with call summaries on (Kafka up).
     #[arg(long)]
     summarize: bool,
+    /// Then leave a reporter idle this many seconds (Kafka up) and print the CPU it took.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
+}
+
+/// The CPU an idle reporter takes: its worker thread's wake-ups and librdkafka's own threads.
+fn idle(cfg: Config, secs: u64) {
+    let reporter = Reporter::new(cfg).expect("reporter");
+    // One report, so that the producer is connected and the worker has started.
+    let mut t = CallTimer::start("pool-idle", "ep-idle");
+    t.first_token();
+    reporter.report(t.finish("bench", "idle-0", CallResult::Status(200), None));
+    reporter.flush(Duration::from_secs(10));
+    let cpu0 = cpu_seconds();
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let cpu = cpu_seconds() - cpu0;
+    let wall = start.elapsed().as_secs_f64();
+    println!(
+        "idle reporter (Kafka up): {:.2} % of a core over {wall:.1} s (process CPU, librdkafka's threads included)",
+        100.0 * cpu / wall
+    );
 }
 
 fn percentile(sorted: &[u32], q: f64) -> u32 {
@@ -103,7 +126,11 @@ async fn main() {
     up.summarize = None;
     let mut summed = up.clone();
     summed.summarize = Some(vitals_contracts::SummaryConfig::default());
+    let quiet = up.clone();
     tokio::task::spawn_blocking(move || {
+        if args.idle_secs > 0 {
+            idle(quiet, args.idle_secs);
+        }
         run("kafka up", up, args.reports, args.rate);
         if args.summarize {
             run("kafka up, summaries", summed, args.reports, args.rate);
