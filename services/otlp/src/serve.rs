@@ -27,7 +27,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use vitals_spans::decode::{self, Format, Refused};
+use vitals_spans::decode::{Format, Refused};
 
 pub const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
@@ -46,9 +46,27 @@ fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
     h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
-/// The body, at most `max` bytes (None if longer).
-async fn body(b: Body, max: usize) -> Option<Bytes> {
-    axum::body::to_bytes(b, max).await.ok()
+/// Why a body could not be read whole.
+enum Unread {
+    /// Longer than the limit.
+    TooLarge,
+    /// The client stopped sending before its end (it went away, or broke the stream).
+    Broken,
+}
+
+/// The body, at most `max` bytes.
+async fn body(b: Body, max: usize) -> Result<Bytes, Unread> {
+    axum::body::to_bytes(b, max).await.map_err(|e| {
+        // axum reports the limit as a LengthLimitError somewhere in the error's sources.
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(s) = source {
+            if s.is::<http_body_util::LengthLimitError>() {
+                return Unread::TooLarge;
+            }
+            source = s.source();
+        }
+        Unread::Broken
+    })
 }
 
 async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
@@ -79,23 +97,26 @@ async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
         }
     };
     let max = r.limits().max_body;
-    let Some(raw) = body(b, max).await else {
-        r.count(Transport::Http, Outcome::TooLarge);
-        return http_error(
-            format,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Status::new(Code::ResourceExhausted, format!("the body is over {max} bytes")),
-        );
-    };
-    let raw = if gzip {
-        match decode::gunzip(&raw, max) {
-            Ok(b) => Bytes::from(b),
-            Err(e) => return http_refused(&r, Transport::Http, format, e),
+    let raw = match body(b, max).await {
+        Ok(raw) => raw,
+        Err(Unread::TooLarge) => {
+            r.count(Transport::Http, Outcome::TooLarge);
+            return http_error(
+                format,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Status::new(Code::ResourceExhausted, format!("the body is over {max} bytes")),
+            );
         }
-    } else {
-        raw
+        Err(Unread::Broken) => {
+            r.count(Transport::Http, Outcome::Broken);
+            return http_error(
+                format,
+                StatusCode::BAD_REQUEST,
+                Status::new(Code::InvalidArgument, "the body ended before its end"),
+            );
+        }
     };
-    match r.export(Transport::Http, format, raw).await {
+    match r.export(Transport::Http, format, raw, gzip).await {
         Answer::Accepted { rejected, message } => {
             let resp = response(rejected, message);
             let (ctype, body) = match format {
@@ -136,12 +157,6 @@ fn refused_code(e: &Refused) -> Code {
     }
 }
 
-/// A refusal before the receiver saw the request (a bad gzip stream), counted.
-fn http_refused(r: &Receiver, t: Transport, format: Format, e: Refused) -> Response {
-    r.count(t, Outcome::of(&e));
-    http_error(format, refused_status(&e), Status::new(refused_code(&e), e.message()))
-}
-
 fn http_error(format: Format, code: StatusCode, s: Status) -> Response {
     match format {
         Format::Protobuf => (
@@ -177,12 +192,19 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
         .unwrap_or("identity")
         .to_owned();
     let max = r.limits().max_body;
-    let Some(raw) = body(b, max + 5).await else {
-        r.count(Transport::Grpc, Outcome::TooLarge);
-        return grpc_status(Status::new(
-            Code::ResourceExhausted,
-            format!("the message is over {max} bytes"),
-        ));
+    let raw = match body(b, max + 5).await {
+        Ok(raw) => raw,
+        Err(Unread::TooLarge) => {
+            r.count(Transport::Grpc, Outcome::TooLarge);
+            return grpc_status(Status::new(
+                Code::ResourceExhausted,
+                format!("the message is over {max} bytes"),
+            ));
+        }
+        Err(Unread::Broken) => {
+            r.count(Transport::Grpc, Outcome::Broken);
+            return grpc_status(Status::new(Code::InvalidArgument, "the message ended before its end"));
+        }
     };
     // One length-prefixed message: a compressed flag and a 4-byte big-endian length.
     let message = match raw.get(..5) {
@@ -195,15 +217,9 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
             ));
         }
     };
-    let message = match (raw[0], encoding.as_str()) {
-        (0, _) => message,
-        (1, "gzip") => match decode::gunzip(&message, max) {
-            Ok(m) => Bytes::from(m),
-            Err(e) => {
-                r.count(Transport::Grpc, Outcome::of(&e));
-                return grpc_status(Status::new(refused_code(&e), e.message()));
-            }
-        },
+    let gzip = match (raw[0], encoding.as_str()) {
+        (0, _) => false,
+        (1, "gzip") => true,
         (_, other) => {
             r.count(Transport::Grpc, Outcome::Unsupported);
             return grpc_status(Status::new(
@@ -212,7 +228,7 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
             ));
         }
     };
-    match r.export(Transport::Grpc, Format::Protobuf, message).await {
+    match r.export(Transport::Grpc, Format::Protobuf, message, gzip).await {
         Answer::Accepted { rejected, message } => {
             let m = response(rejected, message).encode_to_vec();
             let mut framed = Vec::with_capacity(m.len() + 5);
