@@ -17,6 +17,26 @@ pub fn init_tracing() {
         .init();
 }
 
+/// The open-file limit, raised to the hard limit first if the soft one is lower: a server holds a
+/// descriptor per connection, and systemd's default soft limit (1,024) is reached by a few
+/// hundred idle clients, after which accepts fail with "Too many open files" and good requests
+/// time out. Every binary that listens calls it at start.
+pub fn open_file_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let l = getrlimit(Resource::Nofile);
+    let (soft, hard) = (l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX));
+    if soft < hard {
+        let raised = Rlimit {
+            current: l.maximum,
+            maximum: l.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return hard;
+        }
+    }
+    soft
+}
+
 /// Cancel `cancel` on the first SIGTERM or SIGINT; exit at once (status 130) on the second.
 pub fn cancel_on_signals(cancel: CancellationToken) {
     tokio::spawn(async move {
@@ -57,5 +77,23 @@ where
         _ = async { cancel.cancelled().await; tokio::time::sleep(grace).await } => {
             anyhow::bail!("{name} did not stop within the shutdown grace period of {grace:?}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_one() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let before = getrlimit(Resource::Nofile);
+        let Some(hard) = before.maximum else { return };
+        // Lower the soft limit (any process may), then ask: it comes back up to the hard one.
+        let lowered = Rlimit {
+            current: Some(hard.min(512)),
+            maximum: Some(hard),
+        };
+        setrlimit(Resource::Nofile, lowered).expect("lowering the soft limit");
+        assert_eq!(super::open_file_limit(), hard);
+        assert_eq!(getrlimit(Resource::Nofile).current, Some(hard));
     }
 }

@@ -136,22 +136,7 @@ pub fn fit_connections(requested: usize, reserve: u64, limit: u64) -> anyhow::Re
     Ok(requested)
 }
 
-/// The open-file limit, raised to the hard limit first if the soft one is lower.
-pub fn open_file_limit() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let l = getrlimit(Resource::Nofile);
-    let (soft, hard) = (l.current.unwrap_or(u64::MAX), l.maximum.unwrap_or(u64::MAX));
-    if soft < hard {
-        let raised = Rlimit {
-            current: l.maximum,
-            maximum: l.maximum,
-        };
-        if setrlimit(Resource::Nofile, raised).is_ok() {
-            return hard;
-        }
-    }
-    soft
-}
+pub use vitals_runtime::shell::open_file_limit;
 
 impl Config {
     /// Open files the API needs besides its connections: the database pool, the Kafka

@@ -106,6 +106,9 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         cfg.retry_after_secs,
     ));
     let app = serve::router(receiver);
+    // A descriptor per connection: at systemd's default soft limit of 1,024, 1,100 idle clients
+    // made good exports time out ("Too many open files").
+    tracing::info!(open_files = vitals_runtime::shell::open_file_limit(), "open-file limit");
     let mut servers = Vec::new();
     for (what, addr) in [("OTLP/HTTP", &cfg.http_addr), ("OTLP/gRPC", &cfg.grpc_addr)] {
         if addr.is_empty() {

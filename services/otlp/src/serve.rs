@@ -54,19 +54,46 @@ enum Unread {
     Broken,
 }
 
-/// The body, at most `max` bytes.
-async fn body(b: Body, max: usize) -> Result<Bytes, Unread> {
-    axum::body::to_bytes(b, max).await.map_err(|e| {
-        // axum reports the limit as a LengthLimitError somewhere in the error's sources.
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-        while let Some(s) = source {
-            if s.is::<http_body_util::LengthLimitError>() {
-                return Unread::TooLarge;
+/// What is read and thrown away of a body over the limit before answering, at most: a client
+/// still sending when the answer comes sees its connection reset (a broken pipe), which every
+/// OTLP exporter takes as retryable and sends again, where a 413 / RESOURCE_EXHAUSTED tells it
+/// not to. Beyond this the connection is closed as before.
+const DRAIN_MAX: usize = 16 << 20;
+
+/// The body, at most `max` bytes; one over it is read on (up to [`DRAIN_MAX`] more, discarded)
+/// so that the client gets the answer.
+async fn body(mut b: Body, max: usize) -> Result<Bytes, Unread> {
+    use http_body_util::BodyExt as _;
+    let mut held = bytes::BytesMut::new();
+    let mut over: Option<usize> = None;
+    while let Some(frame) = b.frame().await {
+        let Ok(frame) = frame else {
+            // The client went away: mid-body, or while an over-long body was being drained.
+            return Err(if over.is_some() {
+                Unread::TooLarge
+            } else {
+                Unread::Broken
+            });
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        match &mut over {
+            Some(drained) => {
+                *drained += data.len();
+                if *drained > DRAIN_MAX {
+                    break;
+                }
             }
-            source = s.source();
+            None if held.len() + data.len() > max => {
+                over = Some(held.len() + data.len());
+                held = bytes::BytesMut::new();
+            }
+            None => held.extend_from_slice(&data),
         }
-        Unread::Broken
-    })
+    }
+    match over {
+        Some(_) => Err(Unread::TooLarge),
+        None => Ok(held.freeze()),
+    }
 }
 
 async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {

@@ -533,6 +533,63 @@ async fn a_body_cut_short_is_broken_not_too_large_and_gzip_bodies_inflate_only_u
         peak < 350.0,
         "100 gzip requests waiting for a decoder held {peak:.0} MB (two decoders inflate 7 MB each)"
     );
+
+    // Bodies over the limit, ten at once: each client gets its 413 (not retryable), never a
+    // connection reset mid-body (which OTLP exporters take as retryable, and send again).
+    let mut large = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (client, url) = (r.client.clone(), format!("http://127.0.0.1:{}/v1/traces", r.http));
+        large.spawn(async move {
+            client
+                .post(url)
+                .header("content-type", "application/x-protobuf")
+                .body(vec![0x0a; 10 << 20])
+                .send()
+                .await
+                .map(|resp| resp.status().as_u16())
+                .map_err(|e| format!("{e:?}"))
+        });
+    }
+    while let Some(s) = large.join_next().await {
+        assert_eq!(s.unwrap(), Ok(413));
+    }
     let (s, _) = r.proto(&request(vec![call(40, "api.a", 200)])).await;
     assert_eq!(s, 200, "and the receiver goes on");
+}
+
+/// Started with a soft open-file limit far below its hard one (systemd's default soft limit is
+/// 1,024), the receiver raises it to the hard one before it serves: at 1,024, 1,100 idle clients
+/// made good exports time out with "Too many open files".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receiver_raises_its_open_file_limit_before_it_serves() {
+    let topics = Topics::create(&unique("otlp_nofile"), 1, Stamp::LogAppendTime).await;
+    let (http, grpc) = (free_port(), free_port());
+    let bin = vitals_testkit::binary("vitals-otlp");
+    let script = "ulimit -S -n 256 && exec \"$0\" \"$@\"";
+    let args: Vec<String> = [
+        "-c",
+        script,
+        bin.to_str().unwrap(),
+        "--brokers",
+        &brokers(),
+        "--signals-topic",
+        &topics.signals,
+        "--http-addr",
+        &format!("127.0.0.1:{http}"),
+        "--grpc-addr",
+        &format!("127.0.0.1:{grpc}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let service = Service::start_program(std::path::Path::new("/bin/sh"), "otlp-nofile", &args);
+    wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
+        http_get(http, "/healthz").await.as_deref() == Some("ok")
+    })
+    .await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", service.child.id())).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let nums: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(nums[0], nums[1], "soft raised to hard: {line}");
+    assert_ne!(nums[0], "256", "{line}");
 }
