@@ -16,6 +16,7 @@ pub mod clock;
 pub mod codec;
 pub mod hash;
 pub mod keys;
+pub mod limits;
 pub mod seq;
 pub mod summary;
 mod symbols;

@@ -400,7 +400,7 @@ impl Map {
             .then(|| {
                 // When the limit lifts (the bridges' parser: Retry-After, else the exhausted
                 // limit's x-ratelimit-reset-*), held to a day, the most the contract takes.
-                vitals_gateways::limit_lifts_in_ms(|name| attrs.text(&format!("http.response.header.{name}")))
+                vitals_contracts::limits::limit_lifts_in_ms(|name| attrs.text(&format!("http.response.header.{name}")))
                     .map(|ms| ms.min(86_400_000))
             })
             .flatten();

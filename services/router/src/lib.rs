@@ -363,15 +363,15 @@ async fn metrics(State(p): State<Arc<Proxy>>) -> Response {
 }
 
 /// When the upstream says to try again, in ms. For a 429 what every bridge reads
-/// (`vitals_gateways::limit_lifts_in_ms`: `retry-after-ms`, Retry-After, else the
+/// (`vitals_contracts::limits::limit_lifts_in_ms`: `retry-after-ms`, Retry-After, else the
 /// `x-ratelimit-reset-*` of the limit that ran out); for another status its Retry-After alone
 /// (a 200 carries `x-ratelimit-reset-*` too, of limits that did not run out).
 fn retry_after_of(status: u16, headers: &HeaderMap) -> Option<i64> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if status == 429 {
-        vitals_gateways::limit_lifts_in_ms(text)
+        vitals_contracts::limits::limit_lifts_in_ms(text)
     } else {
-        text(header::RETRY_AFTER.as_str()).and_then(vitals_gateways::retry_after_ms)
+        text(header::RETRY_AFTER.as_str()).and_then(vitals_contracts::limits::retry_after_ms)
     }
 }
 
