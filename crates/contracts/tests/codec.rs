@@ -49,6 +49,7 @@ fn sample_change() -> HealthChanged {
         policy_version: 2,
         trigger_ids: vec!["a".into(), "b".into()],
         stream_time: 1_700_000_000_000_000,
+        scope: None,
     }
 }
 
@@ -197,15 +198,71 @@ mod fastavro {
         assert_eq!(p.detail, "from fastavro");
     }
 
+    /// Both directions of the scope field: a consumer built before scopes (the version 1
+    /// schema) reads every fleet transition, and one built after reads the scope.
+    #[test]
+    fn a_consumer_of_either_version_reads_fleet_transitions_and_only_a_new_one_scoped_ones() {
+        let dir = std::env::temp_dir().join(format!("vitals-interop-s-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fleet = dir.join("fleet.bin");
+        std::fs::write(&fleet, encode(&sample_change()).unwrap()).unwrap();
+        let json = python(&[
+            "read".as_ref(),
+            schema_path("health_changed.v1.avsc").as_os_str(),
+            fleet.as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            v["transition_id"], "gpt-pool/azure-eastus/3",
+            "an old consumer reads a fleet change"
+        );
+        assert!(v.get("scope").is_none());
+        let scoped = dir.join("scoped.bin");
+        let change = HealthChanged {
+            scope: Some("gateway=g1".into()),
+            ..sample_change()
+        };
+        std::fs::write(&scoped, encode(&change).unwrap()).unwrap();
+        let json = python(&[
+            "read".as_ref(),
+            schema_path("health_changed.avsc").as_os_str(),
+            scoped.as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["scope"], "gateway=g1");
+        // What fastavro writes in version 1 (an old processor) decodes with no scope.
+        let old = dir.join("old.bin");
+        let record = serde_json::json!({
+            "transition_id": "p/e/1", "pool": "p", "endpoint": "e", "seq": 1,
+            "from_state": "HEALTHY", "to_state": "UNHEALTHY", "weight": 0.0, "ramp_ms": 0,
+            "retry_at": null, "reason_code": "ejected", "reason": "old", "evidence": {
+                "window_ms": 30000, "success": 0, "timeout": 0, "connect_error": 5,
+                "connection_dropped": 0, "rate_limited": 0, "server_error": 0, "client_error": 0,
+                "invalid_response": 0, "cancelled": 0, "failure_rate": 1.0, "score": 10.0,
+                "consecutive_failures": 5, "consecutive_successes": 0,
+                "consecutive_hard_failures": 0, "isolations": 1, "thresholds": []},
+            "policy_version": 0, "trigger_ids": [], "stream_time": 1
+        });
+        python(&[
+            "write".as_ref(),
+            schema_path("health_changed.v1.avsc").as_os_str(),
+            record.to_string().as_ref(),
+            old.as_os_str(),
+        ]);
+        let h: HealthChanged = decode(&std::fs::read(&old).unwrap()).unwrap();
+        assert_eq!((h.reason.as_str(), h.scope), ("old", None));
+    }
+
     #[test]
     fn fastavro_reads_what_we_write() {
         let dir = std::env::temp_dir().join(format!("vitals-interop-w-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("change.bin");
         std::fs::write(&file, encode(&sample_change()).unwrap()).unwrap();
+        // A fleet transition is written in version 1 (see the test above).
         let json = python(&[
             "read".as_ref(),
-            schema_path("health_changed.avsc").as_os_str(),
+            schema_path("health_changed.v1.avsc").as_os_str(),
             file.as_os_str(),
         ]);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -310,12 +367,16 @@ proptest! {
         let h = HealthChanged { transition_id: text.clone(), pool: "p".into(), endpoint: text.clone(), seq,
             from_state: HealthState::ALL[from], to_state: HealthState::ALL[to], weight: w, ramp_ms: ramp, retry_at: retry,
             reason_code: "rc".into(), reason: text.clone(), evidence: e, policy_version: ints[4], trigger_ids: names,
-            stream_time: ramp };
+            stream_time: ramp,
+                scope: None,
+            };
         let s = EndpointState { pool: text.clone(), endpoint: "e".into(), seq, state: HealthState::ALL[to], weight: w,
             ramp_ms: ramp, score: -w, failure_rate: w, since: seq, reason: text.clone(), policy_version: ints[5] };
         let p = PoolHealthChanged { pool: text.clone(), seq, endpoints: ints[0], healthy: ints[1], ejected: ints[2],
             healthy_fraction: w, panic: flags.0, correlated_outage: flags.1, reason: text, policy_version: ints[3],
-            stream_time: ramp };
+            stream_time: ramp,
+                faulty_reporters: vec![],
+            };
         prop_assert_eq!(encode(&h).unwrap(), codec::encode_generic(&h).unwrap());
         prop_assert_eq!(encode(&s).unwrap(), codec::encode_generic(&s).unwrap());
         prop_assert_eq!(encode(&p).unwrap(), codec::encode_generic(&p).unwrap());
@@ -437,13 +498,57 @@ proptest! {
 }
 
 #[test]
+fn a_fleet_record_is_written_in_the_previous_version_and_a_scoped_one_in_the_current() {
+    let fp = |bytes: &[u8]| u64::from_le_bytes(bytes[2..10].try_into().unwrap());
+    let current = |k| codec::current_schema(k).1;
+    let fleet = encode(&sample_change()).unwrap();
+    assert_ne!(
+        fp(&fleet),
+        current(SchemaKind::HealthChanged),
+        "version 1: old consumers read it"
+    );
+    let scoped = HealthChanged {
+        scope: Some("location=eu".into()),
+        ..sample_change()
+    };
+    let bytes = encode(&scoped).unwrap();
+    assert_eq!(fp(&bytes), current(SchemaKind::HealthChanged));
+    assert_eq!(decode::<HealthChanged>(&bytes).unwrap(), scoped);
+    assert_eq!(decode::<HealthChanged>(&fleet).unwrap(), sample_change());
+    let pool = PoolHealthChanged {
+        pool: "p".into(),
+        seq: 1,
+        endpoints: 3,
+        healthy: 3,
+        ejected: 0,
+        healthy_fraction: 1.0,
+        panic: false,
+        correlated_outage: false,
+        reason: "r".into(),
+        policy_version: 0,
+        stream_time: 1,
+        faulty_reporters: vec![],
+    };
+    let plain = encode(&pool).unwrap();
+    assert_ne!(fp(&plain), current(SchemaKind::PoolHealthChanged));
+    let faulty = PoolHealthChanged {
+        faulty_reporters: vec!["gateway=g1".into()],
+        ..pool.clone()
+    };
+    let bytes = encode(&faulty).unwrap();
+    assert_eq!(fp(&bytes), current(SchemaKind::PoolHealthChanged));
+    assert_eq!(decode::<PoolHealthChanged>(&bytes).unwrap(), faulty);
+    assert_eq!(decode::<PoolHealthChanged>(&plain).unwrap(), pool);
+}
+
+#[test]
 fn the_fuzz_target_covers_every_schema_version() {
     let known = codec::known_schemas();
-    assert_eq!(known.len(), 13, "{known:?}");
+    assert_eq!(known.len(), 15, "{known:?}");
     assert_eq!(
         known.iter().filter(|k| !k.2).count(),
-        4,
-        "four older versions (CallOutcome v1 and v2, PolicyChange v1 and v2)"
+        6,
+        "six older versions (CallOutcome v1 and v2, PolicyChange v1 and v2, HealthChanged v1, PoolHealthChanged v1)"
     );
 }
 

@@ -112,14 +112,18 @@ impl BatchWrite {
                 let key = keys::endpoint_key(&h.pool, &h.endpoint).into_bytes();
                 let (hc, es) = (format!("hc/{}", h.transition_id), format!("es/{}", h.transition_id));
                 self.publish(topics, h.as_ref(), &topics.changes, Some(key.clone()), hc, partition);
-                self.publish(
-                    topics,
-                    &EndpointState::from_change(&h),
-                    &topics.state,
-                    Some(key),
-                    es,
-                    partition,
-                );
+                // The state topic holds the fleet's state: a scoped transition is on the
+                // changes topic and in the scoped-state projection only.
+                if h.scope.is_none() {
+                    self.publish(
+                        topics,
+                        &EndpointState::from_change(&h),
+                        &topics.state,
+                        Some(key),
+                        es,
+                        partition,
+                    );
+                }
                 self.transitions.push((*h, partition, offset));
             }
             Decision::Pool(p) => {
@@ -230,10 +234,10 @@ impl BatchWrite {
         });
     }
 
-    /// The last transition of each endpoint in the batch, for the state projection.
+    /// The last fleet transition of each endpoint in the batch, for the state projection.
     pub fn latest_states(&self) -> Vec<&HealthChanged> {
         let mut latest: HashMap<(&str, &str), &HealthChanged> = HashMap::new();
-        for (h, _, _) in &self.transitions {
+        for (h, _, _) in self.transitions.iter().filter(|(h, _, _)| h.scope.is_none()) {
             let e = latest.entry((&h.pool, &h.endpoint)).or_insert(h);
             if e.seq < h.seq {
                 *e = h;

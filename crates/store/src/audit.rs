@@ -6,6 +6,7 @@ use crate::months::{Months, Retention};
 use crate::{timestamp, StoreError};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
+use vitals_contracts::scope::ends_scoped;
 use vitals_contracts::{EndpointState, HealthChanged, Policy, PoolHealthChanged};
 use vitals_contracts::{Micros, Requests};
 use vitals_engine::Engine;
@@ -251,6 +252,7 @@ impl AuditLog {
                 .await
                 .map_err(|e| self.month_missing(e))?;
         }
+        write_scoped_states(&mut tx, &transitions).await?;
         t.transitions = lap.next();
         let latest: Vec<EndpointState> = b.latest_states().into_iter().map(EndpointState::from_change).collect();
         if !latest.is_empty() {
@@ -361,19 +363,19 @@ async fn insert_transitions(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-         policy_version, evidence, stream_time, source_partition, source_offset)
+         policy_version, evidence, stream_time, source_partition, source_offset, scope)
          SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds::text[],
-         trigger_ids::text[], policy_version, evidence, stream_time, source_partition, source_offset
+         trigger_ids::text[], policy_version, evidence, stream_time, source_partition, source_offset, scope
          FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::float8[],
          $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::float8[], $13::float8[], $14::int8[],
          $15::int8[], $16::int4[], $17::int4[], $18::float8[], $19::float8[], $20::text[], $21::text[],
-         $22::int4[], $23::jsonb[], $24::timestamptz[], $25::int4[], $26::int8[])
+         $22::int4[], $23::jsonb[], $24::timestamptz[], $25::int4[], $26::int8[], $27::text[])
          AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-         policy_version, evidence, stream_time, source_partition, source_offset)
+         policy_version, evidence, stream_time, source_partition, source_offset, scope)
          ON CONFLICT (pool, endpoint, seq, stream_time) DO NOTHING",
     )
     .bind(column(rows, |(h, _, _)| h.pool.as_str()))
@@ -402,8 +404,81 @@ async fn insert_transitions(
     .bind(column(rows, |(h, _, _)| timestamp(h.stream_time)))
     .bind(column(rows, |(_, p, _)| *p))
     .bind(column(rows, |(_, _, o)| *o))
+    .bind(column(rows, |(h, _, _)| h.scope.as_deref()))
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// The scoped-state projection after the batch's transitions, in their order: a scoped
+/// transition out of rotation is its scope's row, one back in rotation deletes it, and a fleet
+/// transition out of rotation deletes the endpoint's older rows. Rows of an older seq never
+/// replace newer ones (a replay).
+async fn write_scoped_states(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &[&(HealthChanged, i32, i64)],
+) -> Result<(), sqlx::Error> {
+    let ended: Vec<&HealthChanged> = rows
+        .iter()
+        .map(|(h, _, _)| h)
+        .filter(|h| h.scope.is_none() && ends_scoped(h.to_state))
+        .collect();
+    if !ended.is_empty() {
+        sqlx::query(
+            "DELETE FROM scoped_state s USING UNNEST($1::text[], $2::text[], $3::int8[]) AS u(pool, endpoint, seq)
+             WHERE s.pool = u.pool AND s.endpoint = u.endpoint AND s.seq < u.seq",
+        )
+        .bind(column(&ended, |h| h.pool.as_str()))
+        .bind(column(&ended, |h| h.endpoint.as_str()))
+        .bind(column(&ended, |h| h.seq))
+        .execute(&mut **tx)
+        .await?;
+    }
+    let mut last: std::collections::BTreeMap<(&str, &str, &str), &HealthChanged> = Default::default();
+    for (h, _, _) in rows {
+        if let Some(scope) = &h.scope {
+            let e = last.entry((&h.pool, &h.endpoint, scope)).or_insert(h);
+            if e.seq < h.seq {
+                *e = h;
+            }
+        }
+    }
+    let (out, back): (Vec<&HealthChanged>, Vec<&HealthChanged>) =
+        last.into_values().partition(|h| ends_scoped(h.to_state));
+    if !back.is_empty() {
+        sqlx::query(
+            "DELETE FROM scoped_state s USING UNNEST($1::text[], $2::text[], $3::text[], $4::int8[])
+             AS u(pool, endpoint, scope, seq)
+             WHERE s.pool = u.pool AND s.endpoint = u.endpoint AND s.scope = u.scope AND s.seq < u.seq",
+        )
+        .bind(column(&back, |h| h.pool.as_str()))
+        .bind(column(&back, |h| h.endpoint.as_str()))
+        .bind(column(&back, |h| h.scope.as_deref().unwrap_or_default()))
+        .bind(column(&back, |h| h.seq))
+        .execute(&mut **tx)
+        .await?;
+    }
+    if !out.is_empty() {
+        sqlx::query(
+            "INSERT INTO scoped_state (pool, endpoint, scope, seq, state, weight, retry_at, since, reason)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::float8[],
+             $7::timestamptz[], $8::timestamptz[], $9::text[])
+             ON CONFLICT (pool, endpoint, scope) DO UPDATE SET seq = excluded.seq, state = excluded.state,
+             weight = excluded.weight, retry_at = excluded.retry_at, since = excluded.since, reason = excluded.reason
+             WHERE scoped_state.seq < excluded.seq",
+        )
+        .bind(column(&out, |h| h.pool.as_str()))
+        .bind(column(&out, |h| h.endpoint.as_str()))
+        .bind(column(&out, |h| h.scope.as_deref().unwrap_or_default()))
+        .bind(column(&out, |h| h.seq))
+        .bind(column(&out, |h| h.to_state.as_str()))
+        .bind(column(&out, |h| h.weight))
+        .bind(column(&out, |h| h.retry_at.map(timestamp)))
+        .bind(column(&out, |h| timestamp(h.stream_time)))
+        .bind(column(&out, |h| h.reason.as_str()))
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 
@@ -565,9 +640,14 @@ async fn insert_pool_events(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic,
-         correlated_outage, reason, policy_version, stream_time, source_partition, source_offset)
-         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::int4[], $5::int4[], $6::float8[],
-         $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[])
+         correlated_outage, reason, policy_version, stream_time, source_partition, source_offset,
+         faulty_reporters)
+         SELECT pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
+         policy_version, stream_time, source_partition, source_offset, faulty_reporters::text[]
+         FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::int4[], $5::int4[], $6::float8[],
+         $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[], $14::text[])
+         AS u(pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
+         policy_version, stream_time, source_partition, source_offset, faulty_reporters)
          ON CONFLICT (pool, seq, stream_time) DO NOTHING",
     )
     .bind(column(rows, |(p, _, _)| p.pool.as_str()))
@@ -583,6 +663,7 @@ async fn insert_pool_events(
     .bind(column(rows, |(p, _, _)| timestamp(p.stream_time)))
     .bind(column(rows, |(_, part, _)| *part))
     .bind(column(rows, |(_, _, o)| *o))
+    .bind(column(rows, |(p, _, _)| array_literal(&p.faulty_reporters)))
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -10,7 +10,7 @@ use vitals_contracts::{EndpointState, Evidence, HealthChanged, HealthState, Reas
 
 /// The columns a transition is read from, in one place.
 const TRANSITION_COLUMNS: &str = "pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, \
-     retry_at, reason_code, reason, policy_version, trigger_ids, evidence, stream_time";
+     retry_at, reason_code, reason, policy_version, trigger_ids, evidence, stream_time, scope";
 
 const STATE_COLUMNS: &str =
     "pool, endpoint, state, weight, ramp_ms, score, failure_rate, since, reason, seq, policy_version";
@@ -28,6 +28,9 @@ pub struct TransitionFilter {
     /// Into this state.
     pub state: Option<HealthState>,
     pub reason: Option<ReasonCode>,
+    /// Of this scope only: `Some(None)` the fleet's transitions, `Some(Some("gateway=g1"))` one
+    /// scope's.
+    pub scope: Option<Option<String>>,
     /// Strictly older than this position (the last item of the previous page).
     pub before: Option<Position>,
 }
@@ -61,6 +64,15 @@ pub async fn transitions(db: &PgPool, f: &TransitionFilter, limit: i64) -> Resul
     }
     if let Some(r) = f.reason {
         sql.push(" AND reason_code = ").push_bind(r.as_str());
+    }
+    match &f.scope {
+        None => {}
+        Some(None) => {
+            sql.push(" AND scope IS NULL");
+        }
+        Some(Some(scope)) => {
+            sql.push(" AND scope = ").push_bind(scope.clone());
+        }
     }
     // The keyset condition follows the index of each kind of query, so it is a range scan.
     if let Some(c) = &f.before {
@@ -268,7 +280,52 @@ fn transition(r: &PgRow) -> Result<HealthChanged, StoreError> {
         trigger_ids: r.try_get("trigger_ids")?,
         evidence: evidence.0,
         stream_time: micros(r, "stream_time")?,
+        scope: r.try_get("scope")?,
     })
+}
+
+/// A scoped decision in force: the endpoint out for one scope of reporters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopedState {
+    pub pool: String,
+    pub endpoint: String,
+    pub scope: String,
+    pub seq: i64,
+    pub state: HealthState,
+    pub weight: f64,
+    /// When the scope's trial is due (µs).
+    pub retry_at: Option<i64>,
+    /// µs.
+    pub since: i64,
+    pub reason: String,
+}
+
+/// The scoped decisions in force in `pool` (of `endpoint` only, if given), by endpoint and scope.
+pub async fn scoped_states(db: &PgPool, pool: &str, endpoint: Option<&str>) -> Result<Vec<ScopedState>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT pool, endpoint, scope, seq, state, weight, retry_at, since, reason FROM scoped_state
+         WHERE pool = $1 AND ($2::text IS NULL OR endpoint = $2) ORDER BY endpoint, scope LIMIT 10000",
+    )
+    .bind(pool)
+    .bind(endpoint)
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let retry_at: Option<DateTime<Utc>> = r.try_get("retry_at")?;
+            Ok(ScopedState {
+                pool: r.try_get("pool")?,
+                endpoint: r.try_get("endpoint")?,
+                scope: r.try_get("scope")?,
+                seq: r.try_get("seq")?,
+                state: state_column(r, "state")?,
+                weight: r.try_get("weight")?,
+                retry_at: retry_at.map(|t| t.timestamp_micros()),
+                since: micros(r, "since")?,
+                reason: r.try_get("reason")?,
+            })
+        })
+        .collect()
 }
 
 fn state(r: &PgRow) -> Result<EndpointState, StoreError> {

@@ -64,7 +64,7 @@ impl Writer<'_> {
     }
 }
 
-pub(crate) fn health_changed(w: &mut Writer<'_>, v: &HealthChanged) {
+pub(crate) fn health_changed(w: &mut Writer<'_>, v: &HealthChanged, previous: bool) {
     w.string(&v.transition_id);
     w.string(&v.pool);
     w.string(&v.endpoint);
@@ -80,6 +80,16 @@ pub(crate) fn health_changed(w: &mut Writer<'_>, v: &HealthChanged) {
     w.int(v.policy_version);
     w.strings(&v.trigger_ids);
     w.long(v.stream_time);
+    if previous {
+        return;
+    }
+    match &v.scope {
+        None => w.long(0),
+        Some(s) => {
+            w.long(1);
+            w.string(s);
+        }
+    }
 }
 
 fn evidence(w: &mut Writer<'_>, e: &Evidence) {
@@ -118,7 +128,7 @@ fn evidence(w: &mut Writer<'_>, e: &Evidence) {
     w.strings(&e.thresholds);
 }
 
-pub(crate) fn endpoint_state(w: &mut Writer<'_>, v: &EndpointState) {
+pub(crate) fn endpoint_state(w: &mut Writer<'_>, v: &EndpointState, _previous: bool) {
     w.string(&v.pool);
     w.string(&v.endpoint);
     w.long(v.seq);
@@ -132,7 +142,7 @@ pub(crate) fn endpoint_state(w: &mut Writer<'_>, v: &EndpointState) {
     w.int(v.policy_version);
 }
 
-pub(crate) fn pool_health_changed(w: &mut Writer<'_>, v: &PoolHealthChanged) {
+pub(crate) fn pool_health_changed(w: &mut Writer<'_>, v: &PoolHealthChanged, previous: bool) {
     w.string(&v.pool);
     w.long(v.seq);
     w.int(v.endpoints);
@@ -144,4 +154,7 @@ pub(crate) fn pool_health_changed(w: &mut Writer<'_>, v: &PoolHealthChanged) {
     w.string(&v.reason);
     w.int(v.policy_version);
     w.long(v.stream_time);
+    if !previous {
+        w.strings(&v.faulty_reporters);
+    }
 }

@@ -88,9 +88,19 @@ const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
         true,
     ),
     (
+        SchemaKind::HealthChanged,
+        include_str!("../../../../schemas/health_changed.v1.avsc"),
+        false,
+    ),
+    (
         SchemaKind::PoolHealthChanged,
         include_str!("../../../../schemas/pool_health_changed.avsc"),
         true,
+    ),
+    (
+        SchemaKind::PoolHealthChanged,
+        include_str!("../../../../schemas/pool_health_changed.v1.avsc"),
+        false,
     ),
     (
         SchemaKind::EndpointState,
@@ -110,6 +120,8 @@ struct Registry {
     known: Vec<Known>,
     by_fingerprint: HashMap<u64, usize>,
     current: HashMap<SchemaKind, (usize, u64)>,
+    /// The version before the current one, of the kinds that have one.
+    previous: HashMap<SchemaKind, (usize, u64)>,
 }
 
 fn registry() -> &'static Registry {
@@ -118,6 +130,7 @@ fn registry() -> &'static Registry {
         let mut known = Vec::new();
         let mut by_fingerprint = HashMap::new();
         let mut current = HashMap::new();
+        let mut previous = HashMap::new();
         for (kind, text, is_current) in SCHEMA_FILES {
             // The schema files are part of this crate's source; a parse failure is a build defect
             // that the unit tests catch, not a runtime condition.
@@ -132,6 +145,9 @@ fn registry() -> &'static Registry {
             by_fingerprint.insert(fp, idx);
             if *is_current {
                 current.insert(*kind, (idx, fp));
+            } else {
+                // The files of a kind are listed newest first.
+                previous.entry(*kind).or_insert((idx, fp));
             }
         }
         for (idx, k) in known.iter_mut().enumerate() {
@@ -144,6 +160,7 @@ fn registry() -> &'static Registry {
             known,
             by_fingerprint,
             current,
+            previous,
         }
     })
 }
@@ -202,9 +219,18 @@ pub fn current_schema(kind: SchemaKind) -> (&'static Schema, u64) {
 pub trait Record: Serialize + DeserializeOwned {
     const KIND: SchemaKind;
 
-    /// Write the Avro body by hand (true), or leave it to apache-avro (false).
+    /// Write the Avro body by hand (true), or leave it to apache-avro (false); `previous`: in the
+    /// kind's previous schema version.
     #[doc(hidden)]
-    fn encode_body(&self, _out: &mut Vec<u8>) -> bool {
+    fn encode_body(&self, _out: &mut Vec<u8>, _previous: bool) -> bool {
+        false
+    }
+
+    /// Whether the record is written in its kind's previous schema version: that version holds
+    /// it whole (the new fields are at their defaults). A fleet transition is written as
+    /// version 1 of HealthChanged, so that a consumer built before scopes reads it; a scoped
+    /// one, which such a consumer must not apply, is version 2 (it skips it as a gap).
+    fn fits_previous(&self) -> bool {
         false
     }
 }
@@ -216,12 +242,19 @@ macro_rules! record {
         }
     };
     ($t:ty, $k:ident, $fast:path) => {
+        record!($t, $k, $fast, |_: &$t| false);
+    };
+    ($t:ty, $k:ident, $fast:path, $fits:expr) => {
         impl Record for $t {
             const KIND: SchemaKind = SchemaKind::$k;
 
-            fn encode_body(&self, out: &mut Vec<u8>) -> bool {
-                $fast(&mut fast_encode::Writer(out), self);
+            fn encode_body(&self, out: &mut Vec<u8>, previous: bool) -> bool {
+                $fast(&mut fast_encode::Writer(out), self, previous);
                 true
+            }
+
+            fn fits_previous(&self) -> bool {
+                ($fits)(self)
             }
         }
     };
@@ -232,14 +265,25 @@ record!(ProbeResult, ProbeResult);
 record!(Tick, Tick);
 record!(OperatorOverride, OperatorOverride);
 record!(PolicyChange, PolicyChange);
-record!(HealthChanged, HealthChanged, fast_encode::health_changed);
-record!(PoolHealthChanged, PoolHealthChanged, fast_encode::pool_health_changed);
+record!(
+    HealthChanged,
+    HealthChanged,
+    fast_encode::health_changed,
+    |h: &HealthChanged| h.scope.is_none()
+);
+record!(
+    PoolHealthChanged,
+    PoolHealthChanged,
+    fast_encode::pool_health_changed,
+    |p: &PoolHealthChanged| p.faulty_reporters.is_empty()
+);
 record!(EndpointState, EndpointState, fast_encode::endpoint_state);
 
 /// Encode with the current schema of `T`.
 pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
-    let (schema, mut out) = headed::<T>();
-    if value.encode_body(&mut out) {
+    let previous = value.fits_previous();
+    let (schema, mut out) = headed::<T>(previous);
+    if value.encode_body(&mut out, previous) {
         return Ok(out);
     }
     encode_with(schema, value, out)
@@ -249,13 +293,17 @@ pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
 /// encoders equal to it.
 #[doc(hidden)]
 pub fn encode_generic<T: Record>(value: &T) -> Result<Vec<u8>, CodecError> {
-    let (schema, out) = headed::<T>();
+    let (schema, out) = headed::<T>(value.fits_previous());
     encode_with(schema, value, out)
 }
 
-/// The current schema of `T`, and a buffer holding its single-object header.
-fn headed<T: Record>() -> (&'static Schema, Vec<u8>) {
-    let (schema, fp) = current_schema(T::KIND);
+/// The schema of `T` a record is written in (the current one, or the previous one), and a
+/// buffer holding its single-object header.
+fn headed<T: Record>(previous: bool) -> (&'static Schema, Vec<u8>) {
+    let (schema, fp) = match registry().previous.get(&T::KIND).filter(|_| previous) {
+        Some((idx, fp)) => (&registry().known[*idx].schema, *fp),
+        None => current_schema(T::KIND),
+    };
     let mut out = Vec::with_capacity(128);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&fp.to_le_bytes());

@@ -595,6 +595,10 @@ pub struct HealthChanged {
     pub policy_version: i32,
     pub trigger_ids: Vec<String>,
     pub stream_time: Micros,
+    /// None: the endpoint's fleet-wide state. Otherwise the reporters the transition is for
+    /// ([`crate::scope`]): only the routers in that scope apply it. Version 2.
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 impl HealthChanged {
@@ -631,6 +635,7 @@ impl HealthChanged {
             policy_version: 0,
             trigger_ids: Vec::new(),
             stream_time,
+            scope: None,
         }
     }
 
@@ -654,6 +659,10 @@ pub struct PoolHealthChanged {
     pub reason: String,
     pub policy_version: i32,
     pub stream_time: Micros,
+    /// Reporters whose calls fail to most of the pool while the others' pass (`gateway=g1`):
+    /// their calls are set aside for fleet decisions. Version 2.
+    #[serde(default)]
+    pub faulty_reporters: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

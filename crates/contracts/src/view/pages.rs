@@ -1,7 +1,7 @@
 //! The HTTP API's answers, typed on both sides: the API serializes them and the command-line
 //! tool reads them, so a renamed field fails to compile instead of printing `?`.
 
-use super::{EndpointHealth, StateName, Transition};
+use super::{EndpointHealth, ScopedHealth, StateName, Transition};
 use crate::types as c;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -48,6 +48,10 @@ pub struct EndpointDetail {
     pub current: EndpointHealth,
     /// The last transition with its full evidence, if there was one.
     pub last_transition: Option<Transition>,
+    /// The scoped decisions in force: scopes of reporters the endpoint is out for (the fleet's
+    /// state is `current`).
+    #[serde(default)]
+    pub scoped: Vec<ScopedHealth>,
 }
 
 /// A page of transitions, newest first.

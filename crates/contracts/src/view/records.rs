@@ -38,6 +38,26 @@ pub struct Transition {
     pub trigger_ids: Vec<String>,
     pub evidence: c::Evidence,
     pub stream_time: DateTime<Utc>,
+    /// Null: the endpoint's fleet-wide state. Otherwise the scope of reporters it is for
+    /// (`gateway=g1`, `location=eu`, `key=k1`): only their routers apply it.
+    #[serde(default)]
+    pub scope: Option<String>,
+}
+
+/// A scoped decision in force: the endpoint out for one scope of reporters only.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScopedHealth {
+    pub endpoint: String,
+    /// `gateway=g1`, `location=eu` or `key=k1`.
+    pub scope: String,
+    pub state: StateName,
+    pub weight: f64,
+    /// When a call from the scope is its trial.
+    pub retry_at: Option<DateTime<Utc>>,
+    pub since: DateTime<Utc>,
+    pub reason: String,
+    pub seq: i64,
 }
 
 impl TryFrom<c::HealthChanged> for Transition {
@@ -61,6 +81,7 @@ impl TryFrom<c::HealthChanged> for Transition {
             trigger_ids: h.trigger_ids,
             evidence: h.evidence,
             stream_time: time(h.stream_time),
+            scope: h.scope,
         })
     }
 }
@@ -461,6 +482,7 @@ mod tests {
             policy_version: 0,
             trigger_ids: vec![],
             stream_time: 0,
+            scope: None,
         };
         assert!(matches!(
             Transition::try_from(h.clone()),

@@ -329,6 +329,12 @@ impl Tracker {
     }
 
     /// Its transitions so far: the seq of the last one.
+    /// The next transition's seq, taken by a scoped transition (which changes nothing else here).
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
     pub fn seq(&self) -> u64 {
         self.seq
     }

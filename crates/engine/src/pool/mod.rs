@@ -18,6 +18,7 @@ mod ejection;
 mod panic;
 mod peers;
 mod readmission;
+mod scope;
 mod summary;
 mod suspicion;
 
@@ -56,6 +57,12 @@ pub struct PoolState {
     /// A reusable buffer for the peer-latency median, so the hot path does not allocate.
     #[serde(skip)]
     scratch: Cache<Vec<f64>>,
+    /// Who reported each endpoint's calls, and its scoped decisions ([`scope`]).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty", serialize_with = "crate::sorted")]
+    books: HashMap<String, Box<scope::Book>>,
+    /// Reporters whose calls are set aside for fleet decisions, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    faulty: Vec<String>,
     /// The endpoint names in sorted order, the order in which timers are evaluated; rebuilt
     /// when an endpoint joins (endpoints never leave).
     #[serde(skip)]
@@ -179,6 +186,8 @@ impl PoolState {
             panic: false,
             correlated_outage: false,
             next_deadline: None,
+            books: HashMap::default(),
+            faulty: Vec::new(),
             scratch: Cache::default(),
             order: Cache::default(),
         }
@@ -293,6 +302,24 @@ impl PoolState {
     pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>) {
         match signal {
             Signal::Call(c) => {
+                let scopes = vitals_contracts::scope::of_call(c);
+                let refused = vitals_contracts::scope::credential_refused(c);
+                let failed = counts_as_failure(c.outcome) || refused;
+                let r = scope::Reported {
+                    endpoint: &c.endpoint,
+                    id: &c.event_id,
+                    scopes: &scopes,
+                    calls: u64::from(failed || !c.outcome.is_neutral()),
+                    failures: u64::from(failed),
+                    trailing: u64::from(failed),
+                };
+                if !self.endpoints.contains_key(c.endpoint.as_str()) {
+                    self.tracker(&c.endpoint);
+                }
+                self.scoped(&r, out);
+                if self.set_aside(&scopes) {
+                    return;
+                }
                 let o = Outcome {
                     id: &c.event_id,
                     endpoint: &c.endpoint,
@@ -306,7 +333,34 @@ impl PoolState {
                 };
                 self.outcome(o, out);
             }
-            Signal::Summary(s) => self.summary(s, out),
+            Signal::Summary(s) => {
+                // A summary's gateway is a scope when it names one, as a call's is.
+                let scopes: Vec<String> = (!s.gateway.is_empty())
+                    .then(|| vitals_contracts::scope::name("gateway", &s.gateway))
+                    .into_iter()
+                    .collect();
+                let failures: u64 = s
+                    .calls
+                    .iter()
+                    .filter(|(c, _)| counts_as_failure(*c))
+                    .map(|(_, n)| n.max(0) as u64)
+                    .sum();
+                let r = scope::Reported {
+                    endpoint: &s.endpoint,
+                    id: &s.summary_id,
+                    scopes: &scopes,
+                    calls: failures + s.calls.success.max(0) as u64,
+                    failures,
+                    trailing: s.trailing_failures.max(0) as u64,
+                };
+                if !self.endpoints.contains_key(s.endpoint.as_str()) {
+                    self.tracker(&s.endpoint);
+                }
+                self.scoped(&r, out);
+                if !self.set_aside(&scopes) {
+                    self.summary(s, out);
+                }
+            }
             Signal::Probe(p) => {
                 self.probe_bookkeeping(p);
                 let o = Outcome {
@@ -546,8 +600,15 @@ impl PoolState {
         }
     }
 
-    /// Enter the state a change asks for, keep the pool's counts, and publish the transition.
+    /// Enter the state a change asks for, keep the pool's counts, and publish the transition;
+    /// unless the failures it is for are one scope's ([`scope`]): then that scope's decision.
     fn apply_change(&mut self, name: &str, change: Change, out: &mut Vec<Decision>) {
+        if self.scope_gate(name, &change, out) {
+            let d = self.endpoints[name].deadline(&self.policy);
+            self.arm(d);
+            return;
+        }
+        self.scopes_superseded(name, change.to, out);
         let now = self.now;
         let median = if self.endpoints[name].latency_outlier() {
             self.peer_median(name, false, 1)
@@ -596,6 +657,7 @@ impl PoolState {
             policy_version: self.policy.version,
             trigger_ids: change.triggers,
             stream_time: now,
+            scope: None,
         })));
     }
 
@@ -677,6 +739,7 @@ impl PoolState {
             reason: change.reason,
             policy_version: self.policy.version,
             stream_time: self.now,
+            faulty_reporters: self.faulty.clone(),
         }));
     }
 

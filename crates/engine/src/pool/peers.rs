@@ -9,7 +9,7 @@ use crate::window::Rate;
 use vitals_contracts::HealthState;
 
 /// Wilson score interval of `k` successes in `n` trials at width `z`.
-fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
+pub(super) fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
     if n == 0 {
         return (0.0, 1.0);
     }

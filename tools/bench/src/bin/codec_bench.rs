@@ -123,5 +123,6 @@ fn change(c: &CallOutcome, i: usize) -> HealthChanged {
         policy_version: 0,
         trigger_ids: vec![c.event_id.clone()],
         stream_time: c.occurred_at,
+        scope: None,
     }
 }

@@ -99,6 +99,12 @@ fn main() {
         state_bytes,
         state_bytes as f64 / endpoints as f64
     );
+    let books: usize = engine.pools().map(|p| p.books_bytes()).sum();
+    println!(
+        "  scope books         {} bytes = {:.0} bytes per endpoint (in the heap above; one gateway here)",
+        books,
+        books as f64 / endpoints as f64
+    );
     println!(
         "  snapshot (JSON)     {} bytes = {:.0} bytes per endpoint",
         snapshot,
