@@ -417,6 +417,7 @@ mod tests {
             reason: String::new(),
             policy_version: 0,
             stream_time: seq * 1_000_000,
+            faulty_reporters: vec![],
         }
     }
 

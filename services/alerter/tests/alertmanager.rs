@@ -206,6 +206,7 @@ async fn alerts_fire_group_resolve_inhibit_and_survive_restarts() {
         reason: "test".into(),
         policy_version: 0,
         stream_time: now_us(),
+        faulty_reporters: vec![],
     };
     send("p2".into(), encode(&outage).unwrap()).await;
     send(

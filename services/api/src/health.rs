@@ -185,10 +185,25 @@ pub async fn endpoint(
     let last = read::last_transition(&app.db, &pool, &endpoint).await?;
     let last_transition = last.map(crate::history::transition).transpose()?;
     let current = view::EndpointHealth::from(current);
+    let scoped = read::scoped_states(&app.db, &pool, Some(&endpoint))
+        .await?
+        .into_iter()
+        .map(|s| view::ScopedHealth {
+            endpoint: s.endpoint,
+            scope: s.scope,
+            state: s.state.into(),
+            weight: s.weight,
+            retry_at: s.retry_at.map(view::time),
+            since: view::time(s.since),
+            reason: s.reason,
+            seq: s.seq,
+        })
+        .collect();
     Ok(Json(EndpointDetail {
         pool,
         current,
         last_transition,
+        scoped,
     }))
 }
 

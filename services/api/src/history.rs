@@ -3,7 +3,7 @@
 use crate::auth::Reader;
 use crate::error::{ApiError, BadParameter, Busy, NeedsToken};
 use crate::extract::ApiQuery;
-use crate::params::{int_or, Int, Name, Reason, State as StateParam, Time};
+use crate::params::{int_or, Int, Name, Reason, Scope, State as StateParam, Time};
 use crate::AppState;
 use axum::extract::State;
 use axum::Json;
@@ -38,6 +38,10 @@ pub struct HistoryParams {
     /// Only this reason code.
     #[param(value_type = Option<view::ReasonCode>)]
     reason: Option<Reason>,
+    /// Only the transitions of this scope of reporters (`gateway=g1`, `location=eu`, `key=k1`),
+    /// or `fleet` for the fleet-wide ones.
+    #[param(value_type = Option<String>, max_length = 256)]
+    scope: Option<Scope>,
     /// Page size, 1 to 500 (default 50).
     #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
     limit: Option<Int<1, MAX_LIMIT>>,
@@ -91,6 +95,7 @@ pub async fn history(
         to: q.to.map(|t| t.0),
         state: q.state.map(|s| s.0),
         reason: q.reason.map(|r| r.0),
+        scope: q.scope.map(|s| s.0),
         before: cursor.map(|c| Position {
             stream_time: view::time(c.t),
             pool: c.p,

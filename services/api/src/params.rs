@@ -114,6 +114,22 @@ impl<'de> Deserialize<'de> for Reason {
     }
 }
 
+/// A scope of reporters (`gateway=g1`, `location=eu`, `key=k1`), or `fleet` for the fleet's
+/// transitions only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope(pub Option<String>);
+
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = text(d)?;
+        if v == "fleet" {
+            return Ok(Scope(None));
+        }
+        c::scope::parse(&v).map_err(|e| D::Error::custom(format!("{e}; or fleet for the fleet's transitions")))?;
+        Ok(Scope(Some(v)))
+    }
+}
+
 /// The width of an uptime bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bucket {

@@ -234,8 +234,10 @@ pub fn transition_line(t: &view::Transition) -> String {
         };
         format!("\x1b[{code}m{s}\x1b[0m")
     };
+    // A scoped transition names its scope: it holds for those reporters only.
+    let scope = t.scope.as_ref().map(|s| format!(" ({s} only)")).unwrap_or_default();
     format!(
-        "{}  {}/{}  {} -> {}  [{}] {}",
+        "{}  {}/{}{scope}  {} -> {}  [{}] {}",
         rfc3339(&t.stream_time),
         t.pool,
         t.endpoint,

@@ -120,6 +120,9 @@ enum Out<'a> {
         reason_code: &'a str,
         reason: &'a str,
         evidence: &'a c::Evidence,
+        /// The scope of reporters it holds for (`gateway=g1`); absent for the fleet's.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        scope: Option<&'a str>,
     },
     Pool {
         t_us: Micros,
@@ -131,6 +134,8 @@ enum Out<'a> {
         panic: bool,
         correlated_outage: bool,
         reason: &'a str,
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        faulty_reporters: &'a [String],
     },
     TickDone {
         t_us: Micros,
@@ -157,6 +162,7 @@ fn endpoint(h: &HealthChanged) -> Out<'_> {
         reason_code: &h.reason_code,
         reason: &h.reason,
         evidence: &h.evidence,
+        scope: h.scope.as_deref(),
     }
 }
 
@@ -171,6 +177,7 @@ fn pool(p: &PoolHealthChanged) -> Out<'_> {
         panic: p.panic,
         correlated_outage: p.correlated_outage,
         reason: &p.reason,
+        faulty_reporters: &p.faulty_reporters,
     }
 }
 

@@ -833,9 +833,13 @@ async fn run_case(case: &Case) -> (usize, u32, u32) {
     let want = requests_of(case, cutoff, 3_600_000_000);
     assert_eq!(hours, want, "seed {}: request rollups by hour", case.seed);
 
-    // The state projection follows every endpoint's last change (expired rows too).
+    // The state projection follows every endpoint's last fleet change (expired rows too; a
+    // scoped change is in the scoped-state projection instead).
     let mut last: BTreeMap<(String, String), (i64, String)> = BTreeMap::new();
-    for d in decided.iter().filter(|d| d["kind"] == "endpoint") {
+    for d in decided
+        .iter()
+        .filter(|d| d["kind"] == "endpoint" && d.get("scope").is_none())
+    {
         let key = (
             d["pool"].as_str().unwrap().to_owned(),
             d["endpoint"].as_str().unwrap().to_owned(),

@@ -220,6 +220,97 @@ async fn call_summaries_are_decided_as_the_engine_decides_them() {
     db.drop_schema().await;
 }
 
+/// One gateway's broken route: the scoped transitions land in the audit log with their scope
+/// and in the scoped-state projection (a row while the endpoint is out for the scope, none once
+/// its trial passed), and the fleet's state of the endpoint is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_decision_is_audited_with_its_scope_and_projected_while_in_force() {
+    let name = unique("scoped");
+    let topics = create_topics(&name, 2).await;
+    let mut inputs = Vec::new();
+    // 60 s: every 10 ms one call, from g1..g5 in turn, to a, b, c in turn; g1's calls to a
+    // refuse connections from 2 s to 10 s. Stop before the end at `cut` to see the row.
+    let build = |until_ms: i64| {
+        let mut v = Vec::new();
+        for step in 0..until_ms / 10 {
+            let ts = T0_MS + step * 10;
+            let (g, ep) = (step % 5 + 1, ["a", "b", "c"][(step / 5 % 3) as usize]);
+            let broken = g == 1 && ep == "a" && (200..1_000).contains(&step);
+            let class = if broken {
+                OutcomeClass::ConnectError
+            } else {
+                OutcomeClass::Success
+            };
+            let Signal::Call(c) = call("scoped", ep, step as u64, class, None, ts) else {
+                unreachable!()
+            };
+            let c = CallOutcome {
+                gateway: format!("g{g}"),
+                http_status: (!broken).then_some(200),
+                ..c
+            };
+            v.push(signal_input(&Signal::Call(c), ts, 2));
+            if step % 100 == 0 {
+                v.extend(ticks(ts, 2));
+            }
+        }
+        v
+    };
+    inputs.extend(build(20_000));
+    produce(&topics.signals, &inputs).await;
+    let db = Db::connect(&name).await;
+    let _p = start_processor(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    type Row = (String, i64, String, Option<String>);
+    let scoped: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT endpoint, scope, state FROM scoped_state ORDER BY endpoint, scope")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        scoped,
+        [("a".to_owned(), "gateway=g1".to_owned(), "unhealthy".to_owned())]
+    );
+    let (state,): (String,) = sqlx::query_as("SELECT state FROM endpoint_state WHERE endpoint = 'a'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "healthy", "the fleet's state is untouched");
+
+    // The rest of the minute: g1's trial passes.
+    let rest: Vec<Input> = build(60_000).into_iter().skip(inputs.len()).collect();
+    produce(&topics.signals, &rest).await;
+    inputs.extend(rest);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    let rows: Vec<Row> =
+        sqlx::query_as("SELECT endpoint, seq, to_state, scope FROM transitions ORDER BY pool, endpoint, seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let want: Vec<Row> = expected(&inputs)
+        .iter()
+        .map(|h| {
+            (
+                h.endpoint.clone(),
+                h.seq,
+                h.to_state.as_str().to_owned(),
+                h.scope.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, want);
+    assert!(
+        rows.iter().all(|r| r.3.as_deref() == Some("gateway=g1")) && rows.len() >= 2,
+        "out for g1 and back, nothing for the fleet: {rows:?}"
+    );
+    let left: (i64,) = sqlx::query_as("SELECT count(*) FROM scoped_state")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left.0, 0, "back for g1: no decision in force");
+    db.drop_schema().await;
+}
+
 /// Pool `kc1/a` + endpoint `x` and pool `kc1` + endpoint `a/x` once shared a transition id, an
 /// outbox key and a Kafka key, so the second one's events were silently dropped. And the
 /// compacted state topic held only endpoints that had a transition, so a router bootstrapping

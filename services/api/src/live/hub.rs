@@ -373,6 +373,7 @@ mod tests {
             policy_version: 0,
             trigger_ids: vec![],
             stream_time: seq,
+            scope: None,
         })
         .unwrap()
     }
