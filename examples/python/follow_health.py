@@ -17,7 +17,12 @@ from confluent_kafka import Consumer, TopicPartition, OFFSET_BEGINNING, OFFSET_E
 
 from vitals_avro import by_fingerprint, decode_any
 
-SCHEMAS = by_fingerprint("health_changed.avsc", "pool_health_changed.avsc", "endpoint_state.avsc")
+# A fleet-wide transition is written in HealthChanged version 1, a scoped one (for one gateway,
+# location or credential only) in version 2; pool events likewise.
+SCHEMAS = by_fingerprint(
+    "health_changed.avsc", "health_changed.v1.avsc", "pool_health_changed.avsc", "pool_health_changed.v1.avsc",
+    "endpoint_state.avsc",
+)
 
 
 def consumer(brokers):
@@ -38,7 +43,8 @@ def partitions(c, topic):
 
 def line(schema, r):
     if schema.name == "HealthChanged":
-        return (f"{r['pool']}/{r['endpoint']} seq {r['seq']}: {r['from_state'].lower()} -> {r['to_state'].lower()} "
+        scope = f" ({r['scope']} only)" if r.get("scope") else ""
+        return (f"{r['pool']}/{r['endpoint']}{scope} seq {r['seq']}: {r['from_state'].lower()} -> {r['to_state'].lower()} "
                 f"weight {r['weight']:.2f} [{r['reason_code']}] {r['reason']}")
     if schema.name == "PoolHealthChanged":
         return (f"{r['pool']} pool: {r['healthy']} of {r['endpoints']} healthy, panic={r['panic']} "

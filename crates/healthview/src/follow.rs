@@ -34,6 +34,9 @@ pub struct Config {
     /// How long the start keeps retrying a broker that is not ready (still starting, its
     /// metadata not there yet, the topics not created yet) before it gives up.
     pub start_within: Duration,
+    /// The scopes whose transitions the view applies besides the fleet's (its router's gateway
+    /// id, location, credentials).
+    pub identity: crate::Identity,
 }
 
 impl Config {
@@ -47,6 +50,7 @@ impl Config {
             open_after: Duration::from_secs(60),
             reread_after_gap: Duration::from_secs(10),
             start_within: Duration::from_secs(120),
+            identity: crate::Identity::fleet(),
         }
     }
 
@@ -205,7 +209,7 @@ pub fn follow_with(cfg: Config, listener: impl Fn(Event<'_>) + Send + 'static) -
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
         - 60_000;
-    let view = Arc::new(HealthView::with_staleness(cfg.stale_after, cfg.open_after));
+    let view = Arc::new(HealthView::with_staleness(cfg.stale_after, cfg.open_after).identified(cfg.identity.clone()));
     // A broker that is starting answers metadata requests with errors for a while (a router
     // started beside it exited on "Meta data fetch error"): retry with a backoff, up to
     // `start_within`.

@@ -16,6 +16,13 @@
 //! [`TRIAL_UNKNOWN_AFTER_US`] after it went out. No trial while the view is not fresh (nobody
 //! would judge it) or the pool panics (every endpoint is in use then), and never for an
 //! operator's maintenance.
+//!
+//! **Scopes.** A view has an [`Identity`] (its router's gateway id, location and credentials,
+//! from its configuration). It applies the fleet's transitions and those of its own scopes: an
+//! endpoint out for `gateway=g1` is out in g1's view only (weight 0, its trial at the scoped
+//! transition's `retry_at`), and a fleet transition out of rotation ends every scoped one.
+//! Other scopes' transitions only move the endpoint's seq. A scoped decision is not on the
+//! state topic: a view started while one is in force learns it at its next transition.
 
 mod follow;
 
@@ -26,6 +33,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+pub use vitals_contracts::scope::Identity;
 use vitals_contracts::{EndpointState, HealthChanged, HealthState, Micros, PoolHealthChanged};
 
 /// An endpoint whose trial time the view does not know (read from the state topic) is tried this
@@ -47,19 +55,37 @@ struct Endpoint {
     retry_at: Option<Micros>,
     /// When this view last let a trial through (0: never); claimed under the read lock.
     trial_sent: AtomicI64,
+    /// The scoped decisions of this view's scopes in force: (scope, trial time, since).
+    scoped: Vec<(String, Option<Micros>, Micros)>,
 }
 
 impl Endpoint {
+    /// The state this view routes by: out while a scope of its own is.
+    fn effective(&self) -> HealthState {
+        if self.scoped.is_empty() {
+            self.state
+        } else {
+            HealthState::Unhealthy
+        }
+    }
+
+    /// The trial time and the time it went out, of the decision this view routes by.
+    fn trial_of(&self) -> (Option<Micros>, Micros) {
+        match self.scoped.iter().min_by_key(|(_, r, _)| r.unwrap_or(i64::MAX)) {
+            Some((_, retry_at, since)) => (*retry_at, *since),
+            None => (self.retry_at, self.since),
+        }
+    }
+
     /// Claim its trial if it is due at `now` (see the module's notes): true for one caller only.
     fn claim_trial(&self, now: Micros) -> bool {
-        if self.state != HealthState::Unhealthy {
+        if self.effective() != HealthState::Unhealthy {
             return false;
         }
-        let due = self
-            .retry_at
-            .unwrap_or(self.since.saturating_add(TRIAL_UNKNOWN_AFTER_US));
+        let (retry_at, since) = self.trial_of();
+        let due = retry_at.unwrap_or(since.saturating_add(TRIAL_UNKNOWN_AFTER_US));
         let sent = self.trial_sent.load(Ordering::Relaxed);
-        let due_now = now >= due && (sent < due.max(self.since) || now.saturating_sub(sent) >= TRIAL_AGAIN_AFTER_US);
+        let due_now = now >= due && (sent < due.max(since) || now.saturating_sub(sent) >= TRIAL_AGAIN_AFTER_US);
         due_now
             && self
                 .trial_sent
@@ -69,6 +95,9 @@ impl Endpoint {
 
     /// The weight now: a recovering endpoint ramps from its weight to 1 over `ramp_ms`.
     fn weight_at(&self, now: Micros) -> f64 {
+        if !self.scoped.is_empty() {
+            return 0.0;
+        }
         if self.ramp_ms <= 0 || self.weight >= 1.0 {
             return self.weight;
         }
@@ -120,6 +149,7 @@ impl Pool {
                     seq: -1,
                     retry_at: None,
                     trial_sent: AtomicI64::new(0),
+                    scoped: Vec::new(),
                 });
                 self.index.insert(name.to_owned(), self.endpoints.len() - 1);
                 self.endpoints.len() - 1
@@ -173,6 +203,8 @@ pub struct HealthView {
     heard: AtomicI64,
     stale_after_us: i64,
     open_after_us: i64,
+    /// The scopes whose transitions this view applies besides the fleet's.
+    identity: Identity,
 }
 
 impl Default for HealthView {
@@ -258,7 +290,18 @@ impl HealthView {
             heard: AtomicI64::new(0),
             stale_after_us: stale_after.as_micros() as i64,
             open_after_us: open_after.max(stale_after).as_micros() as i64,
+            identity: Identity::fleet(),
         }
+    }
+
+    /// This view as the router `identity` names: it applies the transitions of its scopes too.
+    pub fn identified(mut self, identity: Identity) -> HealthView {
+        self.identity = identity;
+        self
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     /// The processor was heard from at `now` (a change or a tick on the changes topic).
@@ -285,14 +328,18 @@ impl HealthView {
         let pool = pools.entry(s.pool.clone()).or_default();
         let ep = pool.endpoint(&s.endpoint);
         if s.seq > ep.seq || ep.seq < 0 {
-            let was = ep.state;
+            let was = ep.effective();
             ep.state = s.state;
             ep.weight = s.weight;
             ep.ramp_ms = s.ramp_ms;
             ep.since = s.since;
             ep.seq = s.seq;
             ep.retry_at = None; // the state topic does not carry it
-            pool.moved(was, s.state);
+            if vitals_contracts::scope::ends_scoped(s.state) {
+                ep.scoped.clear();
+            }
+            let is = ep.effective();
+            pool.moved(was, is);
         }
     }
 
@@ -303,14 +350,29 @@ impl HealthView {
         let ep = pool.endpoint(&h.endpoint);
         let applied = Applied::of((ep.seq >= 0).then_some(ep.seq), h.seq);
         if applied != Applied::Duplicate {
-            let was = ep.state;
-            ep.state = h.to_state;
-            ep.weight = h.weight;
-            ep.ramp_ms = h.ramp_ms;
-            ep.since = h.stream_time;
+            let was = ep.effective();
             ep.seq = h.seq;
-            ep.retry_at = h.retry_at;
-            pool.moved(was, h.to_state);
+            match &h.scope {
+                None => {
+                    ep.state = h.to_state;
+                    ep.weight = h.weight;
+                    ep.ramp_ms = h.ramp_ms;
+                    ep.since = h.stream_time;
+                    ep.retry_at = h.retry_at;
+                    if vitals_contracts::scope::ends_scoped(h.to_state) {
+                        ep.scoped.clear();
+                    }
+                }
+                Some(scope) if self.identity.applies(Some(scope)) => {
+                    ep.scoped.retain(|(s, _, _)| s != scope);
+                    if h.to_state == HealthState::Unhealthy {
+                        ep.scoped.push((scope.clone(), h.retry_at, h.stream_time));
+                    }
+                }
+                Some(_) => {} // another scope's: only its seq
+            }
+            let is = ep.effective();
+            pool.moved(was, is);
         }
         let c = match applied {
             Applied::Next => &self.counters.applied,
@@ -341,10 +403,11 @@ impl HealthView {
         p.index.get(endpoint).map(|i| p.endpoints[*i].weight_at(now))
     }
 
+    /// The state this view routes by: the fleet's, or out while one of its scopes is.
     pub fn state(&self, pool: &str, endpoint: &str) -> Option<HealthState> {
         let pools = self.pools.read().expect("view lock");
         let p = pools.get(pool)?;
-        p.index.get(endpoint).map(|i| p.endpoints[*i].state)
+        p.index.get(endpoint).map(|i| p.endpoints[*i].effective())
     }
 
     pub fn panic(&self, pool: &str) -> bool {
@@ -492,6 +555,7 @@ mod tests {
             reason: String::new(),
             policy_version: 0,
             stream_time: 0,
+            faulty_reporters: vec![],
         }
     }
 
@@ -586,6 +650,50 @@ mod tests {
         );
         assert_eq!(v.state("p", "a"), Some(HealthState::Healthy));
         assert_eq!(v.counters.gaps.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_view_applies_the_fleets_transitions_and_its_own_scopes_only() {
+        let g1 = HealthView::new().identified(Identity::new(Some("g1"), Some("eu"), &[]));
+        let g2 = HealthView::new().identified(Identity::new(Some("g2"), Some("us"), &[]));
+        let t0 = 1_000_000_000;
+        for v in [&g1, &g2] {
+            v.apply_change(&change("a", 1, HealthState::Healthy, 1.0, 0, t0));
+            v.apply_change(&change("b", 1, HealthState::Healthy, 1.0, 0, t0));
+        }
+        let scoped = |seq, scope: &str, to, retry_at| HealthChanged {
+            scope: Some(scope.into()),
+            retry_at,
+            ..change(
+                "a",
+                seq,
+                to,
+                if to == HealthState::Unhealthy { 0.0 } else { 1.0 },
+                0,
+                t0 + seq,
+            )
+        };
+        let out = scoped(2, "gateway=g1", HealthState::Unhealthy, Some(t0 + 30_000_000));
+        assert_eq!(g1.apply_change(&out), Applied::Next);
+        assert_eq!(
+            g2.apply_change(&out),
+            Applied::Next,
+            "another scope's moves the seq: no gap"
+        );
+        assert_eq!(g1.state("p", "a"), Some(HealthState::Unhealthy));
+        assert_eq!(g1.weight("p", "a", t0), Some(0.0));
+        assert_eq!(g2.state("p", "a"), Some(HealthState::Healthy));
+        assert!((0..100).all(|_| g1.pick("p", t0 + 1).as_deref() == Some("b")));
+        assert_eq!(g1.pick("p", t0 + 30_000_000).as_deref(), Some("a"), "the scope's trial");
+        // A location's decision applies to every router there.
+        g2.apply_change(&scoped(3, "location=us", HealthState::Unhealthy, Some(t0 + 30_000_000)));
+        assert_eq!(g2.state("p", "a"), Some(HealthState::Unhealthy));
+        g2.apply_change(&scoped(4, "location=us", HealthState::Healthy, None));
+        assert_eq!(g2.state("p", "a"), Some(HealthState::Healthy));
+        // A fleet transition out of rotation ends the scoped ones.
+        g1.apply_change(&change("a", 3, HealthState::Unhealthy, 0.0, 0, t0 + 5));
+        g1.apply_change(&change("a", 4, HealthState::Recovering, 0.1, 30_000, t0 + 6));
+        assert_eq!(g1.state("p", "a"), Some(HealthState::Recovering));
     }
 
     #[test]

@@ -72,6 +72,7 @@ async fn a_cold_start_from_the_state_topic_then_live_changes() {
         reason: String::new(),
         policy_version: 0,
         stream_time: 1,
+        faulty_reporters: vec![],
     })
     .unwrap();
     p.send(

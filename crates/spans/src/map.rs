@@ -410,6 +410,14 @@ impl Map {
         if let Some(e) = &ended.error {
             attributes.insert("error.type".to_owned(), bounded(e));
         }
+        // Where the call was made from, for scoped health: the span's or its resource's
+        // cloud region, or its zone without one (OpenTelemetry's semantic conventions).
+        let location = ["cloud.region", "cloud.availability_zone"]
+            .iter()
+            .find_map(|k| attrs.text(k).or_else(|| resource.text(k)));
+        if let Some(l) = location.filter(|l| !l.is_empty()) {
+            attributes.insert(vitals_contracts::scope::LOCATION_ATTRIBUTE.to_owned(), bounded(&l));
+        }
         if ended.http_status.is_none() {
             if let Some(code) = attrs.int(STATUS_KEYS[2]) {
                 attributes.insert(STATUS_KEYS[2].to_owned(), code.to_string());

@@ -88,6 +88,38 @@ fn an_http_client_span_is_a_call_of_its_server_by_the_default_table() {
 }
 
 #[test]
+fn the_cloud_region_or_zone_is_the_calls_location() {
+    let m = Map::default();
+    let o = call(&m, &client(addr("api.a", 443))).unwrap();
+    assert!(
+        !o.attributes.contains_key("location"),
+        "no cloud attributes: no location"
+    );
+    let zoned = m
+        .call(
+            &client(addr("api.a", 443)),
+            &[
+                s("service.name", "checkout"),
+                s("cloud.availability_zone", "eu-west-1a"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(zoned.attributes["location"], "eu-west-1a");
+    let both = m
+        .call(
+            &client(addr("api.a", 443)),
+            &[
+                s("service.name", "checkout"),
+                s("cloud.region", "eu-west-1"),
+                s("cloud.availability_zone", "eu-west-1a"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(both.attributes["location"], "eu-west-1", "the region when there is one");
+    assert_eq!(vitals_contracts::scope::of_call(&both)[1], "location=eu-west-1");
+}
+
+#[test]
 fn outcome_classes_follow_status_codes_then_error_types_then_the_span_status() {
     let m = Map::default();
     let with = |extra: Vec<KeyValue>| {

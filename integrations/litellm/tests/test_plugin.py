@@ -230,6 +230,32 @@ def test_duplicates_are_dropped_gaps_counted_and_recovery_ramps():
     assert abs(w(1_000_000) - 0.1) < 1e-9 and abs(w(16_000_000) - 0.55) < 1e-9 and w(40_000_000) == 1.0
 
 
+def test_a_view_applies_the_fleets_transitions_and_its_own_scopes_only():
+    mine = HealthView(scopes={"gateway=litellm-a", "location=eu"})
+    other = HealthView(scopes={"gateway=litellm-b", "location=us"})
+    t0 = 1_000_000_000
+    for v in (mine, other):
+        v.heard(t0)
+        v.apply_change(change("a", 1, "HEALTHY", 1.0, t0))
+        v.apply_change(change("b", 1, "HEALTHY", 1.0, t0))
+    out = dict(change("a", 2, "UNHEALTHY", 0.0, t0 + 1), scope="gateway=litellm-a", retry_at=t0 + 30_000_000)
+    assert mine.apply_change(out) == "next"
+    assert other.apply_change(out) == "next", "another scope's transition moves the seq: no gap"
+    assert mine.weights("p", ["a", "b"], t0 + 2) == [0.0, 1.0]
+    assert other.weights("p", ["a", "b"], t0 + 2) == [1.0, 1.0]
+    assert mine.trial("p", ["a", "b"], t0 + 29_999_999) is None
+    mine.heard(t0 + 30_000_000)
+    assert mine.trial("p", ["a", "b"], t0 + 30_000_000) == 0, "the scope's trial"
+    back = dict(change("a", 3, "HEALTHY", 1.0, t0 + 31_000_000), scope="gateway=litellm-a")
+    mine.apply_change(back)
+    assert mine.weights("p", ["a", "b"], t0 + 31_000_001) == [1.0, 1.0]
+    mine.apply_change(dict(change("a", 4, "UNHEALTHY", 0.0, t0 + 40_000_000), scope="location=eu"))
+    mine.apply_change(change("a", 5, "UNHEALTHY", 0.0, t0 + 41_000_000))
+    mine.apply_change(change("a", 6, "RECOVERING", 0.1, t0 + 42_000_000, ramp_ms=30_000))
+    assert mine.endpoint("p", "a").effective() == "RECOVERING", "a fleet ejection ended the scoped one"
+    assert Settings.from_env({}, gateway="litellm-a", location="eu").scopes() == {"gateway=litellm-a", "location=eu"}
+
+
 def loaded_callback(routing):
     cb = VitalsCallback(Settings.from_env({}, routing=routing))
     cb._pid = os.getpid()  # no threads: the view is filled by hand

@@ -59,7 +59,15 @@ HEALTH_CHANGED = Schema("health_changed.avsc")
 POOL_HEALTH_CHANGED = Schema("pool_health_changed.avsc")
 ENDPOINT_STATE = Schema("endpoint_state.avsc")
 
-_BY_FINGERPRINT = {s.fingerprint: s for s in (HEALTH_CHANGED, POOL_HEALTH_CHANGED, ENDPOINT_STATE)}
+# The processor writes a fleet transition in version 1 (no scope) and a scoped one in version 2;
+# both are read here, a version 1 record with no scope.
+_BY_FINGERPRINT = {
+    s.fingerprint: s
+    for s in (
+        HEALTH_CHANGED, Schema("health_changed.v1.avsc"), POOL_HEALTH_CHANGED,
+        Schema("pool_health_changed.v1.avsc"), ENDPOINT_STATE,
+    )
+}
 
 
 def decode_health(data: bytes | None) -> tuple[str | None, dict | None]:

@@ -54,6 +54,9 @@ class Settings:
     ingest_url: str = ""
     token: str = ""
     gateway: str = field(default_factory=lambda: f"litellm-{socket.gethostname()}")
+    # Where this proxy runs (a region or zone): reported with each call (attribute `location`),
+    # and the view follows the decisions vitals makes for it (docs/decisions.md, "Scoped health").
+    location: str = ""
     signals_topic: str = "vitals.signals.v1"
     # "pool" (the signals topic's key) or "endpoint": for a fleet of replicas reporting through
     # a merge stage (`VITALS_SIGNALS_TOPIC=vitals.gateway-signals.v1`, docs/fleet.md).
@@ -70,6 +73,14 @@ class Settings:
     # "skip": a deployment's successes during this process's warm-up with it are not reported
     # (their times are LiteLLM's cold start); "report": every attempt is.
     warmup: str = "skip"
+
+    def scopes(self) -> set:
+        """The scopes whose decisions this proxy follows besides the fleet's: its gateway (as it
+        reports it) and its location."""
+        out = {f"gateway={escape_name(self.gateway) or 'litellm'}"}
+        if self.location:
+            out.add(f"location={self.location}")
+        return out
 
     @classmethod
     def from_env(cls, env=None, **overrides) -> Settings:
@@ -255,7 +266,7 @@ class VitalsCallback(CustomLogger):
         super().__init__()
         self.settings = settings or Settings.from_env(**overrides)
         self.counts = _Counts()
-        self.view = HealthView(self.settings.stale_after_s, self.settings.open_after_s)
+        self.view = HealthView(self.settings.stale_after_s, self.settings.open_after_s, self.settings.scopes())
         self.reporter: Reporter | None = None
         self.follower: Follower | None = None
         self._pid: int | None = None
@@ -279,9 +290,9 @@ class VitalsCallback(CustomLogger):
                 return self
             s = self.settings
             try:
-                self.view = HealthView(s.stale_after_s, s.open_after_s)
+                self.view = HealthView(s.stale_after_s, s.open_after_s, s.scopes())
                 self.reporter = Reporter(
-                    gateway=s.gateway, transport=s.transport, brokers=s.kafka_brokers, topic=s.signals_topic,
+                    gateway=s.gateway, location=s.location, transport=s.transport, brokers=s.kafka_brokers, topic=s.signals_topic,
                     ingest_url=s.ingest_url, token=s.token or None, queue_size=s.queue_size,
                     delivery_timeout_s=s.delivery_timeout_s, key=s.key,
                 )

@@ -99,9 +99,11 @@ class Report:
     attempt: str | None = None
 
 
-def to_record(r: Report, gateway: str) -> dict:
+def to_record(r: Report, gateway: str, location: str = "") -> dict:
     """The CallOutcome record (current schema version) of a report."""
     attributes = {"source": "litellm"}
+    if location:
+        attributes["location"] = location
     if r.attempt:
         attributes["attempt"] = r.attempt
     return {
@@ -128,6 +130,7 @@ class Reporter:
     def __init__(
         self,
         gateway: str,
+        location: str = "",
         transport: str = "kafka",
         brokers: str | None = None,
         topic: str = "vitals.signals.v1",
@@ -148,6 +151,7 @@ class Reporter:
             raise ValueError(f"key must be 'pool' or 'endpoint' (a merge stage's input), not {key!r}")
         self.key_by_endpoint = key == "endpoint"
         self.gateway = escape_name(gateway) or "litellm"
+        self.location = location
         self.transport = transport
         self.topic = topic
         self.counters = Counters()
@@ -206,7 +210,7 @@ class Reporter:
             log.warning("vitals: reports dropped so far: %s", self.counters.snapshot())
 
     def record(self, r: Report) -> dict:
-        return to_record(r, self.gateway)
+        return to_record(r, self.gateway, self.location)
 
     def _delivered(self, err, _msg) -> None:
         if self._settled:

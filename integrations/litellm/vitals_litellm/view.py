@@ -4,7 +4,9 @@ then the changes topic from a minute before the cold start began; a per-endpoint
 duplicates and detects gaps (a gap re-reads the state topic, at most once per 10 s); a recovering
 endpoint's weight ramps locally from `ramp_ms`; panic mode spreads over every endpoint. A view
 that hears nothing from the processor (no change, no tick) for `stale_after` is *stale* and keeps
-routing as last known; after `open_after` it *fails open*."""
+routing as last known; after `open_after` it *fails open*. A view applies the fleet's transitions
+and those of its own `scopes` (`gateway=litellm-a`, `location=eu`): an endpoint out for one of
+them is out here only; a fleet transition out of rotation ends every scoped one."""
 
 from __future__ import annotations
 
@@ -41,19 +43,32 @@ class Endpoint:
     retry_at_us: int | None = None
     # When this view last let a trial call through to it (µs; 0: never).
     trial_sent_us: int = 0
+    # The scoped decisions of this view's scopes in force: scope -> (trial time µs, since µs).
+    scoped: dict | None = None
+
+    def effective(self) -> str:
+        """The state this view routes by: out while one of its scopes is."""
+        return "UNHEALTHY" if self.scoped else self.state
 
     def trial_due(self, now_us: int) -> bool:
         """Whether the router's trial is due: out of rotation for a fault (not an operator's
         maintenance), its isolation over, and no trial let through since the last word on it."""
-        if self.state != "UNHEALTHY":
+        if self.effective() != "UNHEALTHY":
             return False
-        due = self.retry_at_us if self.retry_at_us is not None else self.since_us + TRIAL_UNKNOWN_AFTER_US
+        if self.scoped:
+            retry_at, since = min(self.scoped.values(), key=lambda v: v[0] if v[0] is not None else 1 << 62)
+        else:
+            retry_at, since = self.retry_at_us, self.since_us
+        due = retry_at if retry_at is not None else since + TRIAL_UNKNOWN_AFTER_US
         if now_us < due:
             return False
-        return self.trial_sent_us < max(due, self.since_us) or now_us - self.trial_sent_us >= TRIAL_AGAIN_AFTER_US
+        return self.trial_sent_us < max(due, since) or now_us - self.trial_sent_us >= TRIAL_AGAIN_AFTER_US
 
     def weight_at(self, now_us: int) -> float:
-        """The weight now: a recovering endpoint ramps from its weight to 1 over `ramp_ms`."""
+        """The weight now: 0 while a scope of this view's is out; a recovering endpoint ramps
+        from its weight to 1 over `ramp_ms`."""
+        if self.scoped:
+            return 0.0
         if self.ramp_ms <= 0 or self.weight >= 1.0:
             return self.weight
         done = min(1.0, max(0.0, (now_us - self.since_us) / (self.ramp_ms * 1000.0)))
@@ -74,8 +89,9 @@ def now_us() -> int:
 class HealthView:
     """Endpoints by (pool, endpoint); thread-safe. Applying is the follower's, reading anyone's."""
 
-    def __init__(self, stale_after_s: float = 15.0, open_after_s: float = 60.0):
+    def __init__(self, stale_after_s: float = 15.0, open_after_s: float = 60.0, scopes=()):
         self._lock = threading.Lock()
+        self.scopes = frozenset(scopes)
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
         self._pools: dict[str, Pool] = {}
         self.stale_after_us = int(stale_after_s * 1e6)
@@ -99,6 +115,8 @@ class HealthView:
                 ep.state, ep.weight, ep.ramp_ms = s["state"], s["weight"], s.get("ramp_ms", 0)
                 ep.since_us, ep.seq, ep.reason = _micros(s["since"]), s["seq"], s.get("reason", "")
                 ep.retry_at_us = None  # the state topic does not carry it
+                if s["state"] in OUT_OF_ROTATION:
+                    ep.scoped = None
 
     def apply_change(self, h: dict) -> str:
         """'next', 'gap' or 'duplicate'."""
@@ -108,10 +126,23 @@ class HealthView:
                 self.duplicates += 1
                 return "duplicate"
             applied = "gap" if ep.seq >= 0 and h["seq"] > ep.seq + 1 else "next"
-            ep.state, ep.weight, ep.ramp_ms = h["to_state"], h["weight"], h.get("ramp_ms", 0)
-            ep.since_us, ep.seq, ep.reason = _micros(h["stream_time"]), h["seq"], h.get("reason", "")
+            ep.seq = h["seq"]
             retry_at = h.get("retry_at")
-            ep.retry_at_us = None if retry_at is None else _micros(retry_at)
+            retry_at_us = None if retry_at is None else _micros(retry_at)
+            scope = h.get("scope")
+            if scope is None:
+                ep.state, ep.weight, ep.ramp_ms = h["to_state"], h["weight"], h.get("ramp_ms", 0)
+                ep.since_us, ep.reason = _micros(h["stream_time"]), h.get("reason", "")
+                ep.retry_at_us = retry_at_us
+                if h["to_state"] in OUT_OF_ROTATION:
+                    ep.scoped = None
+            elif scope in self.scopes:
+                scoped = dict(ep.scoped or {})
+                scoped.pop(scope, None)
+                if h["to_state"] == "UNHEALTHY":
+                    scoped[scope] = (retry_at_us, _micros(h["stream_time"]))
+                ep.scoped = scoped or None
+            # another scope's transition only moves the seq
             if applied == "gap":
                 self.gaps += 1
             else:

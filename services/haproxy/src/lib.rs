@@ -66,6 +66,14 @@ pub struct Config {
     /// Seconds of silence after which every server vitals steers is put back at full weight.
     #[arg(long, env = "VITALS_HAPROXY_FAIL_OPEN_AFTER_SECS", default_value_t = 60)]
     fail_open_after_secs: u64,
+    /// The gateway name this HAProxy's calls are reported under (vitals-logbridge's
+    /// `--gateway`): it follows the decisions vitals makes for that gateway as well as the
+    /// fleet's (docs/decisions.md, "Scoped health").
+    #[arg(long, env = "VITALS_HAPROXY_GATEWAY")]
+    gateway: Option<String>,
+    /// Where this HAProxy runs (a region or zone): it follows its location's decisions too.
+    #[arg(long, env = "VITALS_HAPROXY_LOCATION")]
+    location: Option<String>,
     /// Liveness, readiness and metrics.
     #[arg(long, env = "VITALS_HAPROXY_HTTP", default_value = "127.0.0.1:9467")]
     http_addr: String,
@@ -383,6 +391,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     vc.changes_topic = cfg.changes_topic.clone();
     vc.stale_after = Duration::from_secs(cfg.stale_after_secs);
     vc.open_after = Duration::from_secs(cfg.fail_open_after_secs);
+    vc.identity = vitals_healthview::Identity::new(cfg.gateway.as_deref(), cfg.location.as_deref(), &[]);
     let (tx, rx) = mpsc::sync_channel::<()>(1);
     let follower = tokio::task::spawn_blocking(move || {
         vitals_healthview::follow_with(vc, move |_| {

@@ -54,6 +54,14 @@ pub struct Routes {
     /// The gateway name in every reported call.
     #[serde(default = "default_gateway")]
     pub gateway: String,
+    /// Where this router runs (a region or zone): it follows the decisions vitals makes for
+    /// its location as well as for its gateway (docs/decisions.md, "Scoped health").
+    #[serde(default)]
+    pub location: Option<String>,
+    /// The ids of the credentials its upstream calls use (opaque ids, never the secrets): it
+    /// follows the decisions vitals makes for them too.
+    #[serde(default)]
+    pub key_ids: Vec<String>,
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
 }
@@ -67,6 +75,11 @@ fn default_gateway() -> String {
 }
 
 impl Routes {
+    /// The scopes this router is in.
+    pub fn identity(&self) -> vitals_healthview::Identity {
+        vitals_healthview::Identity::new(Some(&self.gateway), self.location.as_deref(), &self.key_ids)
+    }
+
     pub fn parse(text: &str) -> anyhow::Result<Routes> {
         let r: Routes = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut models = HashMap::new();

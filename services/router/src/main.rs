@@ -65,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         vc.changes_topic = cfg.changes_topic.clone();
         vc.stale_after = Duration::from_secs(cfg.stale_after_secs);
         vc.open_after = Duration::from_secs(cfg.fail_open_after_secs);
+        vc.identity = routes.identity();
         let follower = tokio::task::spawn_blocking(move || vitals_healthview::follow(vc)).await??;
         tracing::info!(endpoints = follower.view.len(), cold_start = ?follower.cold_start, "health view loaded");
         let listen = routes.listen;
