@@ -17,6 +17,7 @@ use vitals_contracts::{CallOutcome, HealthState, Micros, OutcomeClass, Policy, P
 use vitals_engine::{Decision, Engine};
 
 pub mod anchors;
+pub mod fleet;
 
 /// What decides the endpoints' health in a run: the engine under a policy, or an anchor's model
 /// (see [`anchors`]). It hears every signal in stream order, as the processor would.
@@ -33,7 +34,7 @@ impl Judge for Engine {
 pub const SEC: Micros = 1_000_000;
 pub const MS: Micros = 1_000;
 /// Where the simulated clock starts (any fixed instant would do).
-const T0: Micros = 1_700_000_000_000_000;
+pub(crate) const T0: Micros = 1_700_000_000_000_000;
 /// A call whose first token takes longer than this is a slow call for its user.
 pub const SLOW_MS: i64 = 1_250;
 /// An ejection within this long after the endpoint's fault ended still counts as caused by it

@@ -20,6 +20,10 @@ fn run(s: &Scenario, seed: u64) -> Score {
 
 #[derive(Parser)]
 struct Args {
+    /// The scoped faults instead (one gateway's, one location's, one credential's, a faulty
+    /// gateway, everyone's): a fleet of gateways, with and without their identities.
+    #[arg(long)]
+    fleet: bool,
     /// Seed of the first run; run k uses seed + k.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -97,6 +101,48 @@ fn after_fault(scores: &[Score], f: fn(&Score) -> Option<Result<Micros, Micros>>
     }
 }
 
+/// The scoped faults over `runs` seeds: medians, without identities (one shared state) and with.
+fn fleet(seed: u64, runs: u64) {
+    use vitals_scorecard::fleet::{fleet_scenarios, run_fleet, FleetScore};
+    println!(
+        "scoped faults: gateways at 4 calls/s, pool of 3, fault from 60 s to 240 s; medians over seeds {seed}..{}",
+        seed + runs - 1
+    );
+    println!("| scenario | unaffected capacity lost (endpoint-s) | fleet transitions | affected out after s | affected transitions | affected failed calls | faulty reporter named |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+        v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+        v[v.len() / 2]
+    }
+    for s in fleet_scenarios() {
+        eprintln!("[scorecard] {} …", s.name);
+        for (label, scoped) in [("before", false), ("after", true)] {
+            let scores: Vec<FleetScore> = (seed..seed + runs).map(|k| run_fleet(&s, k, scoped)).collect();
+            let out = median(
+                scores
+                    .iter()
+                    .map(|x| x.affected_out_after.unwrap_or(i64::MAX))
+                    .collect(),
+            );
+            println!(
+                "| {} ({label}) | {:.1} | {} | {} | {} | {} | {}/{} |",
+                s.name,
+                median(scores.iter().map(|x| x.unaffected_capacity_lost).collect()),
+                median(scores.iter().map(|x| x.fleet_transitions).collect()),
+                if out == i64::MAX {
+                    "—".to_owned()
+                } else {
+                    format!("{:.2}", out as f64 / 1e6)
+                },
+                median(scores.iter().map(|x| x.affected_transitions).collect()),
+                median(scores.iter().map(|x| x.affected_failed).collect()),
+                scores.iter().filter(|x| x.faulty_named).count(),
+                scores.len()
+            );
+        }
+    }
+}
+
 fn main() {
     let args = Args::parse();
     let mut policy = Policy::default();
@@ -105,6 +151,10 @@ fn main() {
     }
     POLICY.set(policy).expect("set once");
     WORST.store(args.worst, Ordering::Relaxed);
+    if args.fleet {
+        fleet(args.seed, args.runs.max(1));
+        return;
+    }
     let all = scenarios();
     let chosen: Vec<_> = all
         .iter()
