@@ -12,8 +12,8 @@
 use crate::hash::Fnv64;
 use crate::types::{CallOutcome, Micros, OutcomeClass, Signal};
 pub use crate::types::{
-    CallSummary, Histogram, HistogramBucket, OutcomeCounts, HISTOGRAM_GAMMA, HISTOGRAM_RELATIVE_ERROR,
-    MAX_SUMMARY_MODELS,
+    CallSummary, Histogram, HistogramBucket, OutcomeCounts, ReporterCounts, HISTOGRAM_GAMMA, HISTOGRAM_RELATIVE_ERROR,
+    MAX_SUMMARY_MODELS, MAX_SUMMARY_REPORTERS,
 };
 use std::collections::HashMap;
 
@@ -52,6 +52,43 @@ struct Open {
     interval_start: Micros,
     failures_sent: u32,
     summary: Option<CallSummary>,
+    /// A merging summarizer's: the watched reporters' calls in `summary`.
+    reporters: Vec<ReporterCounts>,
+}
+
+/// Reporters a merging summarizer watches per endpoint at most: those that failed, until a
+/// merged summary shows their run of failures over.
+const MAX_WATCHED: usize = 4 * MAX_SUMMARY_REPORTERS;
+
+/// Take the open summary of an interval. A merging summarizer's lists the watched reporters
+/// whose calls it holds (at most [`MAX_SUMMARY_REPORTERS`], those with the most failures); a
+/// reporter listed with no failure at the end is watched no more (the engine has seen its run
+/// end).
+fn take_summary(
+    o: &mut Open,
+    merging: bool,
+    watched: &mut HashMap<u64, Vec<Vec<String>>>,
+    key: u64,
+) -> Option<CallSummary> {
+    let mut summary = o.summary.take()?;
+    if merging {
+        let mut listed = std::mem::take(&mut o.reporters);
+        listed.retain(|r| r.calls > 0);
+        listed.sort_by(|a, b| {
+            (b.failures, b.calls)
+                .cmp(&(a.failures, a.calls))
+                .then_with(|| a.scopes.cmp(&b.scopes))
+        });
+        listed.truncate(MAX_SUMMARY_REPORTERS);
+        if let Some(w) = watched.get_mut(&key) {
+            w.retain(|scopes| !listed.iter().any(|r| &r.scopes == scopes && r.trailing_failures == 0));
+            if w.is_empty() {
+                watched.remove(&key);
+            }
+        }
+        summary.reporters = Some(listed);
+    }
+    Some(summary)
 }
 
 /// The hash an endpoint's interval is kept under (a merging summarizer's: without the gateway).
@@ -80,6 +117,10 @@ pub struct Summarizer {
     /// A merge stage's summarizer: the gateway its summaries carry. It keeps one interval per
     /// endpoint whatever gateway a call or a summary came from.
     merged_as: Option<String>,
+    /// A merge stage's: per endpoint, the reporters (their scopes) whose calls its summaries
+    /// list — those that failed, until a summary lists them with no failure at the end.
+    /// Kept across intervals, at most [`MAX_WATCHED`] per endpoint.
+    watched: HashMap<u64, Vec<Vec<String>>>,
 }
 
 impl Summarizer {
@@ -94,6 +135,7 @@ impl Summarizer {
             next_due: Micros::MAX,
             overflowed: 0,
             merged_as: None,
+            watched: HashMap::new(),
         }
     }
 
@@ -128,15 +170,17 @@ impl Summarizer {
     fn slot(&mut self, key: u64, names: [&str; 3], now: Micros, out: &mut Vec<Signal>) -> &mut Open {
         let interval = self.cfg.interval_us;
         let gateway = self.merged_as.as_deref().unwrap_or(names[2]);
+        let merging = self.merged_as.is_some();
         let o = self.open.entry(key).or_insert_with(|| Open {
             names: [names[0].to_owned(), names[1].to_owned(), gateway.to_owned()],
             interval_start: now,
             failures_sent: 0,
             summary: None,
+            reporters: Vec::new(),
         });
         if now >= o.interval_start.saturating_add(interval) {
             // A new interval: what is open goes first.
-            out.extend(o.summary.take().map(Signal::Summary));
+            out.extend(take_summary(o, merging, &mut self.watched, key).map(Signal::Summary));
             o.interval_start = now;
             o.failures_sent = 0;
         }
@@ -165,6 +209,73 @@ impl Summarizer {
         };
         if let Some(open) = o.summary.as_mut() {
             open.append(&summary);
+        }
+        // Whose calls they were: the gateway of a gateway's summary, the reporters of a merged one.
+        let count = |n: i64| n.max(0);
+        let contributions: Vec<(Vec<String>, i64, i64, i64)> = match &summary.reporters {
+            Some(listed) => listed
+                .iter()
+                .map(|r| {
+                    (
+                        r.scopes.clone(),
+                        count(r.calls),
+                        count(r.failures),
+                        count(r.trailing_failures),
+                    )
+                })
+                .collect(),
+            None if summary.gateway.is_empty() => Vec::new(),
+            None => {
+                let failures = count(summary.failures());
+                vec![(
+                    vec![crate::scope::name("gateway", &summary.gateway)],
+                    failures.saturating_add(count(summary.calls.success)),
+                    failures,
+                    i64::from(summary.trailing_failures.max(0)),
+                )]
+            }
+        };
+        for (scopes, calls, failures, trailing) in contributions {
+            self.reported(key, scopes, calls, failures, trailing);
+        }
+    }
+
+    /// A merging summarizer's: `calls` of a reporter of scopes `scopes` summed into the
+    /// endpoint's open summary, `failures` of them failing, `trailing` in a row at the end. A
+    /// reporter that fails is watched; a watched reporter's calls are listed.
+    fn reported(&mut self, key: u64, scopes: Vec<String>, calls: i64, failures: i64, trailing: i64) {
+        let watched = self.watched.entry(key).or_default();
+        let is_watched = watched.contains(&scopes);
+        if !is_watched && failures > 0 && watched.len() < MAX_WATCHED {
+            watched.push(scopes.clone());
+        } else if !is_watched {
+            if watched.is_empty() {
+                self.watched.remove(&key);
+            }
+            return;
+        }
+        let Some(o) = self.open.get_mut(&key) else {
+            return;
+        };
+        match o.reporters.iter_mut().find(|r| r.scopes == scopes) {
+            Some(r) => r.add(calls, failures, trailing),
+            None => {
+                let mut r = ReporterCounts {
+                    scopes,
+                    ..ReporterCounts::default()
+                };
+                r.add(calls, failures, trailing);
+                o.reporters.push(r);
+            }
+        }
+    }
+
+    /// A merging summarizer's: a failure of a reporter sent one by one (it carries its scopes):
+    /// the reporter is watched, so that its calls after it are listed.
+    fn watch(&mut self, key: u64, scopes: Vec<String>) {
+        let watched = self.watched.entry(key).or_default();
+        if !watched.contains(&scopes) && watched.len() < MAX_WATCHED {
+            watched.push(scopes);
         }
     }
 
@@ -213,12 +324,22 @@ impl Summarizer {
             return;
         }
         let (cap, slow_call_us) = (self.cfg.failure_cap, self.cfg.slow_call_us);
-        let names = [call.pool.as_str(), call.endpoint.as_str(), call.gateway.as_str()];
-        let o = self.slot(key, names, now, out);
-        let mut n = n;
+        let merging = self.merged_as.is_some();
         let hung = call.outcome == OutcomeClass::Success && call.ttft_us.is_some_and(|t| t > slow_call_us);
+        // What the engine's scope book makes of the call (a 401 or 403 fails its credential).
+        let failed = call.outcome.counts_as_failure() || hung || crate::scope::credential_refused(&call);
+        let counted = failed || !call.outcome.is_neutral();
+        let scopes = if merging {
+            crate::scope::of_call(&call)
+        } else {
+            Vec::new()
+        };
+        let names = [call.pool.as_str(), call.endpoint.as_str(), call.gateway.as_str()];
+        self.slot(key, names, now, out);
+        let o = self.open.get_mut(&key).expect("slot opened it");
+        let mut n = n;
         if (call.outcome.is_failure() || hung) && o.failures_sent < cap {
-            out.extend(o.summary.take().map(Signal::Summary));
+            out.extend(take_summary(o, merging, &mut self.watched, key).map(Signal::Summary));
             let one_by_one = n.min(cap - o.failures_sent);
             o.failures_sent += one_by_one;
             n -= one_by_one;
@@ -229,10 +350,15 @@ impl Summarizer {
                     ..call.clone()
                 }));
             }
+            if merging && failed && !scopes.is_empty() {
+                // Sent with its scopes; the reporter's calls after it are listed.
+                self.watch(key, scopes.clone());
+            }
             if n == 0 {
                 return;
             }
         }
+        let o = self.open.get_mut(&key).expect("slot opened it");
         let o = match o {
             o if o.summary.is_some() => o,
             _ => self.start_summary(key, now),
@@ -252,6 +378,11 @@ impl Summarizer {
                 summary.add_times(&call, n);
             }
         }
+        if merging && counted && !scopes.is_empty() {
+            let n = i64::from(n);
+            let f = if failed { n } else { 0 };
+            self.reported(key, scopes, n, f, f);
+        }
     }
 
     fn next_id(next: &mut u64, instance: &str, key: u64) -> String {
@@ -266,15 +397,17 @@ impl Summarizer {
             return;
         }
         let interval = self.cfg.interval_us;
+        let merging = self.merged_as.is_some();
         let mut due: Vec<CallSummary> = Vec::new();
         let mut next_due = Micros::MAX;
-        self.open.retain(|_, o| {
+        let watched = &mut self.watched;
+        self.open.retain(|key, o| {
             let end = o.interval_start.saturating_add(interval);
             if now < end {
                 next_due = next_due.min(end);
                 return true;
             }
-            due.extend(o.summary.take());
+            due.extend(take_summary(o, merging, watched, *key));
             false
         });
         self.next_due = next_due;
@@ -622,6 +755,24 @@ mod tests {
         assert_eq!(successes, [100, 100, 200], "{summaries:#?}");
         assert_eq!(summaries[2].latency.count(), 200);
         assert_eq!(summaries[2].calls.server_error, 4);
+        // Whose calls they were: every gateway failed, so each is listed with its calls in the
+        // summary (not those sent one by one), most failures first; their runs ended.
+        let listed = |s: &CallSummary| -> Vec<(String, i64, i64, i64)> {
+            let r = s.reporters.as_ref().expect("a merged summary lists reporters");
+            r.iter()
+                .map(|r| (r.scopes.join(","), r.calls, r.failures, r.trailing_failures))
+                .collect()
+        };
+        assert_eq!(listed(summaries[0]), [("gateway=gw-0".to_owned(), 100, 0, 0)]);
+        assert_eq!(listed(summaries[1]), [("gateway=gw-1".to_owned(), 100, 0, 0)]);
+        assert_eq!(
+            listed(summaries[2]),
+            [
+                ("gateway=gw-3".to_owned(), 103, 3, 0),
+                ("gateway=gw-2".to_owned(), 101, 1, 0)
+            ]
+        );
+        assert!(merge.watched.is_empty(), "every run is over");
         // A summary from an endpoint beyond max_open goes on as it came.
         let mut small = Summarizer::merging(SummaryConfig { max_open: 1, ..cfg }, "m2", "merge-2");
         let mut out = Vec::new();
@@ -631,5 +782,87 @@ mod tests {
         small.add_summary(other, 0, &mut out);
         assert!(matches!(&out[..], [Signal::Summary(s)] if s.summary_id == "s-y"));
         assert_eq!(small.overflowed, 1);
+    }
+
+    /// A merging summarizer lists a reporter from its first failure until a summary shows its
+    /// run over — across intervals (each merger transaction is one) — and no more than it may:
+    /// 8 listed, 32 watched per endpoint, whatever the fleet.
+    #[test]
+    fn a_merging_summarizer_lists_a_failing_reporter_until_its_run_ends_and_stays_bounded() {
+        let cfg = SummaryConfig {
+            failure_cap: 0,
+            ..SummaryConfig::default()
+        };
+        let mut merge = Summarizer::merging(cfg, "m", "merger");
+        let mut out = Vec::new();
+        let at = |g: &str, c: OutcomeClass, id: &str| {
+            let mut call = CallOutcome::new(id.to_owned(), "p", "a", g, 1_000, c);
+            call.attributes.insert("location".into(), "eu".into());
+            call
+        };
+        let listed = |out: &[Signal]| -> Vec<(String, i64, i64, i64)> {
+            let Some(Signal::Summary(s)) = out.last() else {
+                panic!("{out:?}")
+            };
+            let r = s.reporters.as_ref().expect("a merged summary lists reporters");
+            r.iter()
+                .map(|r| (r.scopes.join(","), r.calls, r.failures, r.trailing_failures))
+                .collect()
+        };
+        for i in 0..10 {
+            merge.add(at("g2", OutcomeClass::Success, &format!("s{i}")), 1, &mut out);
+        }
+        merge.add(at("g1", OutcomeClass::Success, "a0"), 1, &mut out);
+        merge.add(at("g1", OutcomeClass::Timeout, "a1"), 1, &mut out);
+        merge.add(at("g1", OutcomeClass::Timeout, "a2"), 1, &mut out);
+        merge.flush_all(&mut out);
+        assert_eq!(out.len(), 1);
+        // g1's success before its first failure is the summary's, not listed as g1's.
+        assert_eq!(listed(&out), [("gateway=g1,location=eu".to_owned(), 2, 2, 2)]);
+        // The next interval: g1's calls are listed until one passes; g2's are not.
+        out.clear();
+        merge.add(at("g2", OutcomeClass::Success, "s10"), 2, &mut out);
+        merge.add(at("g1", OutcomeClass::Success, "a3"), 2, &mut out);
+        merge.flush_all(&mut out);
+        assert_eq!(listed(&out), [("gateway=g1,location=eu".to_owned(), 1, 0, 0)]);
+        out.clear();
+        merge.add(at("g1", OutcomeClass::Success, "a4"), 3, &mut out);
+        merge.flush_all(&mut out);
+        assert_eq!(listed(&out), [], "its run is over: g1 is not listed");
+        // A 401 is its credential's failure (the engine's scope book counts it so).
+        out.clear();
+        let mut refused = at("g3", OutcomeClass::ClientError, "r1");
+        refused.http_status = Some(401);
+        merge.add(refused, 4, &mut out);
+        merge.flush_all(&mut out);
+        assert_eq!(listed(&out), [("gateway=g3,location=eu".to_owned(), 1, 1, 1)]);
+        // A gateway's own summary is listed under its gateway.
+        out.clear();
+        let mut own = CallSummary::new("s-g4".into(), "p", "a", "g4", 5);
+        own.add(&CallOutcome::new("x", "p", "a", "g4", 5, OutcomeClass::Timeout));
+        own.add_times(&CallOutcome::new("y", "p", "a", "g4", 5, OutcomeClass::Success), 7);
+        merge.add_summary(own, 5, &mut out);
+        merge.flush_all(&mut out);
+        assert_eq!(listed(&out), [("gateway=g4".to_owned(), 8, 1, 0)]);
+        // Bounded: 100 gateways failing at once.
+        out.clear();
+        for g in 0..100 {
+            for i in 0..=g % 3 {
+                merge.add(
+                    at(&format!("f{g}"), OutcomeClass::ServerError, &format!("x{g}-{i}")),
+                    6,
+                    &mut out,
+                );
+            }
+        }
+        merge.flush_all(&mut out);
+        let l = listed(&out);
+        assert_eq!(l.len(), MAX_SUMMARY_REPORTERS);
+        assert!(l.iter().all(|(_, _, f, _)| *f == 3), "the most failures first: {l:?}");
+        let key = key_of("p", "a", None);
+        assert_eq!(merge.watched[&key].len(), MAX_WATCHED);
+        for sig in &out {
+            assert_eq!(crate::validate_signal(sig, Some(0)), Ok(()));
+        }
     }
 }

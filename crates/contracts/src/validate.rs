@@ -357,6 +357,59 @@ fn validate_summary(s: &crate::summary::CallSummary, reference: Option<Micros>) 
     for m in &s.models {
         validate_name("models", m)?;
     }
+    if let Some(reporters) = &s.reporters {
+        summary_reporters(reporters, success + failures, failures)?;
+    }
+    Ok(())
+}
+
+/// A merged summary's reporters: at most [`MAX_SUMMARY_REPORTERS`], each with well-formed scopes
+/// and counts within the summary's.
+fn summary_reporters(reporters: &[ReporterCounts], calls: i64, failures: i64) -> Result<(), ValidationError> {
+    if reporters.len() > MAX_SUMMARY_REPORTERS {
+        return Err(bad(
+            "reporters",
+            format!("{} entries; at most {MAX_SUMMARY_REPORTERS}", reporters.len()),
+        ));
+    }
+    let (mut all_calls, mut all_failures) = (0i64, 0i64);
+    for r in reporters {
+        if r.scopes.is_empty() || r.scopes.len() > crate::scope::KINDS.len() {
+            return Err(bad(
+                "reporters",
+                format!(
+                    "{} scopes; a reporter has 1 to {}",
+                    r.scopes.len(),
+                    crate::scope::KINDS.len()
+                ),
+            ));
+        }
+        for scope in &r.scopes {
+            crate::scope::parse(scope).map_err(|e| bad("reporters", e))?;
+        }
+        if !(0 <= r.trailing_failures && r.trailing_failures <= r.failures && r.failures <= r.calls) {
+            return Err(bad(
+                "reporters",
+                format!(
+                    "{}: 0 <= trailing_failures ({}) <= failures ({}) <= calls ({}) does not hold",
+                    r.scopes.join(","),
+                    r.trailing_failures,
+                    r.failures,
+                    r.calls
+                ),
+            ));
+        }
+        all_calls = all_calls.saturating_add(r.calls);
+        all_failures = all_failures.saturating_add(r.failures);
+    }
+    if all_calls > calls || all_failures > failures {
+        return Err(bad(
+            "reporters",
+            format!(
+                "the reporters' {all_calls} calls ({all_failures} failed) are more than the summary's {calls} ({failures} failed)"
+            ),
+        ));
+    }
     Ok(())
 }
 

@@ -253,6 +253,65 @@ mod fastavro {
         assert_eq!((h.reason.as_str(), h.scope), ("old", None));
     }
 
+    /// Both directions of the summary's `reporters`: a consumer built before merged summaries
+    /// (version 1) reads a gateway's summary, one built after reads a merged one's reporters,
+    /// and a summary fastavro writes in version 1 decodes with none.
+    #[test]
+    fn a_consumer_of_either_version_reads_gateway_summaries_and_a_new_one_merged_reporters() {
+        let dir = std::env::temp_dir().join(format!("vitals-interop-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = CallOutcome::new("c", "p", "e", "g1", 5, OutcomeClass::Success);
+        let mut own = CallSummary::new("s-1".into(), "p", "e", "g1", 5);
+        own.add_times(&ok, 3);
+        let file = dir.join("own.bin");
+        std::fs::write(&file, encode(&own).unwrap()).unwrap();
+        let json = python(&[
+            "read".as_ref(),
+            schema_path("call_summary.v1.avsc").as_os_str(),
+            file.as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            (v["gateway"].as_str(), v["calls"]["success"].as_i64()),
+            (Some("g1"), Some(3))
+        );
+        let merged = CallSummary {
+            gateway: "merger".into(),
+            reporters: Some(vec![ReporterCounts {
+                scopes: vec!["gateway=g1".into(), "location=eu".into()],
+                calls: 3,
+                failures: 0,
+                trailing_failures: 0,
+            }]),
+            ..own.clone()
+        };
+        let file = dir.join("merged.bin");
+        std::fs::write(&file, encode(&merged).unwrap()).unwrap();
+        let json = python(&[
+            "read".as_ref(),
+            schema_path("call_summary.avsc").as_os_str(),
+            file.as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            v["reporters"][0]["scopes"],
+            serde_json::json!(["gateway=g1", "location=eu"])
+        );
+        assert_eq!(v["reporters"][0]["calls"], 3);
+        let record = serde_json::to_value(&own).unwrap();
+        let old = dir.join("old.bin");
+        python(&[
+            "write".as_ref(),
+            schema_path("call_summary.v1.avsc").as_os_str(),
+            record.to_string().as_ref(),
+            old.as_os_str(),
+        ]);
+        assert_eq!(
+            decode_signal(&std::fs::read(&old).unwrap()).unwrap(),
+            Signal::Summary(own)
+        );
+    }
+
     #[test]
     fn fastavro_reads_what_we_write() {
         let dir = std::env::temp_dir().join(format!("vitals-interop-w-{}", std::process::id()));
@@ -342,9 +401,19 @@ proptest! {
         sum.leading_failures = status.unwrap_or(-3);
         sum.trailing_rate_limited = 5;
         sum.max_retry_after_ms = retry;
-        sum.models = models;
+        sum.models = models.clone();
+        // A merged summary lists reporters (version 2); a gateway's does not (version 1).
+        let merged = CallSummary {
+            reporters: Some(models.iter().map(|m| ReporterCounts {
+                scopes: vec![format!("gateway={m}"), "location=eu".into()],
+                calls: lat,
+                failures: at,
+                trailing_failures: status.map_or(0, i64::from),
+            }).collect()),
+            ..sum.clone()
+        };
         let tick = Signal::Tick(Tick { ticker: id, emitted_at: at });
-        for s in [call, probe, tick, Signal::Summary(sum)] {
+        for s in [call, probe, tick, Signal::Summary(sum), Signal::Summary(merged)] {
             let bytes = encode_signal(&s).unwrap();
             prop_assert_eq!(decode_signal(&bytes).unwrap(), s.clone());
             prop_assert_eq!(codec::decode_signal_generic(&bytes).unwrap(), s);
@@ -541,14 +610,57 @@ fn a_fleet_record_is_written_in_the_previous_version_and_a_scoped_one_in_the_cur
     assert_eq!(decode::<PoolHealthChanged>(&plain).unwrap(), pool);
 }
 
+/// A gateway's own summary is written in version 1, which every consumer built before merged
+/// summaries reads (the Java peer, an older processor); a merged one, in version 2. Both decode
+/// on the fast path as they do on the generic one.
+#[test]
+fn a_gateways_summary_is_written_in_version_1_and_a_merged_one_in_version_2() {
+    let fp = |bytes: &[u8]| u64::from_le_bytes(bytes[2..10].try_into().unwrap());
+    let current = codec::current_schema(SchemaKind::CallSummary).1;
+    let ok = CallOutcome::new("c", "p", "e", "g1", 5, OutcomeClass::Success);
+    let mut own = CallSummary::new("s-1".into(), "p", "e", "g1", 5);
+    own.add_times(&ok, 3);
+    let bytes = encode(&own).unwrap();
+    assert_ne!(fp(&bytes), current, "version 1");
+    let v1 = Schema::parse_str(include_str!("../../../schemas/call_summary.v1.avsc")).unwrap();
+    assert_eq!(fp(&bytes), fingerprint(&v1));
+    assert_eq!(decode_signal(&bytes).unwrap(), Signal::Summary(own.clone()));
+    assert_eq!(
+        codec::decode_signal_generic(&bytes).unwrap(),
+        Signal::Summary(own.clone())
+    );
+    let merged = CallSummary {
+        gateway: "merger".into(),
+        reporters: Some(vec![ReporterCounts {
+            scopes: vec!["gateway=g1".into()],
+            calls: 2,
+            failures: 1,
+            trailing_failures: 0,
+        }]),
+        ..own.clone()
+    };
+    let bytes = encode(&merged).unwrap();
+    assert_eq!(fp(&bytes), current);
+    assert_eq!(decode_signal(&bytes).unwrap(), Signal::Summary(merged.clone()));
+    assert_eq!(codec::decode_signal_generic(&bytes).unwrap(), Signal::Summary(merged));
+    // An empty list is still a merged summary: everyone's calls, no reporter known.
+    let anonymous = CallSummary {
+        reporters: Some(vec![]),
+        ..own
+    };
+    let bytes = encode(&anonymous).unwrap();
+    assert_eq!(fp(&bytes), current);
+    assert_eq!(decode_signal(&bytes).unwrap(), Signal::Summary(anonymous));
+}
+
 #[test]
 fn the_fuzz_target_covers_every_schema_version() {
     let known = codec::known_schemas();
-    assert_eq!(known.len(), 15, "{known:?}");
+    assert_eq!(known.len(), 16, "{known:?}");
     assert_eq!(
         known.iter().filter(|k| !k.2).count(),
-        6,
-        "six older versions (CallOutcome v1 and v2, PolicyChange v1 and v2, HealthChanged v1, PoolHealthChanged v1)"
+        7,
+        "seven older versions (CallOutcome v1 and v2, CallSummary v1, PolicyChange v1 and v2, HealthChanged v1, PoolHealthChanged v1)"
     );
 }
 

@@ -116,9 +116,80 @@ impl Outcome {
     }
 }
 
+/// How the gateways' calls reach the engine.
+enum Path {
+    /// One by one.
+    Direct,
+    /// The mesh shape (docs/fleet.md): each gateway's summarizer, then a merge stage that sums
+    /// every gateway's calls to an endpoint and commits every `interval` — with failure caps
+    /// of `cap` (0: every failure is summed).
+    Merged {
+        gateways: Vec<Summarizer>,
+        merger: Summarizer,
+        interval: Micros,
+        next_flush: Micros,
+    },
+}
+
+impl Path {
+    fn merged(n: usize, cap: u32, interval: Micros) -> Path {
+        let cfg = SummaryConfig {
+            failure_cap: cap,
+            ..SummaryConfig::default()
+        };
+        let merging = SummaryConfig {
+            interval_us: Micros::MAX / 4,
+            ..cfg
+        };
+        Path::Merged {
+            gateways: (0..n).map(|i| Summarizer::new(cfg, &format!("g{i}"))).collect(),
+            merger: Summarizer::merging(merging, "m", "merger"),
+            interval,
+            next_flush: T0 + interval,
+        }
+    }
+
+    /// What reaches the engine by `now` once gateway `i` made `call`.
+    fn deliver(&mut self, i: usize, call: CallOutcome, now: Micros) -> Vec<Signal> {
+        let Path::Merged {
+            gateways,
+            merger,
+            interval,
+            next_flush,
+        } = self
+        else {
+            return vec![Signal::Call(call)];
+        };
+        let mut from_gateways = Vec::new();
+        gateways[i].add(call, now, &mut from_gateways);
+        let mut out = Vec::new();
+        if now >= *next_flush {
+            for g in gateways.iter_mut() {
+                g.flush_due(now, &mut from_gateways);
+            }
+        }
+        for s in from_gateways {
+            match s {
+                Signal::Call(c) => merger.add(c, now, &mut out),
+                Signal::Summary(x) => merger.add_summary(x, now, &mut out),
+                other => out.push(other),
+            }
+        }
+        if now >= *next_flush {
+            merger.flush_all(&mut out);
+            *next_flush = now + *interval;
+        }
+        out
+    }
+}
+
 /// Each gateway calls 4 times a second, in turn, for `secs` seconds; probes of every endpoint
 /// pass every 5 s (the health route answers whatever the callers see).
 fn run(gateways: &mut [Gateway], fault: &Fault, secs: i64) -> Outcome {
+    run_by(gateways, fault, secs, &mut Path::Direct)
+}
+
+fn run_by(gateways: &mut [Gateway], fault: &Fault, secs: i64, path: &mut Path) -> Outcome {
     let mut engine = Engine::new(Policy::default());
     let mut out = Outcome {
         decisions: Vec::new(),
@@ -146,7 +217,10 @@ fn run(gateways: &mut [Gateway], fault: &Fault, secs: i64) -> Outcome {
             attributes: g.attributes.clone(),
             ..CallOutcome::new(format!("call-{id}"), "p", ep, g.name.clone(), now, outcome)
         };
-        let mut ds = engine.step(now, &Signal::Call(call));
+        let mut ds = Vec::new();
+        for signal in path.deliver(i, call, now) {
+            ds.extend(engine.step(now, &signal));
+        }
         if t % (5 * SEC) < step {
             for (k, e) in ENDPOINTS.iter().enumerate() {
                 let p = probe("p", e, id * 10 + k as u64, ProbeKind::Http, OutcomeClass::Success);
@@ -376,4 +450,54 @@ fn a_mesh_of_500_gateways_keeps_a_bounded_book_per_endpoint() {
         pool.scoped_out("a").iter().map(|(s, _)| s.as_str()).collect::<Vec<_>>(),
         ["gateway=g7"]
     );
+}
+
+/// Through a merge stage (the mesh shape) whose summaries sum every gateway's calls, with no
+/// failure sent one by one: a merged summary still says whose failures they were, so one
+/// gateway's broken route is still that gateway's, and a fault every gateway sees is still the
+/// fleet's.
+#[test]
+fn through_a_merger_failures_keep_their_reporters() {
+    for n in [5, 20] {
+        let mut path = Path::merged(n, 0, 500 * MS);
+        let out = run_by(&mut fleet_of(n), &broken_route(60, 240), 300, &mut path);
+        assert!(out.fleet("a").is_empty(), "{n} gateways: {:?}", out.fleet("a"));
+        let g1 = out.scoped("a", "gateway=g1");
+        let (first, _) = g1.first().expect("out for g1");
+        assert!(
+            *first - 60 * SEC <= 10 * SEC,
+            "{n}: out for g1 after {} ms",
+            (first - 60 * SEC) / MS
+        );
+        assert!(g1.iter().filter(|(t, _)| *t < 240 * SEC).count() <= 4, "{g1:?}");
+        assert!(
+            out.changes()
+                .all(|(_, h)| h.scope.as_deref().is_none_or(|s| s == "gateway=g1")),
+            "nobody else (not the merger) is blamed"
+        );
+    }
+    let everyone = |_: &Gateway, ep: &str, t: i64| {
+        (ep == "a" && (60..240).contains(&t)).then_some((OutcomeClass::ServerError, 503))
+    };
+    let out = run_by(&mut fleet_of(20), &everyone, 120, &mut Path::merged(20, 0, 500 * MS));
+    assert!(
+        out.fleet("a").iter().any(|(_, h)| h.to_state == HealthState::Unhealthy),
+        "the fleet's fault ejects it: {:?}",
+        out.changes().collect::<Vec<_>>()
+    );
+    assert!(out.changes().all(|(_, h)| h.scope.is_none()), "nothing scoped");
+}
+
+/// g1 fails one call in 10 to `a`, scattered (never five in a row). Its failures go one by one
+/// with their gateway, its successes are summed with everyone's: the merged summaries list
+/// them as g1's, so its run ends at each — not counted on across its successes into a
+/// scoped ejection.
+#[test]
+fn through_a_merger_one_gateways_scattered_failures_are_no_run() {
+    let scattered = |g: &Gateway, ep: &str, t: i64| {
+        (g.name == "g1" && ep == "a" && g.next % 10 == 0 && t >= 10).then_some((OutcomeClass::ServerError, 503))
+    };
+    let out = run_by(&mut fleet_of(20), &scattered, 600, &mut Path::merged(20, 1, 500 * MS));
+    assert!(out.failed > 20, "{} failed calls", out.failed);
+    assert_eq!(out.changes().count(), 0, "{:?}", out.changes().collect::<Vec<_>>());
 }

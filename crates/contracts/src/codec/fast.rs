@@ -121,15 +121,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decode the body of a current-version signal record of `kind`, or `None` for kinds this
-/// module does not handle.
-pub(crate) fn decode(kind: SchemaKind, body: &[u8]) -> Option<Result<Signal, CodecError>> {
+/// Decode the body of a current-version signal record of `kind` (or, `current` false, a
+/// summary of version 1), or `None` for kinds this module does not handle.
+pub(crate) fn decode(kind: SchemaKind, body: &[u8], current: bool) -> Option<Result<Signal, CodecError>> {
     let mut r = Reader { rest: body, kind };
     let result = match kind {
         SchemaKind::CallOutcome => call(&mut r).map(Signal::Call),
         SchemaKind::ProbeResult => probe(&mut r).map(Signal::Probe),
         SchemaKind::Tick => tick(&mut r).map(Signal::Tick),
-        SchemaKind::CallSummary => summary(&mut r).map(Signal::Summary),
+        SchemaKind::CallSummary => summary(&mut r, current).map(Signal::Summary),
         _ => return None,
     };
     Some(result.and_then(|s| r.end().map(|()| s)))
@@ -217,7 +217,7 @@ fn histogram(r: &mut Reader<'_>) -> Result<Histogram, CodecError> {
     Ok(Histogram { sum_us, buckets })
 }
 
-fn summary(r: &mut Reader<'_>) -> Result<CallSummary, CodecError> {
+fn summary(r: &mut Reader<'_>, with_reporters: bool) -> Result<CallSummary, CodecError> {
     Ok(CallSummary {
         summary_id: r.string()?,
         pool: r.string()?,
@@ -254,5 +254,31 @@ fn summary(r: &mut Reader<'_>) -> Result<CallSummary, CodecError> {
             })?;
             v
         },
+        reporters: if with_reporters {
+            r.optional(|r| {
+                let mut v = Vec::new();
+                r.items(|r| {
+                    v.push(reporter(r)?);
+                    Ok(())
+                })?;
+                Ok(v)
+            })?
+        } else {
+            None
+        },
+    })
+}
+
+fn reporter(r: &mut Reader<'_>) -> Result<ReporterCounts, CodecError> {
+    let mut scopes = Vec::new();
+    r.items(|r| {
+        scopes.push(r.string()?);
+        Ok(())
+    })?;
+    Ok(ReporterCounts {
+        scopes,
+        calls: r.long()?,
+        failures: r.long()?,
+        trailing_failures: r.long()?,
     })
 }

@@ -57,6 +57,11 @@ const SCHEMA_FILES: &[(SchemaKind, &str, bool)] = &[
         true,
     ),
     (
+        SchemaKind::CallSummary,
+        include_str!("../../../../schemas/call_summary.v1.avsc"),
+        false,
+    ),
+    (
         SchemaKind::ProbeResult,
         include_str!("../../../../schemas/probe_result.avsc"),
         true,
@@ -260,7 +265,15 @@ macro_rules! record {
     };
 }
 record!(CallOutcome, CallOutcome);
-record!(crate::summary::CallSummary, CallSummary);
+/// A gateway's own summary (no `reporters`) is written in version 1, as before merged ones
+/// existed, so that every consumer built before them reads it; a merged one is version 2.
+impl Record for crate::summary::CallSummary {
+    const KIND: SchemaKind = SchemaKind::CallSummary;
+
+    fn fits_previous(&self) -> bool {
+        self.reporters.is_none()
+    }
+}
 record!(ProbeResult, ProbeResult);
 record!(Tick, Tick);
 record!(OperatorOverride, OperatorOverride);
@@ -430,8 +443,11 @@ pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
 /// Decode anything that may arrive on the signals topic.
 pub fn decode_signal(bytes: &[u8]) -> Result<Signal, CodecError> {
     let (kind, idx, body) = header(bytes)?;
-    if registry().known[idx].resolve_to.is_none() {
-        if let Some(result) = fast::decode(kind, body) {
+    let r = registry();
+    // A summary's version 1 is version 2 without its last field: the fast path reads both.
+    let summary_v1 = kind == SchemaKind::CallSummary && r.previous.get(&kind).is_some_and(|(i, _)| *i == idx);
+    if r.known[idx].resolve_to.is_none() || summary_v1 {
+        if let Some(result) = fast::decode(kind, body, !summary_v1) {
             return result;
         }
     }

@@ -239,6 +239,43 @@ pub struct CallSummary {
     pub max_retry_after_ms: Option<i64>,
     #[serde(default)]
     pub models: Vec<String>,
+    /// `None` in a gateway's own summary (its gateway is its reporter); in a merged one
+    /// (vitals-merger), the reporters that failed in it or were in a run of failures, at most
+    /// [`MAX_SUMMARY_REPORTERS`]: the calls of the others are the summary's, whose reporter is not
+    /// known. Not in the JSON ingest: only a merge stage on the gateway-signals topic says whose
+    /// calls another's were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reporters: Option<Vec<ReporterCounts>>,
+}
+
+/// Most reporters a merged summary lists.
+pub const MAX_SUMMARY_REPORTERS: usize = 8;
+
+/// One reporter's calls within a merged summary: what the engine's attribution needs of them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReporterCounts {
+    /// The reporter's scopes, narrowest first (`gateway=g1`, `key=k1`, `location=eu`).
+    pub scopes: Vec<String>,
+    /// Its calls that count for or against the endpoint (successes and failures).
+    pub calls: i64,
+    pub failures: i64,
+    /// Its failures in a row at the end.
+    pub trailing_failures: i64,
+}
+
+impl ReporterCounts {
+    /// Add `calls` of which `failures` failed, `trailing` of them in a row at the end (after
+    /// any success among them).
+    pub fn add(&mut self, calls: i64, failures: i64, trailing: i64) {
+        let passed = calls > failures;
+        self.calls = self.calls.saturating_add(calls);
+        self.failures = self.failures.saturating_add(failures);
+        self.trailing_failures = if passed {
+            trailing
+        } else {
+            self.trailing_failures.saturating_add(trailing)
+        };
+    }
 }
 
 impl CallSummary {
@@ -263,6 +300,7 @@ impl CallSummary {
             trailing_rate_limited: 0,
             max_retry_after_ms: None,
             models: Vec::new(),
+            reporters: None,
         }
     }
 

@@ -350,6 +350,8 @@ impl SignalItem {
                 trailing_rate_limited: s.trailing_rate_limited,
                 max_retry_after_ms: s.max_retry_after_ms,
                 models: s.models,
+                // Only a merge stage says whose calls another's were (not the HTTP ingest).
+                reporters: None,
             }),
             SignalItem::Probe(p) => c::Signal::Probe(c::ProbeResult {
                 probe_id: p.probe_id.unwrap_or_else(|| id("api-probe")),

@@ -333,6 +333,13 @@ impl PoolState {
                 };
                 self.outcome(o, out);
             }
+            Signal::Summary(s) if s.reporters.is_some() => {
+                if !self.endpoints.contains_key(s.endpoint.as_str()) {
+                    self.tracker(&s.endpoint);
+                }
+                self.scoped_merged(s, out);
+                self.summary(s, out);
+            }
             Signal::Summary(s) => {
                 // A summary's gateway is a scope when it names one, as a call's is.
                 let scopes: Vec<String> = (!s.gateway.is_empty())

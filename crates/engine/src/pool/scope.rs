@@ -360,6 +360,45 @@ impl PoolState {
         let (now, policy) = (self.now, &self.policy);
         let book = self.books.entry(r.endpoint.to_owned()).or_default();
         book.record(now, policy, r.scopes, r.calls, r.failures, r.trailing);
+        self.scoped_decisions(r, out);
+    }
+
+    /// A merged summary (vitals-merger): each reporter it lists is recorded under its scopes,
+    /// the calls of everyone else under none (they are the rest of every comparison), and then
+    /// the listed reporters' scoped decisions are taken as a call's would be.
+    pub(super) fn scoped_merged(&mut self, s: &vitals_contracts::CallSummary, out: &mut Vec<Decision>) {
+        let listed = s.reporters.as_deref().unwrap_or_default();
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let failures = count(s.failures());
+        let calls = failures + count(s.calls.success);
+        let (now, policy) = (self.now, &self.policy);
+        let book = self.books.entry(s.endpoint.clone()).or_default();
+        let (mut rest_calls, mut rest_failures) = (calls, failures);
+        for r in listed.iter().filter(|r| r.calls > 0) {
+            let (c, f) = (count(r.calls), count(r.failures));
+            book.record(now, policy, &r.scopes, c, f, count(r.trailing_failures));
+            rest_calls = rest_calls.saturating_sub(c);
+            rest_failures = rest_failures.saturating_sub(f);
+        }
+        if rest_calls > 0 {
+            book.record(now, policy, &[], rest_calls, rest_failures, 0);
+        }
+        for r in listed.iter().filter(|r| r.calls > 0) {
+            let reported = Reported {
+                endpoint: &s.endpoint,
+                id: &s.summary_id,
+                scopes: &r.scopes,
+                calls: count(r.calls),
+                failures: count(r.failures),
+                trailing: count(r.trailing_failures),
+            };
+            self.scoped_decisions(&reported, out);
+        }
+    }
+
+    /// The scoped decisions that what `r` reported (recorded) takes.
+    fn scoped_decisions(&mut self, r: &Reported<'_>, out: &mut Vec<Decision>) {
+        let now = self.now;
         let mut changed = false;
         for scope in r.scopes {
             let book = &self.books[r.endpoint];
