@@ -36,7 +36,7 @@ esac
 
 # Every port the demo listens on must be free: an earlier demo or scripts/run.sh would answer
 # in its place.
-for port in 8080 8090 9310 9311 9312 9313 9321 9322 9464 9465 9466 9467; do
+for port in 8080 8090 8091 9310 9311 9312 9313 9314 9321 9322 9464 9465 9466 9467; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     say "port $port is in use (is scripts/run.sh or another demo running?); stop it first"
     exit 1
@@ -133,6 +133,13 @@ elif [[ $gateway == litellm ]]; then
 elif [[ $gateway == router ]]; then
   start router target/release/vitals-router --config deploy/demo/routes.toml
   ready router http://127.0.0.1:8090/healthz
+fi
+if [[ $gateway != haproxy ]]; then
+  # A second gateway in front of the chat pool (its own name, its own route to chat-a): the
+  # timeline's "one gateway's route broken" must take chat-a from it alone.
+  start router-2 target/release/vitals-router --config deploy/demo/routes-2.toml
+  ready router-2 http://127.0.0.1:8091/healthz
+  demo_args=(--second-router http://127.0.0.1:8091 ${demo_args[@]+"${demo_args[@]}"})
 fi
 
 say "the services run; logs in $logs/. Playing the timeline of $timeline through the $gateway"

@@ -27,6 +27,10 @@ struct Args {
     /// The router's base URL.
     #[arg(long, default_value = "http://127.0.0.1:8090")]
     router: String,
+    /// A second gateway's base URL (a vitals-router with deploy/demo/routes-2.toml): the load of a
+    /// gateway fault goes through it too, and only it must stop using the endpoint.
+    #[arg(long)]
+    second_router: Option<String>,
     /// A bearer token for the router (LiteLLM's proxy: its master key).
     #[arg(long, env = "VITALS_DEMO_ROUTER_KEY", hide_env_values = true)]
     router_key: Option<String>,
@@ -78,6 +82,40 @@ enum Seen {
 struct Observed(Mutex<Vec<(Instant, Seen)>>);
 
 impl Observed {
+    /// A gateway fault's scoped transition of an affected endpoint after `since`: out for the
+    /// scope (`out`), or back for it.
+    fn scoped(&self, f: &Fault, scope: &str, since: Instant, out: bool) -> Option<Instant> {
+        let log = self.0.lock().expect("observed lock");
+        log.iter()
+            .filter(|(t, _)| *t >= since)
+            .find(|(_, s)| match s {
+                Seen::Change(h) => {
+                    h.pool == f.pool
+                        && f.endpoints.contains(&h.endpoint)
+                        && h.scope.as_deref() == Some(scope)
+                        && (h.to_state == HealthState::Unhealthy) == out
+                }
+                Seen::Pool(_) => false,
+            })
+            .map(|(t, _)| *t)
+    }
+
+    /// Fleet transitions of an affected endpoint out of `healthy` in `[from, to)`: what a gateway
+    /// fault must not make.
+    fn fleet_moves(&self, f: &Fault, from: Instant, to: Instant) -> usize {
+        let log = self.0.lock().expect("observed lock");
+        log.iter()
+            .filter(|(t, s)| {
+                *t >= from
+                    && *t < to
+                    && matches!(s, Seen::Change(h) if h.pool == f.pool
+                        && f.endpoints.contains(&h.endpoint)
+                        && h.scope.is_none()
+                        && h.to_state != HealthState::Healthy)
+            })
+            .count()
+    }
+
     /// When the fault was first seen after `since`: an affected endpoint left `healthy`, or the
     /// pool went into panic or a correlated outage.
     fn detected(&self, f: &Fault, since: Instant) -> Option<Instant> {
@@ -152,8 +190,9 @@ fn describe(h: &HealthChanged) -> String {
     if let Some(p99) = e.ttft_p99_ms {
         ev.push_str(&format!(", first token p99 {p99:.0} ms"));
     }
+    let scope = h.scope.as_deref().map_or(String::new(), |s| format!(" for {s} only"));
     format!(
-        "{}/{}  {} → {}  [{}] {} ({ev})",
+        "{}/{}{scope}  {} → {}  [{}] {} ({ev})",
         h.pool,
         h.endpoint,
         h.from_state.as_str(),
@@ -192,6 +231,34 @@ struct Row {
     calls: usize,
     failed: usize,
     slow: usize,
+    /// A gateway fault's: what each router did while the endpoints were out for the one.
+    scoped: Option<Scoped>,
+}
+
+/// A gateway fault, as the two routers lived it.
+struct Scoped {
+    scope: String,
+    /// Fleet transitions of the endpoints during it (none is right).
+    fleet_moves: usize,
+    /// Calls the unaffected router sent to the endpoints while they were out for the other.
+    unaffected: usize,
+    /// Calls the affected router sent them then (its trial at most).
+    affected: usize,
+}
+
+impl Scoped {
+    fn ok(&self) -> bool {
+        self.fleet_moves == 0 && self.unaffected > 0 && self.affected <= 2
+    }
+}
+
+/// Calls of `pool` in `[from, to)` that the endpoints `endpoints` served.
+fn served(calls: &load::Calls, pool: &str, endpoints: &[String], from: Instant, to: Instant) -> usize {
+    calls
+        .between(pool, from, to)
+        .iter()
+        .filter(|c| c.endpoint.as_ref().is_some_and(|e| endpoints.contains(e)))
+        .count()
 }
 
 fn secs(d: Option<Duration>) -> String {
@@ -334,6 +401,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             f.name,
             f.pool
         );
+        anyhow::ensure!(
+            f.gateway.is_none() || args.second_router.is_some(),
+            "fault {:?} breaks a second gateway's route: give --second-router",
+            f.name
+        );
     }
     let rate_ok = args.rate > 0.0 && args.rate.is_finite();
     anyhow::ensure!(rate_ok, "--rate must be a positive number of calls a second");
@@ -430,11 +502,42 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     let mut rows = Vec::new();
     for (i, f) in timeline.faults.iter().enumerate() {
+        if f.gateway.is_some() {
+            // One gateway's failures on an endpoint on probation are the fleet's (its probation
+            // is held): a gateway fault starts on endpoints healthy at full weight.
+            wait_for(
+                &clock,
+                &format!("{} healthy before {:?}", f.endpoints.join(", "), f.name),
+                Duration::from_secs(timeline.restore_within_s),
+                &calls,
+                || {
+                    f.endpoints
+                        .iter()
+                        .all(|e| matches!(view.state(&f.pool, e), None | Some(HealthState::Healthy)))
+                        .then(Instant::now)
+                },
+            )
+            .await;
+        }
         let mut before = Vec::new();
-        for e in &f.endpoints {
+        for e in f.sim_endpoints() {
             before.push(sim.get(e).await?);
         }
-        for e in &f.endpoints {
+        // A gateway fault: the second router carries load of the pool while it lasts.
+        let second = match (&f.gateway, &args.second_router) {
+            (Some(g), Some(url)) => {
+                let pool: Vec<(String, String)> = pools.iter().filter(|(p, _)| *p == f.pool).cloned().collect();
+                println!(
+                    "{} load: {} calls/s to {} through the second router ({g}) at {url}",
+                    clock.now(),
+                    args.rate,
+                    f.pool
+                );
+                Some(load::Generator::start(url, None, &pool, args.rate))
+            }
+            _ => None,
+        };
+        for e in f.sim_endpoints() {
             sim.set(e, &f.behaviour).await?;
         }
         let start = Instant::now();
@@ -447,29 +550,68 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             f.endpoints.join(", "),
             f.pool
         );
+        let scope = f.scope();
         let detected = wait_for(
             &clock,
             &format!("vitals to detect {:?}", f.name),
             Duration::from_secs(timeline.detect_within_s),
             &calls,
-            || observed.detected(f, start),
+            || match &scope {
+                Some(s) => observed.scoped(f, s, start, true),
+                None => observed.detected(f, start),
+            },
         )
         .await;
+        let out_from = Instant::now();
         tokio::time::sleep(Duration::from_secs(f.hold_s)).await;
-        for (e, b) in f.endpoints.iter().zip(&before) {
+        for (e, b) in f.sim_endpoints().iter().zip(&before) {
             sim.set(e, b).await?;
         }
         let healed = Instant::now();
-        println!("{} ✓ healed: {} behave as before", clock.now(), f.endpoints.join(", "));
+        println!(
+            "{} ✓ healed: {} behave as before",
+            clock.now(),
+            f.sim_endpoints().join(", ")
+        );
         let restored = wait_for(
             &clock,
-            &format!("{} back in rotation", f.endpoints.join(", ")),
+            &match &scope {
+                Some(s) => format!("{} back in rotation for {s} (its trial)", f.endpoints.join(", ")),
+                None => format!("{} back in rotation", f.endpoints.join(", ")),
+            },
             Duration::from_secs(timeline.restore_within_s),
             &calls,
-            || in_rotation(&view, f).then(|| observed.last_about(f, healed).unwrap_or(healed)),
+            || match &scope {
+                Some(s) => observed.scoped(f, s, healed, false),
+                None => in_rotation(&view, f).then(|| observed.last_about(f, healed).unwrap_or(healed)),
+            },
         )
         .await;
         let end = restored.unwrap_or_else(Instant::now).max(healed);
+        let scoped = match (scope, second) {
+            (Some(scope), Some(second)) => {
+                // From a second after the decision (calls already on their way) to the heal.
+                let from = out_from + Duration::from_secs(1);
+                let s = Scoped {
+                    fleet_moves: observed.fleet_moves(f, start, end),
+                    unaffected: served(&calls, &f.pool, &f.endpoints, from, healed),
+                    affected: served(&second.calls, &f.pool, &f.endpoints, from, healed),
+                    scope,
+                };
+                second.stop().await;
+                println!(
+                    "{}   while {} was out for {}: the first router sent it {} calls, the second {}; {} fleet transitions",
+                    clock.now(),
+                    f.endpoints.join(", "),
+                    s.scope,
+                    s.unaffected,
+                    s.affected,
+                    s.fleet_moves
+                );
+                Some(s)
+            }
+            _ => None,
+        };
         let c = calls.between(&f.pool, start, end);
         rows.push(Row {
             name: f.name.clone(),
@@ -481,6 +623,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                 .iter()
                 .filter(|c| c.ok && c.first_token.is_some_and(|t| t > Duration::from_secs(1)))
                 .count(),
+            scoped,
         });
         println!(
             "{} ■ {}: detected after {}, back in rotation {} after the heal",
@@ -516,6 +659,18 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     println!("'back after heal': from the heal to the endpoints back in rotation (healthy or ramping up);");
     println!("calls: the pool's calls from the fault to its end, as the load generator's users saw them;");
     println!("slow: calls that succeeded but waited more than 1 s for their first token.");
+    for (r, s) in rows.iter().filter_map(|r| r.scoped.as_ref().map(|s| (r, s))) {
+        println!(
+            "{}: decided for {} only — {} fleet transitions; while it was out for {}, the other router still sent {} calls to it, the affected one {}{}",
+            r.name,
+            s.scope,
+            s.fleet_moves,
+            s.scope,
+            s.unaffected,
+            s.affected,
+            if s.ok() { "" } else { "  ✗ (expected: no fleet transition, the other router using it, the affected one at most its trial)" }
+        );
+    }
     // Every transition the router saw is in the audit log, with its evidence.
     let api = args.api.trim_end_matches('/');
     let faulted: BTreeSet<&str> = timeline.faults.iter().map(|f| f.pool.as_str()).collect();
@@ -539,7 +694,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         );
     }
-    let mut ok = rows.iter().all(|r| r.detected.is_some() && r.restored.is_some());
+    let mut ok = rows
+        .iter()
+        .all(|r| r.detected.is_some() && r.restored.is_some() && r.scoped.as_ref().is_none_or(Scoped::ok));
     if args.check && !ok {
         eprintln!("vitals-demo: a fault was missed or did not heal (see the table)");
     }

@@ -30,6 +30,32 @@ pub struct Fault {
     /// How long the fault lasts once detected, seconds.
     #[serde(default = "default_hold")]
     pub hold_s: u64,
+    /// One gateway's route to the endpoints broken (a scoped fault): the gateway (the second
+    /// router's `gateway`), and the simulator's endpoints that are its route to them (its routes
+    /// file points there). The behaviour is set on those; vitals must take the endpoints out for
+    /// that gateway only.
+    #[serde(default)]
+    pub gateway: Option<String>,
+    #[serde(default)]
+    pub via: Vec<String>,
+}
+
+impl Fault {
+    /// The scope a gateway fault is decided for.
+    pub fn scope(&self) -> Option<String> {
+        self.gateway
+            .as_deref()
+            .map(|g| vitals_contracts::scope::name("gateway", g))
+    }
+
+    /// The simulator's endpoints the fault's behaviour is set on.
+    pub fn sim_endpoints(&self) -> &[String] {
+        if self.gateway.is_some() {
+            &self.via
+        } else {
+            &self.endpoints
+        }
+    }
 }
 
 fn default_warmup() -> u64 {
@@ -51,6 +77,12 @@ impl Timeline {
         anyhow::ensure!(!t.faults.is_empty(), "the timeline has no [[fault]]");
         for (i, f) in t.faults.iter().enumerate() {
             anyhow::ensure!(!f.endpoints.is_empty(), "fault {} ({:?}): no endpoints", i + 1, f.name);
+            anyhow::ensure!(
+                f.gateway.is_some() == !f.via.is_empty(),
+                "fault {} ({:?}): a gateway's fault names both `gateway` and `via` (its route's simulator endpoints)",
+                i + 1,
+                f.name
+            );
             f.behaviour
                 .validate()
                 .map_err(|e| anyhow::anyhow!("fault {} ({:?}): behaviour.{}: {}", i + 1, f.name, e.field, e.message))?;
@@ -66,8 +98,12 @@ mod tests {
     #[test]
     fn the_shipped_timeline_parses() {
         let t = Timeline::parse(include_str!("../../../deploy/demo/timeline.toml")).unwrap();
-        assert_eq!(t.faults.len(), 4);
+        assert_eq!(t.faults.len(), 5);
         assert!(t.faults[1].behaviour.refuse);
+        let route = &t.faults[4];
+        assert_eq!(route.scope().as_deref(), Some("gateway=demo-router-2"));
+        assert_eq!(route.sim_endpoints(), ["chat-c-via-2"]);
+        assert_eq!(t.faults[0].sim_endpoints(), ["chat-b"]);
     }
 
     #[test]
@@ -85,5 +121,11 @@ mod tests {
         .to_string();
         assert!(e.contains("dropz"), "{e}");
         assert!(Timeline::parse("warmup_s = 1\n").is_err());
+        let e = Timeline::parse(
+            "[[fault]]\nname = \"x\"\npool = \"p\"\nendpoints = [\"a\"]\ngateway = \"g2\"\nbehaviour = { refuse = true }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`via`"), "{e}");
     }
 }
