@@ -125,7 +125,7 @@ enum Path {
     /// of `cap` (0: every failure is summed).
     Merged {
         gateways: Vec<Summarizer>,
-        merger: Summarizer,
+        merger: Box<Summarizer>,
         interval: Micros,
         next_flush: Micros,
     },
@@ -143,7 +143,7 @@ impl Path {
         };
         Path::Merged {
             gateways: (0..n).map(|i| Summarizer::new(cfg, &format!("g{i}"))).collect(),
-            merger: Summarizer::merging(merging, "m", "merger"),
+            merger: Box::new(Summarizer::merging(merging, "m", "merger")),
             interval,
             next_flush: T0 + interval,
         }
@@ -495,7 +495,8 @@ fn through_a_merger_failures_keep_their_reporters() {
 #[test]
 fn through_a_merger_one_gateways_scattered_failures_are_no_run() {
     let scattered = |g: &Gateway, ep: &str, t: i64| {
-        (g.name == "g1" && ep == "a" && g.next % 10 == 0 && t >= 10).then_some((OutcomeClass::ServerError, 503))
+        (g.name == "g1" && ep == "a" && g.next.is_multiple_of(10) && t >= 10)
+            .then_some((OutcomeClass::ServerError, 503))
     };
     let out = run_by(&mut fleet_of(20), &scattered, 600, &mut Path::merged(20, 1, 500 * MS));
     assert!(out.failed > 20, "{} failed calls", out.failed);

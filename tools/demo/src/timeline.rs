@@ -78,7 +78,7 @@ impl Timeline {
         for (i, f) in t.faults.iter().enumerate() {
             anyhow::ensure!(!f.endpoints.is_empty(), "fault {} ({:?}): no endpoints", i + 1, f.name);
             anyhow::ensure!(
-                f.gateway.is_some() == !f.via.is_empty(),
+                f.gateway.is_some() != f.via.is_empty(),
                 "fault {} ({:?}): a gateway's fault names both `gateway` and `via` (its route's simulator endpoints)",
                 i + 1,
                 f.name
