@@ -56,6 +56,11 @@ struct Open {
     reporters: Vec<ReporterCounts>,
 }
 
+/// The longest a merged summary spans (from its first call's end to its last's): half of what
+/// the processor accepts ([`crate::validate::MAX_SUMMARY_SPAN_US`]), so that a gateway whose
+/// clock is off, or a backlog read at once, makes more summaries, never one too long.
+pub const MAX_MERGED_SPAN_US: Micros = crate::validate::MAX_SUMMARY_SPAN_US / 2;
+
 /// Reporters a merging summarizer watches per endpoint at most: those that failed, until a
 /// merged summary shows their run of failures over.
 const MAX_WATCHED: usize = 4 * MAX_SUMMARY_REPORTERS;
@@ -166,8 +171,16 @@ impl Summarizer {
     }
 
     /// The endpoint's open interval, begun at `now` if none is or the last has ended (what it
-    /// held goes to `out` first).
-    fn slot(&mut self, key: u64, names: [&str; 3], now: Micros, out: &mut Vec<Signal>) -> &mut Open {
+    /// held goes to `out` first). A merging summarizer also sends its open summary first when
+    /// calls that ended in `[from, to]` would stretch it beyond [`MAX_MERGED_SPAN_US`].
+    fn slot(
+        &mut self,
+        key: u64,
+        names: [&str; 3],
+        (from, to): (Micros, Micros),
+        now: Micros,
+        out: &mut Vec<Signal>,
+    ) -> &mut Open {
         let interval = self.cfg.interval_us;
         let gateway = self.merged_as.as_deref().unwrap_or(names[2]);
         let merging = self.merged_as.is_some();
@@ -183,6 +196,12 @@ impl Summarizer {
             out.extend(take_summary(o, merging, &mut self.watched, key).map(Signal::Summary));
             o.interval_start = now;
             o.failures_sent = 0;
+        }
+        let too_long = |s: &CallSummary| {
+            s.calls.total() > 0 && s.ended_at.max(to).saturating_sub(s.started_at.min(from)) > MAX_MERGED_SPAN_US
+        };
+        if merging && o.summary.as_ref().is_some_and(too_long) {
+            out.extend(take_summary(o, merging, &mut self.watched, key).map(Signal::Summary));
         }
         self.next_due = self.next_due.min(o.interval_start.saturating_add(interval));
         o
@@ -203,7 +222,8 @@ impl Summarizer {
             summary.endpoint.as_str(),
             summary.gateway.as_str(),
         ];
-        let o = match self.slot(key, names, now, out) {
+        let span = (summary.started_at, summary.ended_at);
+        let o = match self.slot(key, names, span, now, out) {
             o if o.summary.is_some() => o,
             _ => self.start_summary(key, now),
         };
@@ -335,7 +355,8 @@ impl Summarizer {
             Vec::new()
         };
         let names = [call.pool.as_str(), call.endpoint.as_str(), call.gateway.as_str()];
-        self.slot(key, names, now, out);
+        let end = call.occurred_at.saturating_add(call.latency_us.max(0));
+        self.slot(key, names, (end, end), now, out);
         let o = self.open.get_mut(&key).expect("slot opened it");
         let mut n = n;
         if (call.outcome.is_failure() || hung) && o.failures_sent < cap {
@@ -864,5 +885,52 @@ mod tests {
         for sig in &out {
             assert_eq!(crate::validate_signal(sig, Some(0)), Ok(()));
         }
+    }
+
+    /// A gateway whose clock is 90 s behind, and a backlog of ten minutes read at once: the
+    /// merged summaries are cut by time, so none spans more than the bound (every one passes the
+    /// processor's validation) and every call is still counted once.
+    #[test]
+    fn a_merging_summarizer_cuts_its_summaries_by_time() {
+        let mut merge = Summarizer::merging(
+            SummaryConfig {
+                interval_us: Micros::MAX / 4,
+                ..SummaryConfig::default()
+            },
+            "m",
+            "merger",
+        );
+        let mut out = Vec::new();
+        let t0 = 1_700_000_000_000_000;
+        let mut calls = 0;
+        // Six gateways send a summary of 40 calls every 250 ms for ten minutes; g6's clock is
+        // 90 s behind. The merger reads it all in one interval (a backlog).
+        for tick in 0..2_400i64 {
+            for g in 1..=6 {
+                let skew = if g == 6 { -90_000_000 } else { 0 };
+                let at = t0 + tick * 250_000 + skew;
+                let gw = format!("g{g}");
+                let mut x = CallSummary::new(format!("s{g}-{tick}"), "p", "a", &gw, at);
+                x.add_times(&CallOutcome::new("c", "p", "a", &gw, at, OutcomeClass::Success), 40);
+                calls += 40;
+                merge.add_summary(x, t0, &mut out);
+            }
+        }
+        merge.flush_all(&mut out);
+        let mut counted = 0;
+        for sig in &out {
+            let Signal::Summary(x) = sig else { panic!("{sig:?}") };
+            assert!(
+                x.ended_at - x.started_at <= MAX_MERGED_SPAN_US,
+                "{} µs",
+                x.ended_at - x.started_at
+            );
+            assert_eq!(crate::validate_signal(sig, Some(t0 + 600_000_000)), Ok(()));
+            counted += x.calls.total();
+        }
+        assert_eq!(counted, calls);
+        // Cut where a gateway's time jumps: about twice per round of the six, not per call.
+        eprintln!("{} merged summaries for {} gateway summaries", out.len(), 2_400 * 6);
+        assert!(out.len() <= 2 * 2_400 + 2, "{} summaries", out.len());
     }
 }

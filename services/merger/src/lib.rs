@@ -80,8 +80,10 @@ pub fn calls_in(s: &Signal) -> u64 {
 pub struct Counters {
     pub records_in: Counter,
     pub calls_in: Counter,
-    /// Records that are not a signal of the contracts (skipped, their offsets committed).
+    /// Records that are not a signal of the contracts (dead-lettered).
     pub undecodable: Counter,
+    /// Signals the processor would refuse (dead-lettered).
+    pub invalid: Counter,
     pub records_out: Counter,
     pub calls_out: Counter,
     pub summaries_out: Counter,
@@ -108,7 +110,11 @@ impl Default for Counters {
         let calls_in = counter("vitals_merger_calls_in", "Calls those records stand for.");
         let undecodable = counter(
             "vitals_merger_undecodable",
-            "Records read that are no signal of the contracts (skipped).",
+            "Records read that are no signal of the contracts (dead-lettered).",
+        );
+        let invalid = counter(
+            "vitals_merger_invalid",
+            "Signals read that the processor would refuse (dead-lettered, not merged).",
         );
         let records_out = counter(
             "vitals_merger_records_out",
@@ -138,6 +144,7 @@ impl Default for Counters {
             records_in,
             calls_in,
             undecodable,
+            invalid,
             records_out,
             calls_out,
             summaries_out,

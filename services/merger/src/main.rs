@@ -30,6 +30,10 @@ struct Config {
     /// What the processor reads.
     #[arg(long, env = "VITALS_SIGNALS_TOPIC", default_value = topics::SIGNALS)]
     signals_topic: String,
+    /// Where input that is no valid signal goes (the processor's dead-letter topic), with its
+    /// origin and the reason in headers.
+    #[arg(long, env = "VITALS_DLQ_TOPIC", default_value = topics::SIGNALS_DLQ)]
+    dlq_topic: String,
     #[arg(long, env = "VITALS_MERGER_GROUP", default_value = "vitals-merger")]
     group: String,
     /// Stable per instance (e.g. the pod's name): a restarted merger then aborts what it left
@@ -72,6 +76,12 @@ impl Config {
                 self.input_topic
             );
         }
+        if self.dlq_topic == self.input_topic || self.dlq_topic == self.signals_topic {
+            anyhow::bail!(
+                "--dlq-topic {} must differ from the input and signals topics",
+                self.dlq_topic
+            );
+        }
         if !(10..=10_000).contains(&self.interval_ms) {
             anyhow::bail!("--interval-ms {} is outside 10..=10000", self.interval_ms);
         }
@@ -92,6 +102,7 @@ impl Config {
             kafka: self.kafka.clone(),
             input: self.input_topic.clone(),
             output: self.signals_topic.clone(),
+            dlq: self.dlq_topic.clone(),
             group: self.group.clone(),
             transactional_id,
             interval: Duration::from_millis(self.interval_ms),
@@ -144,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
                         } else {
                             (
                                 StatusCode::SERVICE_UNAVAILABLE,
-                                "not ready: transactions not initialised",
+                                "not ready: transactions not initialised, or the committed offsets of partitions taken over not readable yet (a dead peer's transaction holds them until it times out)",
                             )
                         })
                     }),

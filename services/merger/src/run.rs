@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use vitals_contracts::clock::now_us;
-use vitals_contracts::{decode_signal, encode_signal, Signal};
+use vitals_contracts::{decode_signal, encode_signal, validate_signal, Signal};
 use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::kafka;
 
@@ -25,6 +25,8 @@ pub struct Settings {
     pub input: String,
     /// The signals topic the processor reads.
     pub output: String,
+    /// Where input that is no valid signal goes.
+    pub dlq: String,
     pub group: String,
     /// Stable per merger instance (a pod's name): a restarted merger aborts what its previous
     /// run left open at once, instead of after the transaction timeout.
@@ -125,13 +127,22 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
                 Some(Ok(m)) => {
                     positions.insert(m.partition(), m.offset() + 1);
                     counters.records_in.inc();
-                    match m.payload().map(decode_signal) {
-                        Some(Ok(sig)) => {
+                    // Checked as the processor checks it (against the record's time), so that
+                    // one bad record is dead-lettered alone, not merged into a summary that
+                    // the processor would refuse whole.
+                    let at = m.timestamp().to_millis().map_or(now, |ms| ms.saturating_mul(1000));
+                    match admit(m.payload().unwrap_or_default(), at) {
+                        Ok(sig) => {
                             counters.calls_in.inc_by(calls_in(&sig));
                             merge.take(sig, now, &mut out);
                         }
-                        _ => {
-                            counters.undecodable.inc();
+                        Err((code, why)) => {
+                            let counter = match code {
+                                "invalid_value" => &counters.invalid,
+                                _ => &counters.undecodable,
+                            };
+                            counter.inc();
+                            dead_letter(&producer, s, &m, code, &why)?;
                         }
                     }
                     send_all(&producer, &s.output, &mut out, counters)?;
@@ -143,7 +154,7 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
         }
         if rebalanced {
             merge = Merge::new(s.failure_cap, s.max_open, &instance, &s.gateway);
-            abort_and_rewind(&producer, &consumer, counters)?;
+            abort_and_rewind(&producer, &consumer, counters, ready)?;
             continue;
         }
         counters.open_endpoints.set(merge.open() as i64);
@@ -161,13 +172,71 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot commit; aborting the interval and reading it again");
-                abort_and_rewind(&producer, &consumer, counters)?;
+                abort_and_rewind(&producer, &consumer, counters, ready)?;
             }
         }
     }
     // Stopping: what is open is aborted (nothing committed is lost; the next merger reads it).
     let _ = producer.abort_transaction(TXN_TIMEOUT);
     Ok(())
+}
+
+/// An input record as a signal the processor accepts, or why not: (the dead-letter code the
+/// processor would give it, the reason).
+pub fn admit(payload: &[u8], at: vitals_contracts::Micros) -> Result<Signal, (&'static str, String)> {
+    let sig = decode_signal(payload).map_err(|e| (e.code(), e.to_string()))?;
+    validate_signal(&sig, Some(at)).map_err(|e| ("invalid_value", e.to_string()))?;
+    Ok(sig)
+}
+
+/// An input record that is no valid signal: to the dead-letter topic, in the transaction that
+/// consumes it, with its origin and the reason in the processor's headers.
+fn dead_letter(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    s: &Settings,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+    code: &str,
+    why: &str,
+) -> anyhow::Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let (partition, offset) = (m.partition().to_string(), m.offset().to_string());
+    let why: String = why.chars().take(1000).collect();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "vitals-origin-topic",
+            value: Some(s.input.as_str()),
+        })
+        .insert(Header {
+            key: "vitals-origin-partition",
+            value: Some(partition.as_str()),
+        })
+        .insert(Header {
+            key: "vitals-origin-offset",
+            value: Some(offset.as_str()),
+        })
+        .insert(Header {
+            key: "vitals-error-code",
+            value: Some(code),
+        })
+        .insert(Header {
+            key: "vitals-error",
+            value: Some(why.as_str()),
+        });
+    let payload = m.payload().unwrap_or_default();
+    let mut record = BaseRecord::to(&s.dlq).payload(payload).headers(headers);
+    if let Some(k) = m.key() {
+        record = record.key(k);
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e).context("producing a dead letter"),
+        }
+    }
 }
 
 /// Send the merged records of the transaction, keyed by pool (the signals topic's key). A full
@@ -228,18 +297,31 @@ fn abort_and_rewind(
     producer: &ThreadedProducer<DefaultProducerContext>,
     consumer: &BaseConsumer<Ctx>,
     counters: &Counters,
+    ready: &AtomicBool,
 ) -> anyhow::Result<()> {
     counters.aborted.inc();
-    producer
-        .abort_transaction(TXN_TIMEOUT)
-        .context("aborting a transaction")?;
+    retry_timeouts(
+        "aborting the transaction",
+        COMMITTED_TRIES,
+        || producer.abort_transaction(TXN_TIMEOUT),
+        |_| ready.store(false, Relaxed),
+    )
+    .context("aborting a transaction")?;
     let assigned = consumer.assignment().context("reading the assignment")?;
     if assigned.count() == 0 {
         return Ok(());
     }
-    let committed = consumer
-        .committed_offsets(assigned, Duration::from_secs(10))
-        .context("reading committed offsets")?;
+    // A peer that died mid-transaction holds its partitions' offsets until its transaction is
+    // aborted (by the transaction timeout): reading them times out meanwhile. That is waited
+    // out, not fatal.
+    let committed = retry_timeouts(
+        "reading the committed offsets",
+        COMMITTED_TRIES,
+        || consumer.committed_offsets(assigned.clone(), Duration::from_secs(10)),
+        |_| ready.store(false, Relaxed),
+    )
+    .context("reading committed offsets")?;
+    ready.store(true, Relaxed);
     let mut rewind = TopicPartitionList::new();
     for e in committed.elements() {
         let at = match e.offset() {
@@ -263,6 +345,47 @@ fn abort_and_rewind(
     Ok(())
 }
 
+/// Tries of reading the committed offsets, 10 s each: longer than a dead peer's transaction
+/// holds them (`transaction.timeout.ms` 10 s) several times over.
+const COMMITTED_TRIES: u32 = 12;
+
+/// Run `op` until it succeeds, retrying a timeout (or a transactional error librdkafka calls
+/// retriable) up to `tries` times in all (`waiting` is told of each); any other error, or the
+/// last try's, is returned.
+pub fn retry_timeouts<T>(
+    what: &str,
+    tries: u32,
+    mut op: impl FnMut() -> Result<T, KafkaError>,
+    mut waiting: impl FnMut(u32),
+) -> Result<T, KafkaError> {
+    let mut tried = 0;
+    loop {
+        tried += 1;
+        match op() {
+            Err(e) if tried < tries && is_timeout(&e) => {
+                tracing::warn!(error = %e, tried, "{what}: timed out; trying again");
+                waiting(tried);
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_timeout(e: &KafkaError) -> bool {
+    if let KafkaError::Transaction(t) = e {
+        if t.is_fatal() || t.txn_requires_abort() {
+            return false;
+        }
+        if t.is_retriable() {
+            return true;
+        }
+    }
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::RequestTimedOut)
+    )
+}
+
 /// Create the gateway-signals topic if it is missing: `partitions` of them, so that the merge
 /// spreads over as many mergers (keyed by endpoint, the hot pool's endpoints land apart).
 pub async fn ensure_input_topic(
@@ -274,4 +397,92 @@ pub async fn ensure_input_topic(
     use rdkafka::admin::{NewTopic, TopicReplication};
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
     kafka::create_topics(kafka, &[&new]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn timeouts_are_retried_up_to_the_bound_and_other_errors_are_not() {
+        let timeout = || KafkaError::OffsetFetch(RDKafkaErrorCode::OperationTimedOut);
+        // Two timeouts (a dead peer's open transaction), then the offsets.
+        let (calls, waited) = (Cell::new(0), Cell::new(0));
+        let r = retry_timeouts(
+            "t",
+            5,
+            || {
+                calls.set(calls.get() + 1);
+                if calls.get() < 3 {
+                    Err(timeout())
+                } else {
+                    Ok(7)
+                }
+            },
+            |_| waited.set(waited.get() + 1),
+        );
+        assert_eq!((r.unwrap(), calls.get(), waited.get()), (7, 3, 2));
+        // Timeouts past the bound: the last one is the error.
+        let calls = Cell::new(0);
+        let r: Result<(), _> = retry_timeouts(
+            "t",
+            4,
+            || {
+                calls.set(calls.get() + 1);
+                Err(timeout())
+            },
+            |_| {},
+        );
+        assert!(r.is_err());
+        assert_eq!(calls.get(), 4);
+        // Anything else at once.
+        let calls = Cell::new(0);
+        let r: Result<(), _> = retry_timeouts(
+            "t",
+            4,
+            || {
+                calls.set(calls.get() + 1);
+                Err(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownTopicOrPartition))
+            },
+            |_| {},
+        );
+        assert!(r.is_err());
+        assert_eq!(calls.get(), 1);
+    }
+
+    #[test]
+    fn input_the_processor_would_refuse_is_named_with_its_code() {
+        use vitals_contracts::{CallOutcome, CallSummary, OutcomeClass};
+        let at = 1_700_000_000_000_000;
+        let ok = Signal::Call(CallOutcome::new("c", "p", "a", "g", at, OutcomeClass::Success));
+        assert!(admit(&encode_signal(&ok).unwrap(), at).is_ok());
+        assert_eq!(admit(b"not a record", at).unwrap_err().0, "bad_magic");
+        let mut long = CallSummary::new("s".into(), "p", "a", "g", at);
+        long.add(&CallOutcome::new(
+            "1",
+            "p",
+            "a",
+            "g",
+            at - 120_000_000,
+            OutcomeClass::Success,
+        ));
+        long.add(&CallOutcome::new("2", "p", "a", "g", at, OutcomeClass::Success));
+        let (code, why) = admit(&encode_signal(&Signal::Summary(long)).unwrap(), at).unwrap_err();
+        assert_eq!(code, "invalid_value");
+        assert!(why.contains("within a minute"), "{why}");
+        // A day off the record's time: refused as the processor refuses it.
+        let late = Signal::Call(CallOutcome::new(
+            "c",
+            "p",
+            "a",
+            "g",
+            at - 25 * 3_600_000_000,
+            OutcomeClass::Success,
+        ));
+        assert_eq!(
+            admit(&encode_signal(&late).unwrap(), at).unwrap_err().0,
+            "invalid_value"
+        );
+    }
 }

@@ -8,12 +8,13 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::Message;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use vitals_contracts::{decode_signal, CallOutcome, OutcomeClass, Signal};
+use vitals_contracts::{decode_signal, encode_signal, CallOutcome, CallSummary, OutcomeClass, Signal};
 use vitals_testkit::*;
 
 const GATEWAYS: usize = 8;
 
-fn merger(input: &str, output: &str, group: &str, txn: &str, port: u16) -> Service {
+fn merger(input: &str, output: &Topics, group: &str, txn: &str, port: u16) -> Service {
+    let (dlq, output) = (&output.dlq, &output.signals);
     let args: Vec<String> = [
         "--brokers",
         &brokers(),
@@ -21,6 +22,8 @@ fn merger(input: &str, output: &str, group: &str, txn: &str, port: u16) -> Servi
         input,
         "--signals-topic",
         output,
+        "--dlq-topic",
+        dlq,
         "--group",
         group,
         "--transactional-id",
@@ -104,7 +107,7 @@ async fn a_fleet_merged_loses_and_duplicates_no_call_when_the_merger_is_killed_a
     let output = Topics::create(&unique("merge_out"), 2, Stamp::LogAppendTime).await;
     let (group, txn) = (unique("merger"), unique("merger_txn"));
     let port = free_port();
-    let mut first = merger(&input.signals, &output.signals, &group, &txn, port);
+    let mut first = merger(&input.signals, &output, &group, &txn, port);
     wait_until("the merger's transactions ready", Duration::from_secs(60), || async {
         http_get(port, "/readyz").await.is_some_and(|b| b.contains("ready"))
     })
@@ -163,7 +166,7 @@ async fn a_fleet_merged_loses_and_duplicates_no_call_when_the_merger_is_killed_a
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
     let port2 = free_port();
-    let _second = merger(&input.signals, &output.signals, &group, &txn, port2);
+    let _second = merger(&input.signals, &output, &group, &txn, port2);
     for _ in 0..20 {
         send_round(round);
         round += 1;
@@ -216,4 +219,91 @@ fn vitals_testkit_now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_micros() as i64
+}
+
+/// Time and bad input (docs/fleet.md): one gateway of six with its clock 90 s behind, and a
+/// backlog of two minutes read at once, lose no call — the merged summaries are cut by time and
+/// pass the processor's validation (none was dead-lettered for its span) — while a record that
+/// is no signal and a summary the processor would refuse go to the dead-letter topic alone,
+/// with their origin and reason, and the rest of their endpoint's calls are merged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_gateway_and_a_backlog_lose_no_call_and_bad_input_is_dead_lettered_alone() {
+    let input = Topics::create(&unique("skew_in"), 2, Stamp::LogAppendTime).await;
+    let output = Topics::create(&unique("skew_out"), 1, Stamp::LogAppendTime).await;
+    let now = vitals_testkit_now();
+    // Two minutes of six gateways' summaries of `a` (40 calls every 250 ms), g6's 90 s behind,
+    // all on the topic before the merger starts.
+    let mut inputs = Vec::new();
+    let mut want: HashMap<String, u64> = HashMap::new();
+    for tick in 0..480i64 {
+        for g in 1..=6 {
+            let at = now - 120_000_000 + tick * 250_000 - if g == 6 { 90_000_000 } else { 0 };
+            let gw = format!("g{g}");
+            let mut x = CallSummary::new(format!("s{g}-{tick}"), "pool", "a", &gw, at);
+            x.add_times(&CallOutcome::new("c", "pool", "a", &gw, at, OutcomeClass::Success), 40);
+            *want.entry("a".into()).or_default() += 40;
+            inputs.push(Input {
+                partition: None,
+                ts_ms: now / 1000,
+                key: Some("pool/a".into()),
+                bytes: encode_signal(&Signal::Summary(x)).unwrap(),
+            });
+        }
+    }
+    // Bad input among it: bytes that are no record, and a summary spanning two minutes.
+    let mut long = CallSummary::new("s-long".into(), "pool", "a", "g1", now - 120_000_000);
+    long.add(&CallOutcome::new(
+        "c1",
+        "pool",
+        "a",
+        "g1",
+        now - 120_000_000,
+        OutcomeClass::Success,
+    ));
+    long.add(&CallOutcome::new("c2", "pool", "a", "g1", now, OutcomeClass::Success));
+    for bytes in [b"not a record".to_vec(), encode_signal(&Signal::Summary(long)).unwrap()] {
+        inputs.insert(
+            700,
+            Input {
+                partition: None,
+                ts_ms: now / 1000,
+                key: Some("pool/a".into()),
+                bytes,
+            },
+        );
+    }
+    produce(&producer(), &input.signals, inputs).await;
+    let (group, txn, port) = (unique("merger"), unique("merger_txn"), free_port());
+    let _merger = merger(&input.signals, &output, &group, &txn, port);
+    let (out, records) = read_all(&output.signals, &want, Duration::from_secs(120)).await;
+    assert_eq!(out["a"].calls, want["a"], "every call of the valid input, once");
+    let mut longest = 0;
+    for sig in &records {
+        assert_eq!(vitals_contracts::validate_signal(sig, Some(now)), Ok(()), "{sig:?}");
+        if let Signal::Summary(x) = sig {
+            longest = longest.max(x.ended_at - x.started_at);
+        }
+    }
+    eprintln!(
+        "{} merged records from {} gateway summaries; the longest spans {} ms",
+        records.len(),
+        480 * 6,
+        longest / 1000
+    );
+    let dead = read_n(&output.dlq, 2, Duration::from_secs(60)).await;
+    let mut codes: Vec<String> = dead.iter().map(|m| header(m, "vitals-error-code").unwrap()).collect();
+    codes.sort();
+    assert_eq!(codes, ["bad_magic", "invalid_value"]);
+    for m in &dead {
+        assert_eq!(
+            header(m, "vitals-origin-topic").as_deref(),
+            Some(input.signals.as_str())
+        );
+        assert!(header(m, "vitals-origin-offset").is_some());
+    }
+    assert!(dead
+        .iter()
+        .any(|m| header(m, "vitals-error").unwrap().contains("within a minute")));
+    assert_eq!(metric(port, "vitals_merger_invalid_total").await, Some(1.0));
+    assert_eq!(metric(port, "vitals_merger_undecodable_total").await, Some(1.0));
 }
