@@ -38,6 +38,22 @@ pub fn consumer(kafka: &KafkaArgs, group: &str, extra: &[(&str, &str)]) -> Clien
 }
 
 /// Create `topics` where they are missing (one that exists is left as it is).
+/// A topic's configuration value (`message.timestamp.type`, …) as the broker reports it; `None`
+/// when the topic does not exist or the broker does not say.
+pub async fn topic_config(kafka: &KafkaArgs, topic: &str, name: &str) -> anyhow::Result<Option<String>> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = config(kafka, &[]).create()?;
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &opts)
+        .await?;
+    Ok(described
+        .into_iter()
+        .filter_map(Result::ok)
+        .find_map(|r| r.get(name).and_then(|e| e.value.clone())))
+}
+
 pub async fn create_topics(kafka: &KafkaArgs, topics: &[&rdkafka::admin::NewTopic<'_>]) -> anyhow::Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;

@@ -94,6 +94,8 @@ pub struct Topics {
     pub state: String,
     pub dlq: String,
     pub partitions: i32,
+    /// How the signals topic stamps its records.
+    pub stamp: Stamp,
 }
 
 /// Delete topics, best effort (a benchmark that made them leaves the broker as it found it).
@@ -117,6 +119,7 @@ impl Topics {
             state: format!("{prefix}.state"),
             dlq: format!("{prefix}.dlq"),
             partitions,
+            stamp,
         };
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", brokers())
@@ -366,12 +369,19 @@ pub fn start_processor(topics: &Topics, group: &str, schema: &str, extra: &[&str
         .map(|s| s.to_string())
         .collect();
     args.extend(topics.args());
+    let accept = if topics.stamp == Stamp::CreateTime {
+        "true"
+    } else {
+        "false"
+    };
     let fixed = [
         ("--group", group),
         ("--db-schema", schema),
         ("--create-topics", "false"),
     ];
     let defaults = [
+        // A test that controls stream time writes its own timestamps.
+        ("--accept-create-time", accept),
         ("--tick-interval-ms", "0"),
         ("--view-tick-interval-ms", "0"),
         ("--http-addr", "127.0.0.1:0"),

@@ -79,6 +79,12 @@ pub struct Config {
     /// batches and writer: the partitions are consumed in parallel on as many cores.
     #[arg(long, env = "VITALS_LANES", default_value_t = 1)]
     pub lanes: usize,
+    /// Run on a signals topic whose records carry their producers' timestamps
+    /// (`message.timestamp.type=CreateTime`) instead of the broker's append time. Stream time then
+    /// follows the reporters' clocks: one record stamped an hour ahead moves its partition's
+    /// clock an hour on. Without this flag the processor refuses such a topic at start.
+    #[arg(long, env = "VITALS_ACCEPT_CREATE_TIME", default_value_t = false, action = clap::ArgAction::Set)]
+    pub accept_create_time: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -96,6 +102,7 @@ impl std::fmt::Debug for Config {
             .field("view_tick_interval_ms", &self.view_tick_interval_ms)
             .field("http_addr", &self.http_addr)
             .field("lanes", &self.lanes)
+            .field("accept_create_time", &self.accept_create_time)
             .finish_non_exhaustive()
     }
 }

@@ -45,6 +45,39 @@ pub fn consumer_config(cfg: &Config, lane: usize) -> ClientConfig {
     crate::lanes::lane_config(c, lane, cfg.lanes)
 }
 
+/// Whether a signals topic's timestamp type may be run on: LogAppendTime always (the broker's
+/// clock is stream time), CreateTime only when the operator said so; the error names the
+/// setting and both ways out.
+pub fn stamp_allowed(topic: &str, stamp: Option<&str>, accept_create_time: bool) -> Result<(), String> {
+    match stamp {
+        None | Some("LogAppendTime") => Ok(()),
+        Some(s) if accept_create_time => {
+            tracing::warn!(topic, stamp = s, "the signals topic's records carry their producers' timestamps (--accept-create-time)");
+            Ok(())
+        }
+        Some(s) => Err(format!(
+            "the signals topic {topic} has message.timestamp.type={s}: stream time would follow the reporters' clocks \
+             (one record stamped an hour ahead moves its partition's clock an hour on, and isolations end an hour early). \
+             Set message.timestamp.type=LogAppendTime on the topic (kafka-configs.sh --alter --entity-type topics \
+             --entity-name {topic} --add-config message.timestamp.type=LogAppendTime), or start with \
+             --accept-create-time true (VITALS_ACCEPT_CREATE_TIME) to run on it anyway"
+        )),
+    }
+}
+
+/// Refuse a signals topic that does not stamp records with the broker's time, unless accepted.
+/// A topic that does not exist yet (or a broker that does not describe it) is not refused here.
+pub async fn check_stamp(cfg: &Config) -> anyhow::Result<()> {
+    let topic = &cfg.topics.signals_topic;
+    let stamp = kafka::topic_config(&cfg.kafka, topic, "message.timestamp.type")
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(topic, error = %e, "cannot read the signals topic's configuration");
+            None
+        });
+    stamp_allowed(topic, stamp.as_deref(), cfg.accept_create_time).map_err(anyhow::Error::msg)
+}
+
 /// Create the signals, changes, state (compacted) and dead-letter topics if missing.
 pub async fn ensure_topics(cfg: &Config) -> anyhow::Result<()> {
     let replication = || TopicReplication::Fixed(cfg.replication_factor);
@@ -55,4 +88,25 @@ pub async fn ensure_topics(cfg: &Config) -> anyhow::Result<()> {
     let state = NewTopic::new(&cfg.topics.state_topic, cfg.partitions, replication()).set("cleanup.policy", "compact");
     let dlq = NewTopic::new(&cfg.topics.dlq_topic, 1, replication()).set("retention.ms", "1209600000");
     kafka::create_topics(&cfg.kafka, &[&signals, &changes, &state, &dlq]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_allowed;
+
+    #[test]
+    fn only_the_brokers_time_is_stream_time_unless_the_operator_accepts_the_producers() {
+        assert_eq!(stamp_allowed("s", Some("LogAppendTime"), false), Ok(()));
+        assert_eq!(stamp_allowed("s", None, false), Ok(()), "a topic not there yet");
+        let e = stamp_allowed("sig", Some("CreateTime"), false).unwrap_err();
+        assert!(
+            e.contains("the signals topic sig has message.timestamp.type=CreateTime"),
+            "{e}"
+        );
+        assert!(
+            e.contains("message.timestamp.type=LogAppendTime") && e.contains("--accept-create-time true"),
+            "{e}"
+        );
+        assert_eq!(stamp_allowed("s", Some("CreateTime"), true), Ok(()));
+    }
 }

@@ -29,6 +29,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     if cfg.create_topics {
         kafka::ensure_topics(&cfg).await.context("creating topics")?;
     }
+    kafka::check_stamp(&cfg).await?;
     // Each lane's writer holds a connection while it writes and its rebalance callback one while
     // it restores; the relay, the progress monitor and /readyz share the rest.
     let connections = 6 + 2 * cfg.lanes as u32;

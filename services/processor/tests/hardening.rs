@@ -292,3 +292,32 @@ async fn a_relay_that_lost_its_lease_cannot_renew_it_before_a_publish_round() {
     drop(conn);
     vitals_testkit::drop_schema(&pool, &name).await;
 }
+
+/// A signals topic that stamps records with their producers' clocks (CreateTime, a topic made
+/// by hand or by another tool): one record stamped 55 minutes ahead froze its partition's clock
+/// for 55 minutes. The processor refuses it at start, naming the setting and both ways out;
+/// `--accept-create-time true` runs on it as the tests that control stream time do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signals_topic_stamped_by_its_producers_is_refused_unless_accepted() {
+    let name = unique("createtime");
+    let topics = create_topics(&name, 1).await;
+    assert_eq!(topics.stamp, vitals_testkit::Stamp::CreateTime);
+    let mut refused = start_processor(&topics, &name, &name, &["--accept-create-time", "false"]);
+    let status = refused.child.wait().unwrap();
+    assert!(!status.success(), "it refuses to start");
+    let log = std::fs::read_to_string(&refused.log).unwrap();
+    assert!(
+        log.contains(&format!(
+            "the signals topic {} has message.timestamp.type=CreateTime",
+            topics.signals
+        )) && log.contains("--accept-create-time"),
+        "{log}"
+    );
+    // Accepted: it runs and decides on what the topic holds.
+    let inputs = workload(2, 300, 1, 5);
+    produce(&topics.signals, &inputs).await;
+    let _p = start_processor(&topics, &name, &name, &["--accept-create-time", "true"]);
+    let db = Db::connect(&name).await;
+    wait_until("the records consumed", LONG, || async { db.consumed(&name).await > 0 }).await;
+    db.drop_schema().await;
+}
