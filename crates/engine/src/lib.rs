@@ -75,6 +75,11 @@ impl Engine {
     }
 
     /// Every pool, in name order.
+    /// Pools the engine holds.
+    pub fn pool_count(&self) -> usize {
+        self.pools.len()
+    }
+
     pub fn pools(&self) -> impl Iterator<Item = &PoolState> {
         let mut v: Vec<&PoolState> = self.pools.values().collect();
         v.sort_unstable_by(|a, b| a.name().cmp(b.name()));

@@ -75,6 +75,8 @@ pub struct BatchWrite {
     /// Records consumed (valid or not) in this batch.
     pub records: u64,
     pub dead_lettered: u64,
+    /// Of those, signals of a new pool beyond the partition's cap (`too_many_pools`).
+    pub pools_refused: u64,
     /// Events that could not be encoded (a bug), dead-lettered as JSON instead.
     pub encode_failures: u64,
 }

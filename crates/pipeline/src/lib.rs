@@ -34,6 +34,10 @@ pub struct Partition {
     /// Calls counted since `counted_from`: pool → endpoint → (minute, calls), latest minute last.
     /// (Fx-hashed: this is two lookups on every call read.)
     pending: HashMap<String, HashMap<String, Vec<(Micros, Requests)>>>,
+    /// Pools this partition's engine holds at most: a signal of another pool beyond them is
+    /// dead-lettered (`too_many_pools`), so that a reporter naming new pools without end cannot
+    /// grow the engine, its snapshots and its rows without end.
+    max_pools: usize,
 }
 
 impl Partition {
@@ -57,7 +61,14 @@ impl Partition {
             decisions: Vec::new(),
             counted_from: 0,
             pending: HashMap::default(),
+            max_pools: usize::MAX,
         }
+    }
+
+    /// At most `n` pools in this partition (see [`Partition::step`]); the pools held already stay.
+    pub fn with_max_pools(mut self, n: usize) -> Partition {
+        self.max_pools = n.max(1);
+        self
     }
 
     /// Count calls from `offset` on (the partition's counted offset in the database; the
@@ -155,6 +166,19 @@ impl Partition {
                 out.dead_letter(topics, partition, offset, key, payload, "invalid_value", &e.to_string());
             }
             return true;
+        }
+        if let Some(pool) = signal.pool().filter(|p| self.engine.pool(p).is_none()) {
+            if self.engine.pool_count() >= self.max_pools {
+                if !replay {
+                    let why = format!(
+                        "this partition holds {} pools, the most it may (--max-pools-per-partition): pool {pool:?} is not added",
+                        self.engine.pool_count()
+                    );
+                    out.pools_refused += 1;
+                    out.dead_letter(topics, partition, offset, key, payload, "too_many_pools", &why);
+                }
+                return true;
+            }
         }
         if let Some(why) = self.engine.refusal(&signal) {
             if !replay {
@@ -267,6 +291,53 @@ mod tests {
             retry_after_ms: None,
         }))
         .unwrap()
+    }
+
+    /// Beyond the partition's pools, a signal naming a new pool goes to the dead-letter topic
+    /// with the reason (`too_many_pools`) and is counted; the pools held go on; a replay of the
+    /// same records refuses the same one again, without a second dead letter.
+    #[test]
+    fn a_new_pool_beyond_the_partitions_cap_is_dead_lettered_with_the_reason() {
+        let t = topics();
+        let ts = Some(1_700_000_000_000);
+        let in_pool = |pool: &str, i: u64| {
+            encode_signal(&Signal::Call(CallOutcome::new(
+                format!("e{i}"),
+                pool,
+                "a",
+                "g",
+                1_700_000_000_000_000,
+                OutcomeClass::Success,
+            )))
+            .unwrap()
+        };
+        let records: Vec<Vec<u8>> = ["p1", "p2", "p3", "p1", "p2"]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| in_pool(p, i as u64))
+            .collect();
+        let mut p = Partition::new(0, 1, Engine::new(Policy::default()), None, None).with_max_pools(2);
+        let mut out = BatchWrite::default();
+        for (i, r) in records.iter().enumerate() {
+            p.step(i as i64, ts, Some(b"k"), Some(r), &t, &mut out);
+        }
+        assert_eq!((out.dead_lettered, out.pools_refused), (1, 1));
+        assert_eq!(p.engine().pool_count(), 2);
+        let dlq: Vec<&OutboxRow> = out.outbox.iter().filter(|r| r.topic == "d").collect();
+        assert_eq!(dlq[0].headers["vitals-error-code"], "too_many_pools");
+        assert_eq!(dlq[0].headers["vitals-origin-offset"], "2");
+        assert!(
+            dlq[0].headers["vitals-error"].contains("holds 2 pools"),
+            "{:?}",
+            dlq[0].headers
+        );
+        // A new owner replays what the first committed: the same refusal, no second letter.
+        let mut again = Partition::new(0, 2, Engine::new(Policy::default()), None, Some(5)).with_max_pools(2);
+        let mut replayed = BatchWrite::default();
+        for (i, r) in records.iter().enumerate() {
+            again.step(i as i64, ts, Some(b"k"), Some(r), &t, &mut replayed);
+        }
+        assert_eq!((replayed.dead_lettered, again.engine().pool_count()), (0, 2));
     }
 
     /// Beyond the pool's `max_endpoints`, a signal naming a new endpoint goes to the dead-letter

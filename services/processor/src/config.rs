@@ -85,6 +85,12 @@ pub struct Config {
     /// clock an hour on. Without this flag the processor refuses such a topic at start.
     #[arg(long, env = "VITALS_ACCEPT_CREATE_TIME", default_value_t = false, action = clap::ArgAction::Set)]
     pub accept_create_time: bool,
+    /// Pools one signals partition holds at most (each ~2.4 KB of engine memory with a few
+    /// endpoints, a snapshot entry and rows): a signal of a new pool beyond them is dead-lettered
+    /// (`too_many_pools`, counted in `vitals_processor_pools_refused_total`). A partition's pools
+    /// all live in the processor that owns it.
+    #[arg(long, env = "VITALS_MAX_POOLS_PER_PARTITION", default_value_t = 10_000)]
+    pub max_pools_per_partition: usize,
 }
 
 impl std::fmt::Debug for Config {
@@ -103,6 +109,7 @@ impl std::fmt::Debug for Config {
             .field("http_addr", &self.http_addr)
             .field("lanes", &self.lanes)
             .field("accept_create_time", &self.accept_create_time)
+            .field("max_pools_per_partition", &self.max_pools_per_partition)
             .finish_non_exhaustive()
     }
 }
@@ -142,6 +149,9 @@ impl Config {
         }
         if self.partitions < 1 {
             return err("--partitions must be at least 1".into());
+        }
+        if self.max_pools_per_partition == 0 {
+            return err("--max-pools-per-partition must be at least 1".into());
         }
         self.kafka.check().map_err(ConfigError)?;
         self.topics.check().map_err(ConfigError)?;

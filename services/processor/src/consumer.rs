@@ -182,7 +182,7 @@ impl Processor {
                 feed = self.feed.recv() => {
                     self.recv_time += waiting.elapsed();
                     match feed.ok_or(LoopError::Receiver)? {
-                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch),
+                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch, self.cfg.max_pools_per_partition),
                         Feed::Records(chunk) => self.step_chunk(&chunk, linger.as_mut()).await?,
                     }
                 }
@@ -333,7 +333,12 @@ impl Processor {
 
 /// Take in what the rebalance callback did: revoked partitions go (with their part of the
 /// batch), assigned ones start from their restored state.
-fn apply_rebalance(events: Vec<Rebalanced>, partitions: &mut HashMap<i32, Partition>, batch: &mut BatchWrite) {
+fn apply_rebalance(
+    events: Vec<Rebalanced>,
+    partitions: &mut HashMap<i32, Partition>,
+    batch: &mut BatchWrite,
+    max_pools: usize,
+) {
     for e in events {
         match e {
             Rebalanced::Revoked(ps) => {
@@ -347,7 +352,8 @@ fn apply_rebalance(events: Vec<Rebalanced>, partitions: &mut HashMap<i32, Partit
                     partitions.insert(
                         p,
                         Partition::new(p, r.epoch, r.engine, r.start_offset, r.committed_offset)
-                            .counting_from(r.requests_offset),
+                            .counting_from(r.requests_offset)
+                            .with_max_pools(max_pools),
                     );
                 }
             }

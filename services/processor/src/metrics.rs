@@ -8,6 +8,7 @@ use vitals_runtime::metrics::{self as m, Counter, Family, Gauge, Histogram, Labe
 pub struct Metrics {
     pub signals: Counter,
     pub dead_lettered: Counter,
+    pub pools_refused: Counter,
     pub transitions: Counter,
     pub pool_events: Counter,
     pub batches: Counter,
@@ -55,6 +56,11 @@ impl Default for Metrics {
             &mut r,
             "vitals_processor_dead_lettered",
             "Records sent to the dead-letter topic.",
+        );
+        let pools_refused = counter(
+            &mut r,
+            "vitals_processor_pools_refused",
+            "Signals of a new pool dead-lettered because their partition held --max-pools-per-partition pools.",
         );
         let transitions = counter(&mut r, "vitals_processor_transitions", "Endpoint transitions recorded.");
         let pool_events = counter(&mut r, "vitals_processor_pool_events", "Pool decisions recorded.");
@@ -147,6 +153,7 @@ impl Default for Metrics {
         Metrics {
             signals,
             dead_lettered,
+            pools_refused,
             transitions,
             pool_events,
             batches,

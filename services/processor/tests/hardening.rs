@@ -321,3 +321,34 @@ async fn a_signals_topic_stamped_by_its_producers_is_refused_unless_accepted() {
     wait_until("the records consumed", LONG, || async { db.consumed(&name).await > 0 }).await;
     db.drop_schema().await;
 }
+
+/// A reporter naming new pools without end (the OTLP port once made 55,000 in two requests)
+/// cannot grow a partition's engine past `--max-pools-per-partition`: the signals of pools
+/// beyond it are dead-lettered with the reason and counted, and the pools held go on deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_beyond_the_partitions_cap_are_dead_lettered_and_counted() {
+    let name = unique("poolcap");
+    let topics = create_topics(&name, 1).await;
+    let mut inputs = Vec::new();
+    let mut t = 1_700_000_000_000i64;
+    for i in 0..50u64 {
+        t += 10;
+        let pool = format!("pool-{}", i % 5);
+        inputs.push(signal_input(&call(&pool, "a", i, OutcomeClass::Success, None, t), t, 1));
+    }
+    produce(&topics.signals, &inputs).await;
+    let (_p, port) = start_serving(&topics, &name, &name, &["--max-pools-per-partition", "3"]);
+    let db = Db::connect(&name).await;
+    wait_until("every record consumed", LONG, || async {
+        db.consumed(&name).await >= 50
+    })
+    .await;
+    // pool-3 and pool-4 came fourth and fifth: their 20 calls are refused, 30 applied.
+    assert_eq!(metric(port, "vitals_processor_pools_refused_total").await, Some(20.0));
+    let dead = read_n(&topics.dlq, 20, LONG).await;
+    assert!(dead
+        .iter()
+        .all(|m| header(m, "vitals-error-code").as_deref() == Some("too_many_pools")));
+    assert!(header(&dead[0], "vitals-error").unwrap().contains("holds 3 pools"));
+    db.drop_schema().await;
+}
