@@ -227,6 +227,15 @@ fn dead_letter(
     if let Some(k) = m.key() {
         record = record.key(k);
     }
+    send_waiting(producer, record).context("producing a dead letter")
+}
+
+/// Send one record, waiting while the producer's queue is full: the merger reads no faster than
+/// the broker takes.
+fn send_waiting<K: rdkafka::message::ToBytes + ?Sized, P: rdkafka::message::ToBytes + ?Sized>(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    mut record: BaseRecord<'_, K, P>,
+) -> Result<(), KafkaError> {
     loop {
         match producer.send(record) {
             Ok(()) => return Ok(()),
@@ -234,7 +243,7 @@ fn dead_letter(
                 record = r;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err((e, _)) => return Err(e).context("producing a dead letter"),
+            Err((e, _)) => return Err(e),
         }
     }
 }
@@ -253,16 +262,7 @@ fn send_all(
         if let Some(pool) = sig.pool() {
             record = record.key(pool.as_bytes());
         }
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => return Err(e).context("producing a merged record"),
-            }
-        }
+        send_waiting(producer, record).context("producing a merged record")?;
         counters.records_out.inc();
         counters.calls_out.inc_by(calls_in(&sig));
         if matches!(sig, Signal::Summary(_)) {
