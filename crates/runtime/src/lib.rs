@@ -7,9 +7,11 @@
 //! - [`kafka`]: one builder of librdkafka settings (ours, then the user's pass-through options).
 //! - [`redact`]: secrets out of anything printed.
 //! - [`metrics`]: the Prometheus registry and its text rendering.
+//! - [`tokens`]: bearer tokens, their roles and bindings, one file format for every way in.
 
 pub mod args;
 pub mod kafka;
 pub mod metrics;
 pub mod redact;
 pub mod shell;
+pub mod tokens;

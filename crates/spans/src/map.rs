@@ -2,7 +2,7 @@
 //! Every key is optional; without a file the defaults below apply:
 //!
 //! ```toml
-//! gateway = ["{resource:service.name}", "otlp"]   # templates, the first that renders wins
+//! gateway = ["{resource:service.name}", "{reporter}", "otlp"]   # templates, the first that renders wins
 //!
 //! # Rules, tried in order: the first whose kinds, span names and attributes match makes the
 //! # span a call. Giving any [[call]] replaces the two default rules:
@@ -219,7 +219,7 @@ impl Map {
         let gateway = templates(
             "gateway",
             &f.gateway
-                .unwrap_or_else(|| strings(&["{resource:service.name}", "otlp"])),
+                .unwrap_or_else(|| strings(&["{resource:service.name}", "{reporter}", "otlp"])),
         )?;
         for (from, to) in f.pools.iter().chain(&f.endpoints) {
             validate_name("pools/endpoints", to).map_err(|e| format!("renaming {from:?}: {e}"))?;
@@ -266,9 +266,16 @@ impl Map {
         })
     }
 
-    fn count(&self, span: &SpanView<'_>, resource: &[Attr<'_>], out: &mut Vec<CallOutcome>, tally: &mut Tally) {
+    fn count(
+        &self,
+        span: &SpanView<'_>,
+        resource: &[Attr<'_>],
+        reporter: Option<&str>,
+        out: &mut Vec<CallOutcome>,
+        tally: &mut Tally,
+    ) {
         tally.spans += 1;
-        match self.call_view(span, Attrs(resource)) {
+        match self.call_view(span, Attrs(resource), reporter) {
             Ok(o) => {
                 tally.calls += 1;
                 out.push(o);
@@ -284,11 +291,22 @@ impl Map {
     /// Every span of a decoded request (OTLP/JSON) into `out` (the calls' reports), each
     /// counted in `tally`.
     pub fn convert(&self, req: &ExportTraceServiceRequest, out: &mut Vec<CallOutcome>, tally: &mut Tally) {
+        self.convert_as(req, None, out, tally)
+    }
+
+    /// [`Map::convert`] for a request from `reporter` (the `{reporter}` of the templates).
+    pub fn convert_as(
+        &self,
+        req: &ExportTraceServiceRequest,
+        reporter: Option<&str>,
+        out: &mut Vec<CallOutcome>,
+        tally: &mut Tally,
+    ) {
         for rs in &req.resource_spans {
             let resource = view::attrs_of(rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]));
             for ss in &rs.scope_spans {
                 for span in &ss.spans {
-                    self.count(&view::span_of(span), &resource, out, tally);
+                    self.count(&view::span_of(span), &resource, reporter, out, tally);
                 }
             }
         }
@@ -298,6 +316,17 @@ impl Map {
     /// each counted in `tally`; an error if the request is not one (then `out` and `tally` hold
     /// what came before, to be dropped).
     pub fn convert_wire(&self, body: &[u8], out: &mut Vec<CallOutcome>, tally: &mut Tally) -> Result<(), String> {
+        self.convert_wire_as(body, None, out, tally)
+    }
+
+    /// [`Map::convert_wire`] for a request from `reporter` (the `{reporter}` of the templates).
+    pub fn convert_wire_as(
+        &self,
+        body: &[u8],
+        reporter: Option<&str>,
+        out: &mut Vec<CallOutcome>,
+        tally: &mut Tally,
+    ) -> Result<(), String> {
         let mut span = SpanView::default();
         wire::each(body, |field, v| {
             if field != 1 {
@@ -319,7 +348,7 @@ impl Map {
                             1 => wire::scope(wire::message(v, "a scope")?)?,
                             2 => {
                                 wire::span(wire::message(v, "a span")?, &mut span)?;
-                                self.count(&span, &resource, out, tally);
+                                self.count(&span, &resource, reporter, out, tally);
                             }
                             3 => {
                                 wire::string(v, "a schema URL")?;
@@ -340,11 +369,16 @@ impl Map {
 
     /// The report of one decoded span, or why there is none.
     pub fn call(&self, span: &Span, resource: &[KeyValue]) -> Result<CallOutcome, Verdict> {
-        self.call_view(&view::span_of(span), Attrs(&view::attrs_of(resource)))
+        self.call_view(&view::span_of(span), Attrs(&view::attrs_of(resource)), None)
     }
 
     /// The report of one span, or why there is none.
-    pub fn call_view(&self, span: &SpanView<'_>, resource: Attrs<'_, '_>) -> Result<CallOutcome, Verdict> {
+    pub fn call_view(
+        &self,
+        span: &SpanView<'_>,
+        resource: Attrs<'_, '_>,
+        reporter: Option<&str>,
+    ) -> Result<CallOutcome, Verdict> {
         let attrs = Attrs(&span.attrs);
         let rule = self.rule_for(span, attrs).ok_or(Verdict::Skip(Skip::NotACall))?;
         if span.trace_id.len() != 16 || span.trace_id.iter().all(|b| *b == 0) {
@@ -363,6 +397,7 @@ impl Map {
             span: attrs,
             resource,
             name: span.name,
+            reporter,
         };
         let pool = rule
             .pool

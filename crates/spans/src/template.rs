@@ -2,7 +2,8 @@
 //!
 //! A template is text with fields in braces, e.g. `"{server.address}:{server.port}"`. A field is
 //! a span attribute (`{http.route}`), a resource attribute (`{resource:service.name}`) or the
-//! span's name (`{span.name}`); `#key` reads a field of an attribute holding a JSON object
+//! span's name (`{span.name}`), or the reporter the request was authenticated as (`{reporter}`:
+//! the token's name; nothing without authentication); `#key` reads a field of an attribute holding a JSON object
 //! (`{hidden_params#api_base}`: LiteLLM's); `|host` and `|hostport` read a URL's host, or host
 //! and port (the scheme's default port when none is written). A template gives a name only when
 //! every field in it is present and not empty, so a list of templates is tried in order.
@@ -34,6 +35,7 @@ enum Scope {
     Span,
     Resource,
     SpanName,
+    Reporter,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +50,8 @@ pub struct Subject<'s, 'a> {
     pub span: Attrs<'s, 'a>,
     pub resource: Attrs<'s, 'a>,
     pub name: &'a str,
+    /// The token's name the request was authenticated with.
+    pub reporter: Option<&'a str>,
 }
 
 impl Template {
@@ -125,6 +129,7 @@ impl Field {
             Some(("resource", k)) => (Scope::Resource, k),
             Some((other, _)) => return Err(format!("unknown scope {other:?} (resource)")),
             None if inner == "span.name" => (Scope::SpanName, inner),
+            None if inner == "reporter" => (Scope::Reporter, inner),
             None => (Scope::Span, inner),
         };
         if key.trim().is_empty() {
@@ -142,7 +147,14 @@ impl Field {
         let raw = match self.scope {
             Scope::SpanName => std::borrow::Cow::Borrowed(s.name),
             Scope::Span => s.span.text(&self.key)?,
+            // An SDK names a service it was not told the name of `unknown_service` (or
+            // `unknown_service:<process>`): that is no name (the semantic conventions).
+            Scope::Resource if self.key == "service.name" => s
+                .resource
+                .text(&self.key)
+                .filter(|n| n != "unknown_service" && !n.starts_with("unknown_service:"))?,
             Scope::Resource => s.resource.text(&self.key)?,
+            Scope::Reporter => std::borrow::Cow::Borrowed(s.reporter?),
         };
         let raw = match &self.json {
             None => raw,
@@ -241,6 +253,7 @@ mod tests {
             span: Attrs(&span),
             resource: Attrs(&resource),
             name: "GET",
+            reporter: Some("edge-eu"),
         };
         let r = |t: &str| Template::parse(t).unwrap().render(&s);
         assert_eq!(r("{server.address}:{server.port}").as_deref(), Some("api.example:8443"));
@@ -256,6 +269,7 @@ mod tests {
             Some("checkout/GET")
         );
         assert_eq!(r("fixed").as_deref(), Some("fixed"));
+        assert_eq!(r("{reporter}").as_deref(), Some("edge-eu"));
         assert_eq!(r("{gen_ai.request.model}"), None, "a missing field gives nothing");
         assert_eq!(r("{hidden_params#nope}"), None);
     }

@@ -354,3 +354,47 @@ fn the_shipped_example_table_parses_and_maps_each_gateway() {
         ("chat", "10.0.0.7:443", OutcomeClass::ServerError)
     );
 }
+
+#[test]
+fn a_resource_that_names_no_service_is_reported_as_the_token_that_sent_it() {
+    let m = Map::default();
+    let gateway = |service: Option<&str>, reporter: Option<&str>| {
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: service.map(|n| vec![s("service.name", n)]).unwrap_or_default(),
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    // The pool from the span (the default table's second choice).
+                    spans: vec![client([addr("api.a", 443), vec![s("peer.service", "pay")]].concat())],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let (mut out, mut t) = (Vec::new(), Tally::default());
+        m.convert_as(&req, reporter, &mut out, &mut t);
+        let mut wired = Vec::new();
+        m.convert_wire_as(
+            &prost::Message::encode_to_vec(&req),
+            reporter,
+            &mut wired,
+            &mut Tally::default(),
+        )
+        .unwrap();
+        assert_eq!(out, wired, "both readings agree");
+        out.pop().map(|o| o.gateway)
+    };
+    assert_eq!(gateway(Some("checkout"), Some("edge-eu")).as_deref(), Some("checkout"));
+    assert_eq!(gateway(None, Some("edge-eu")).as_deref(), Some("edge-eu"));
+    for sdk_default in ["unknown_service", "unknown_service:node", "unknown_service:java"] {
+        assert_eq!(
+            gateway(Some(sdk_default), Some("edge-eu")).as_deref(),
+            Some("edge-eu"),
+            "{sdk_default}"
+        );
+    }
+    assert_eq!(gateway(Some("unknown_service:node"), None).as_deref(), Some("otlp"));
+    assert_eq!(gateway(None, None).as_deref(), Some("otlp"));
+}

@@ -5,74 +5,35 @@ use crate::AppState;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
-use subtle::ConstantTimeEq;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    Reader,
-    Writer,
-    Admin,
-}
-
-impl Role {
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "reader" => Some(Role::Reader),
-            "writer" => Some(Role::Writer),
-            "admin" => Some(Role::Admin),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Token {
-    pub name: String,
-    pub role: Role,
-    pub secret: Vec<u8>,
-}
+use vitals_runtime::tokens::Denied;
+pub use vitals_runtime::tokens::{Binding, Need, Role, Token, Tokens};
 
 /// Who made a request.
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub name: String,
     pub role: Role,
+    /// What the token may report for (the API's ingest checks every item against it).
+    pub binding: Binding,
 }
 
-/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 9110 §11.1).
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim_start().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// The token's owner, if the request carries a known token with at least `need`. Two
+/// The token's owner, if the request carries a known token that may do `need`. Two
 /// `Authorization` headers are refused: which one counts would be a guess.
-pub fn authorize(headers: &HeaderMap, tokens: &[Token], need: Role) -> Result<Principal, ApiError> {
-    let mut all = headers.get_all(axum::http::header::AUTHORIZATION).iter();
-    let first = all.next();
-    if all.next().is_some() {
-        return Err(ApiError::invalid("Authorization", "more than one Authorization header"));
+pub fn authorize(headers: &HeaderMap, tokens: &Tokens, need: Need) -> Result<Principal, ApiError> {
+    let values = headers
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter()
+        .map(|v| v.as_bytes());
+    match tokens.authorize(values, need) {
+        Ok(t) => Ok(Principal {
+            name: t.name.clone(),
+            role: t.role,
+            binding: t.binding.clone(),
+        }),
+        Err(Denied::Ambiguous) => Err(ApiError::invalid("Authorization", "more than one Authorization header")),
+        Err(Denied::Unauthenticated) => Err(ApiError::Unauthenticated),
+        Err(Denied::Forbidden) => Err(ApiError::Forbidden),
     }
-    let presented = first
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer)
-        .ok_or(ApiError::Unauthenticated)?
-        .as_bytes();
-    // Compare against every token so that timing says nothing about which one matched.
-    let mut found: Option<&Token> = None;
-    for t in tokens {
-        if bool::from(t.secret.as_slice().ct_eq(presented)) {
-            found = Some(t);
-        }
-    }
-    let t = found.ok_or(ApiError::Unauthenticated)?;
-    if t.role < need {
-        return Err(ApiError::Forbidden);
-    }
-    Ok(Principal {
-        name: t.name.clone(),
-        role: t.role,
-    })
 }
 
 /// A request that may read: with `--read-requires-token` it carries a reader's token (or
@@ -80,7 +41,8 @@ pub fn authorize(headers: &HeaderMap, tokens: &[Token], need: Role) -> Result<Pr
 /// request carries a valid token (the live streams count their places per token).
 pub struct Reader(pub Option<Principal>);
 
-/// A request that carries a writer's token (or better).
+/// A request that carries a token that may report: a reporter's (bound to what it may speak
+/// for), a writer's or an admin's.
 pub struct Writer(pub Principal);
 
 /// A request that carries an admin's token.
@@ -90,7 +52,7 @@ impl Reader {
     /// The reader `headers` make, as the extractor judges it (for a request not served by a
     /// handler: the live-stream takeover).
     pub fn of(app: &AppState, headers: &HeaderMap) -> Result<Reader, ApiError> {
-        let who = authorize(headers, &app.tokens, Role::Reader);
+        let who = authorize(headers, &app.tokens.get(), Need::Read);
         if app.cfg.read_requires_token {
             who.map(|p| Reader(Some(p)))
         } else {
@@ -111,7 +73,7 @@ impl FromRequestParts<AppState> for Writer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
-        authorize(&parts.headers, &app.tokens, Role::Writer).map(Writer)
+        authorize(&parts.headers, &app.tokens.get(), Need::Report).map(Writer)
     }
 }
 
@@ -119,27 +81,12 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
-        authorize(&parts.headers, &app.tokens, Role::Admin).map(Admin)
+        authorize(&parts.headers, &app.tokens.get(), Need::Act).map(Admin)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn two_authorization_headers_are_refused_even_if_one_is_right() {
-        let tokens = [super::Token {
-            name: "ops".into(),
-            role: super::Role::Admin,
-            secret: b"0123456789abcdef".to_vec(),
-        }];
-        let mut h = axum::http::HeaderMap::new();
-        h.append("authorization", "Bearer 0123456789abcdef".parse().unwrap());
-        assert!(super::authorize(&h, &tokens, super::Role::Admin).is_ok());
-        h.append("authorization", "Bearer wrong".parse().unwrap());
-        let e = super::authorize(&h, &tokens, super::Role::Reader).unwrap_err();
-        assert!(e.to_string().contains("more than one Authorization header"), "{e}");
-    }
-
     use super::*;
 
     fn headers(v: &str) -> HeaderMap {
@@ -149,40 +96,48 @@ mod tests {
     }
 
     #[test]
-    fn roles_are_ordered_and_tokens_checked() {
-        let tokens = vec![
-            Token {
-                name: "gw".into(),
-                role: Role::Writer,
-                secret: b"writer-secret-0001".to_vec(),
-            },
-            Token {
-                name: "ops".into(),
-                role: Role::Admin,
-                secret: b"admin-secret-00001".to_vec(),
-            },
-        ];
+    fn two_authorization_headers_are_refused_even_if_one_is_right() {
+        let tokens = Tokens::new(vec![Token::new("ops", Role::Admin, "0123456789abcdef")]);
+        let mut h = axum::http::HeaderMap::new();
+        h.append("authorization", "Bearer 0123456789abcdef".parse().unwrap());
+        assert!(authorize(&h, &tokens, Need::Act).is_ok());
+        h.append("authorization", "Bearer wrong".parse().unwrap());
+        let e = authorize(&h, &tokens, Need::Read).unwrap_err();
+        assert!(e.to_string().contains("more than one Authorization header"), "{e}");
+    }
+
+    #[test]
+    fn roles_allow_what_they_name_and_tokens_are_checked() {
+        let tokens = Tokens::new(vec![
+            Token::new("gw", Role::Writer, "writer-secret-0001"),
+            Token::new("edge", Role::Reporter, "reporter-secret-01"),
+            Token::new("ops", Role::Admin, "admin-secret-00001"),
+        ]);
         assert!(matches!(
-            authorize(&HeaderMap::new(), &tokens, Role::Reader),
+            authorize(&HeaderMap::new(), &tokens, Need::Read),
             Err(ApiError::Unauthenticated)
         ));
         assert!(matches!(
-            authorize(&headers("Bearer nope"), &tokens, Role::Reader),
+            authorize(&headers("Bearer nope"), &tokens, Need::Read),
             Err(ApiError::Unauthenticated)
         ));
         assert!(matches!(
-            authorize(&headers("Bearer writer-secret-0001"), &tokens, Role::Admin),
+            authorize(&headers("Bearer writer-secret-0001"), &tokens, Need::Act),
+            Err(ApiError::Forbidden)
+        ));
+        assert!(matches!(
+            authorize(&headers("Bearer reporter-secret-01"), &tokens, Need::Read),
             Err(ApiError::Forbidden)
         ));
         assert_eq!(
-            authorize(&headers("Bearer writer-secret-0001"), &tokens, Role::Writer)
+            authorize(&headers("Bearer reporter-secret-01"), &tokens, Need::Report)
                 .unwrap()
                 .name,
-            "gw"
+            "edge"
         );
         for scheme in ["bearer", "BEARER", "BeArEr"] {
             assert_eq!(
-                authorize(&headers(&format!("{scheme} writer-secret-0001")), &tokens, Role::Writer)
+                authorize(&headers(&format!("{scheme} writer-secret-0001")), &tokens, Need::Report)
                     .unwrap()
                     .name,
                 "gw",
@@ -190,11 +145,11 @@ mod tests {
             );
         }
         assert!(matches!(
-            authorize(&headers("Basic writer-secret-0001"), &tokens, Role::Reader),
+            authorize(&headers("Basic writer-secret-0001"), &tokens, Need::Read),
             Err(ApiError::Unauthenticated)
         ));
         assert_eq!(
-            authorize(&headers("Bearer admin-secret-00001"), &tokens, Role::Writer)
+            authorize(&headers("Bearer admin-secret-00001"), &tokens, Need::Report)
                 .unwrap()
                 .name,
             "ops"

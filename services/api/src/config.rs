@@ -1,6 +1,5 @@
 //! Configuration of the API: flags with environment variables. Tokens are never printed.
 
-use crate::auth::{Role, Token};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,13 +16,16 @@ pub struct Config {
     pub kafka: KafkaArgs,
     #[command(flatten)]
     pub topics: TopicArgs,
-    /// API tokens, `name:role:secret` with role reader, writer (ingest) or admin (operator
-    /// actions and policies); repeatable or comma-separated. A secret on the command line is
+    /// API tokens, `name:role:secret` with role reader, reporter (ingest only, bound to the
+    /// gateways and pools it may report for: `name:reporter;gateways=edge-*;pools=chat:secret`),
+    /// writer (read and ingest) or admin (operator actions and policies); repeatable or
+    /// comma-separated. A secret on the command line is
     /// visible to every user of the machine (`ps`): prefer --tokens-file or the environment.
     #[arg(long = "token", env = "VITALS_API_TOKENS", value_delimiter = ',')]
     pub tokens: Vec<String>,
     /// A file of tokens, one `name:role:secret` a line (blank lines and `#` comments skipped),
-    /// read at start; with --token, both count.
+    /// read at start and again whenever it changes (a file that no longer parses keeps the
+    /// tokens before it); with --token, both count.
     #[arg(long, env = "VITALS_API_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
     /// Require a reader token for the read routes (history, health, stream).
@@ -171,52 +173,10 @@ impl Config {
         fit_connections(self.max_connections, self.file_reserve(), open_file_limit())
     }
 
-    /// Parse the tokens and check the settings; the error says what to change.
-    pub fn tokens(&self) -> anyhow::Result<Vec<Token>> {
-        let mut all = self.tokens.clone();
-        if let Some(path) = &self.tokens_file {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--tokens-file {}: {e}", path.display()))?;
-            all.extend(
-                text.lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                    .map(str::to_owned),
-            );
-        }
-        // Errors name a token by its place, never by its text: a line written in the wrong
-        // order (secret:role:name) would otherwise print the secret into the log.
-        let mut out: Vec<Token> = Vec::new();
-        for (i, t) in all.iter().enumerate() {
-            let n = i + 1;
-            let mut parts = t.splitn(3, ':');
-            let (Some(name), Some(role), Some(secret)) = (parts.next(), parts.next(), parts.next()) else {
-                anyhow::bail!("token #{n} is not name:role:secret");
-            };
-            let role = Role::parse(role).ok_or_else(|| {
-                anyhow::anyhow!("token #{n}: the role (name:ROLE:secret) must be reader, writer or admin")
-            })?;
-            anyhow::ensure!(!name.is_empty(), "token #{n}: empty name");
-            anyhow::ensure!(
-                secret.len() >= 16,
-                "token #{n}: the secret (name:role:SECRET) must be at least 16 characters"
-            );
-            if let Some(j) = out.iter().position(|o| o.name == name) {
-                anyhow::bail!("tokens #{} and #{n} have the same name: each name is given once", j + 1);
-            }
-            if let Some(j) = out.iter().position(|o| o.secret == secret.as_bytes()) {
-                anyhow::bail!(
-                    "tokens #{} and #{n} have the same secret: each token needs its own",
-                    j + 1
-                );
-            }
-            out.push(Token {
-                name: name.to_owned(),
-                role,
-                secret: secret.as_bytes().to_vec(),
-            });
-        }
-        Ok(out)
+    /// Parse the tokens (flags, then the file), to be read again when the file changes; the
+    /// error says what to change and never shows a secret.
+    pub fn tokens(&self) -> anyhow::Result<vitals_runtime::tokens::Watched> {
+        vitals_runtime::tokens::Watched::open(self.tokens_file.as_deref(), &self.tokens).map_err(anyhow::Error::msg)
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -270,7 +230,7 @@ mod tests {
         for t in list {
             args.extend(["--token", t]);
         }
-        Config::try_parse_from(args).unwrap().tokens().map(|t| t.len())
+        Config::try_parse_from(args).unwrap().tokens().map(|t| t.get().len())
     }
 
     #[test]

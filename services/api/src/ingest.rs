@@ -2,7 +2,7 @@
 //! validated per item with the processor's rules, produced to the signals topic keyed by pool,
 //! and acknowledged only when the broker confirms.
 
-use crate::auth::Writer;
+use crate::auth::{Principal, Writer};
 use crate::error::{ApiError, ErrorBody, NoToken, TooLarge};
 use crate::AppState;
 use axum::body::Bytes;
@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use vitals_contracts::clock::now_us;
 use vitals_contracts::{self as c, view};
+use vitals_runtime::tokens::NotBound;
 
 /// The request body. Items are checked one by one: a bad item is reported, the rest go on.
 #[derive(Deserialize, ToSchema)]
@@ -60,6 +61,19 @@ pub struct IngestResponse {
     pub results: Vec<ItemResult>,
 }
 
+/// Whether the token may report `signal`: its gateway (a probe's prober) and pool within the
+/// token's binding.
+fn bound(who: &Principal, signal: &c::Signal) -> Result<(), NotBound> {
+    let (field, reporter) = match signal {
+        c::Signal::Call(x) => ("gateway", x.gateway.as_str()),
+        c::Signal::Summary(x) => ("gateway", x.gateway.as_str()),
+        c::Signal::Probe(x) => ("prober", x.prober.as_str()),
+        _ => return Ok(()),
+    };
+    who.binding
+        .check(&who.name, field, reporter, signal.pool().unwrap_or_default())
+}
+
 fn rejected(index: usize, field: Option<String>, error: String) -> ItemResult {
     ItemResult {
         index,
@@ -78,14 +92,14 @@ fn rejected(index: usize, field: Option<String>, error: String) -> ItemResult {
     responses(
         (status = 200, description = "Per item: accepted, rejected (invalid) or failed (retry)", body = IngestResponse),
         (status = 400, description = "The body is not JSON or has no items array", body = ErrorBody),
-        (status = 403, description = "The token is not a writer", body = ErrorBody),
+        (status = 403, description = "The token may not report (a reader's)", body = ErrorBody),
         NoToken, TooLarge,
         (status = 503, description = "Producer queue full; retry after the Retry-After seconds", body = ErrorBody),
     )
 )]
 pub async fn ingest(
     State(app): State<AppState>,
-    _: Writer,
+    Writer(who): Writer,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let value: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
@@ -117,6 +131,11 @@ pub async fn ingest(
         };
         let signal = item.into_signal(|prefix| format!("{prefix}-{request_id}-{index}"), now_us());
         if let Err(e) = c::validate_signal(&signal, Some(reference)) {
+            results.push(rejected(index, Some(e.field.to_owned()), e.message));
+            continue;
+        }
+        if let Err(e) = bound(&who, &signal) {
+            app.metrics.refused_unbound(&who.name);
             results.push(rejected(index, Some(e.field.to_owned()), e.message));
             continue;
         }

@@ -19,7 +19,6 @@ pub mod serve;
 pub mod uptime;
 
 use anyhow::Context;
-use auth::Token;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -35,7 +34,7 @@ use utoipa::OpenApi;
 #[derive(Clone)]
 pub struct AppState {
     pub cfg: Arc<Config>,
-    pub tokens: Arc<Vec<Token>>,
+    pub tokens: Arc<vitals_runtime::tokens::Watched>,
     pub db: PgPool,
     pub producer: FutureProducer,
     pub metrics: Arc<metrics::Metrics>,
@@ -192,8 +191,9 @@ pub async fn build(mut cfg: Config, cancel: CancellationToken) -> anyhow::Result
     // starve every other socket: fit them to it, or refuse a number it cannot hold.
     cfg.max_connections = cfg.fit_connections()?;
     tracing::info!(config = ?cfg, "starting vitals-api");
-    let tokens = cfg.tokens()?;
-    if tokens.is_empty() {
+    let tokens = Arc::new(cfg.tokens()?);
+    tokio::spawn(tokens.clone().watch(std::time::Duration::from_secs(2), cancel.clone()));
+    if tokens.get().is_empty() {
         tracing::warn!("no tokens configured: every write route will answer 401");
     }
     // Read-only: the processor owns and migrates the schema; the API only checks that it is at
@@ -237,7 +237,7 @@ pub async fn build(mut cfg: Config, cancel: CancellationToken) -> anyhow::Result
         hub,
         route_limits: Arc::default(),
         cfg: Arc::new(cfg),
-        tokens: Arc::new(tokens),
+        tokens,
         db,
         producer,
         metrics,

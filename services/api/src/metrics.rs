@@ -23,6 +23,7 @@ pub struct Metrics {
     requests: Family<Labels, Counter>,
     latency: Family<Labels, Histogram, fn() -> Histogram>,
     ingested: Counter,
+    unbound: Family<Labels, Counter>,
     stream_undecodable: Counter,
     registry: Registry,
 }
@@ -44,6 +45,12 @@ impl Default for Metrics {
             "Ingested items confirmed by the broker.",
             ingested.clone(),
         );
+        let unbound = Family::<Labels, Counter>::default();
+        registry.register(
+            "vitals_api_ingest_unbound",
+            "Ingested items refused because the token may not report for their gateway (or prober) or pool, by token name.",
+            unbound.clone(),
+        );
         let stream_undecodable = Counter::default();
         registry.register(
             "vitals_api_stream_undecodable",
@@ -54,6 +61,7 @@ impl Default for Metrics {
             requests,
             latency,
             ingested,
+            unbound,
             stream_undecodable,
             registry,
         }
@@ -77,6 +85,12 @@ impl Metrics {
 
     pub fn ingested(&self, n: u64) {
         self.ingested.inc_by(n);
+    }
+
+    /// An item refused by the token's binding: counted per token (names come from the tokens
+    /// file, so the series are bounded).
+    pub fn refused_unbound(&self, token: &str) {
+        self.unbound.get_or_create(&vec![("token", token.to_owned())]).inc();
     }
 
     pub fn response(&self) -> impl IntoResponse {

@@ -419,3 +419,70 @@ async fn write_routes_refuse_missing_or_wrong_tokens_and_accept_the_right_role()
     }
     api.drop_schema().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reporter_token_reports_only_for_its_gateways_and_pools_and_the_tokens_file_is_read_again() {
+    let dir = std::env::temp_dir().join(unique("api-tokens"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tokens");
+    std::fs::write(
+        &file,
+        "edge-eu:reporter;gateways=edge-eu-*;pools=chat:eu-reporter-secret-01\n",
+    )
+    .unwrap();
+    let api = Api::start(
+        "bound",
+        &["--tokens-file", file.to_str().unwrap(), "--read-requires-token", "true"],
+    )
+    .await;
+    let item = |gateway: &str, pool: &str| json!({"type": "call", "pool": pool, "endpoint": "e", "gateway": gateway, "outcome": "server_error", "latency_us": 1});
+    let probe = json!({"type": "probe", "pool": "chat", "endpoint": "e", "prober": "edge-eu-prober", "kind": "heartbeat",
+                       "outcome": "success", "latency_us": 1, "interval_ms": 5000});
+    let body =
+        json!({"items": [item("edge-eu-1", "chat"), item("edge-us-1", "chat"), item("edge-eu-2", "embed"), probe]});
+    let (s, b) = api
+        .send(
+            Method::POST,
+            "/v1/signals",
+            Some("eu-reporter-secret-01"),
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let results = b["results"].as_array().unwrap();
+    let statuses: Vec<_> = results.iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["accepted", "rejected", "rejected", "accepted"], "{b}");
+    assert_eq!(results[1]["field"], "gateway");
+    assert!(results[1]["error"].as_str().unwrap().contains("edge-eu-*"), "{b}");
+    assert_eq!(results[2]["field"], "pool");
+    let metrics = api.text("/metrics").await;
+    assert!(
+        metrics.contains("vitals_api_ingest_unbound_total{token=\"edge-eu\"} 2"),
+        "{metrics}"
+    );
+    // A reporter may only report: it reads nothing.
+    let r = api
+        .http
+        .get(api.url("/v1/pools"))
+        .bearer_auth("eu-reporter-secret-01")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    // A token added to the file works without a restart; the one removed stops.
+    std::fs::write(&file, "edge-us:reporter;gateways=edge-us-1:us-reporter-secret-01\n").unwrap();
+    let one = json!({"items": [item("edge-us-1", "chat")]}).to_string();
+    wait_until("the new token to be taken", Duration::from_secs(30), || async {
+        let (s, _) = api
+            .send(Method::POST, "/v1/signals", Some("us-reporter-secret-01"), one.clone())
+            .await;
+        s == 200
+    })
+    .await;
+    let (s, _) = api
+        .send(Method::POST, "/v1/signals", Some("eu-reporter-secret-01"), one.clone())
+        .await;
+    assert_eq!(s, 401, "the removed token is refused");
+    api.drop_schema().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -3,9 +3,11 @@
 //! turn its spans into call reports by the table, and queue them for the reporter; count every
 //! span and request by what became of it.
 
+use crate::trust::{Budgets, Caller, Over};
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use vitals_reporter::Reporter;
 use vitals_spans::decode::{self, Format, Limits, Refused};
@@ -44,6 +46,12 @@ pub enum Outcome {
     /// The body ended before its end: the client went away or broke the stream (it was
     /// counted as too large before).
     Broken = 6,
+    /// No token, or not one of ours.
+    Unauthenticated = 7,
+    /// A token that may not report (a reader's).
+    Forbidden = 8,
+    /// Over its reporter's budget: the client sends again later.
+    Limited = 9,
 }
 
 impl Outcome {
@@ -55,7 +63,7 @@ impl Outcome {
         }
     }
 
-    const ALL: [Outcome; 7] = [
+    const ALL: [Outcome; 10] = [
         Outcome::Ok,
         Outcome::Partial,
         Outcome::Malformed,
@@ -63,6 +71,9 @@ impl Outcome {
         Outcome::Busy,
         Outcome::Unsupported,
         Outcome::Broken,
+        Outcome::Unauthenticated,
+        Outcome::Forbidden,
+        Outcome::Limited,
     ];
     fn as_str(self) -> &'static str {
         match self {
@@ -73,6 +84,9 @@ impl Outcome {
             Outcome::Busy => "busy",
             Outcome::Unsupported => "unsupported",
             Outcome::Broken => "broken",
+            Outcome::Unauthenticated => "unauthenticated",
+            Outcome::Forbidden => "forbidden",
+            Outcome::Limited => "limited",
         }
     }
 }
@@ -88,6 +102,16 @@ pub enum Answer {
     Refused(Refused),
     /// vitals is behind: send again after the Retry-After.
     Busy,
+    /// The reporter is over its budget: send again after `retry_after`.
+    Limited(Over),
+}
+
+/// What became of a reporter's spans: taken, refused by its binding, refused by its budget.
+#[derive(Default, Clone, Copy)]
+struct PerReporter {
+    taken: u64,
+    unbound: u64,
+    limited: u64,
 }
 
 #[derive(Default)]
@@ -99,6 +123,8 @@ pub struct Counters {
     skipped: [AtomicU64; Skip::ALL.len()],
     queued: AtomicU64,
     dropped: AtomicU64,
+    /// By token name: bounded by the tokens file.
+    reporters: Mutex<BTreeMap<String, PerReporter>>,
 }
 
 pub struct Receiver {
@@ -108,7 +134,12 @@ pub struct Receiver {
     /// Outcomes in the reporter's queue at which requests are refused as busy.
     busy_at: u64,
     decoders: Semaphore,
+    budgets: Budgets,
+    /// The tokens a request must carry one of; `None`: no authentication (`--no-auth`).
+    pub auth: Option<Arc<vitals_runtime::tokens::Watched>>,
     pub retry_after_secs: u64,
+    /// Time a request's body has to arrive whole.
+    pub body_timeout: std::time::Duration,
     pub counters: Counters,
 }
 
@@ -120,16 +151,43 @@ impl Receiver {
         busy_at: u64,
         decoders: usize,
         retry_after_secs: u64,
+        budgets: Budgets,
     ) -> Receiver {
         Receiver {
             map,
             limits,
             reporter,
             busy_at,
+            budgets,
+            auth: None,
+            body_timeout: std::time::Duration::from_secs(30),
             decoders: Semaphore::new(decoders.max(1)),
             retry_after_secs,
             counters: Counters::default(),
         }
+    }
+
+    /// Requests must carry one of these tokens.
+    pub fn with_auth(mut self, tokens: Arc<vitals_runtime::tokens::Watched>) -> Receiver {
+        self.auth = Some(tokens);
+        self
+    }
+
+    /// Who sent a request with these `Authorization` values, if they may do `need`.
+    pub fn caller<'v>(
+        &self,
+        authorization: impl Iterator<Item = &'v [u8]>,
+        need: vitals_runtime::tokens::Need,
+    ) -> Result<Caller, vitals_runtime::tokens::Denied> {
+        let Some(auth) = &self.auth else {
+            return Ok(Caller::anonymous());
+        };
+        let tokens = auth.get();
+        let t = tokens.authorize(authorization, need)?;
+        Ok(Caller {
+            name: t.name.clone(),
+            binding: t.binding.clone(),
+        })
     }
 
     pub fn limits(&self) -> &Limits {
@@ -140,12 +198,28 @@ impl Receiver {
         self.counters.requests[t as usize][o as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Take one export request's body (already decompressed).
+    fn per_reporter(&self, who: &str, f: impl FnOnce(&mut PerReporter)) {
+        let mut m = self.counters.reporters.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get_mut(who) {
+            Some(r) => f(r),
+            None => f(m.entry(who.to_owned()).or_default()),
+        }
+    }
+
     /// One export request's body, `gzip` compressed or not. It is inflated here, under a decoder
     /// permit on a blocking thread like the decoding: inflated before the permit, many small
     /// compressed requests at once held a full-size body each (100 of 28 KiB took the receiver
     /// to 873 MB) and starved the runtime's threads.
-    pub async fn export(self: &Arc<Self>, t: Transport, format: Format, body: Bytes, gzip: bool) -> Answer {
+    /// The spans are `caller`'s: those naming a gateway or pool it may not report for are
+    /// refused (a partial success), and the rest are taken from its budget, all or none.
+    pub async fn export(
+        self: &Arc<Self>,
+        t: Transport,
+        format: Format,
+        body: Bytes,
+        gzip: bool,
+        caller: Caller,
+    ) -> Answer {
         if self.reporter.queued() >= self.busy_at {
             self.count(t, Outcome::Busy);
             return Answer::Busy;
@@ -155,7 +229,9 @@ impl Receiver {
             return Answer::Busy;
         };
         let me = self.clone();
+        let who = caller.clone();
         let converted = tokio::task::spawn_blocking(move || {
+            let reporter = who.reporter();
             let body = if gzip {
                 Bytes::from(decode::gunzip(&body, me.limits.max_body)?)
             } else {
@@ -167,19 +243,19 @@ impl Receiver {
                 Format::Protobuf => {
                     decode::protobuf_within(&body, &me.limits)?;
                     me.map
-                        .convert_wire(&body, &mut out, &mut tally)
+                        .convert_wire_as(&body, reporter, &mut out, &mut tally)
                         .map_err(|e| Refused::Malformed(format!("not an OTLP protobuf export request: {e}")))?;
                 }
                 Format::Json => {
                     let req = decode::request(format, &body, &me.limits)?;
                     drop(body);
-                    me.map.convert(&req, &mut out, &mut tally);
+                    me.map.convert_as(&req, reporter, &mut out, &mut tally);
                 }
             }
             Ok::<_, Refused>((out, tally))
         })
         .await;
-        let (outcomes, tally) = match converted {
+        let (mut outcomes, mut tally) = match converted {
             Ok(Ok(c)) => c,
             Ok(Err(r)) => {
                 self.count(t, Outcome::of(&r));
@@ -191,6 +267,35 @@ impl Receiver {
                 return Answer::Refused(Refused::Malformed("the request could not be read".into()));
             }
         };
+        // What the caller may not report for is refused, with the first reason.
+        let before = outcomes.len();
+        let mut refusal = None;
+        outcomes.retain(|o| match caller.may_report(o) {
+            Ok(()) => true,
+            Err(e) => {
+                refusal.get_or_insert(e.message);
+                false
+            }
+        });
+        let unbound = (before - outcomes.len()) as u64;
+        if unbound > 0 {
+            tally.rejected += unbound;
+            tally.calls -= unbound;
+            tally.first_rejection = Some(match tally.first_rejection.take() {
+                Some(m) => format!("{m}; {unbound} calls refused: {}", refusal.unwrap_or_default()),
+                None => format!("{unbound} calls refused: {}", refusal.unwrap_or_default()),
+            });
+            self.per_reporter(&caller.name, |r| r.unbound += unbound);
+        }
+        if let Err(over) = self
+            .budgets
+            .take(&caller.name, std::time::Instant::now(), tally.spans, &outcomes)
+        {
+            self.count(t, Outcome::Limited);
+            self.per_reporter(&caller.name, |r| r.limited += tally.spans);
+            return Answer::Limited(over);
+        }
+        self.per_reporter(&caller.name, |r| r.taken += tally.spans - unbound);
         let c = &self.counters;
         c.spans.fetch_add(tally.spans, Ordering::Relaxed);
         c.calls.fetch_add(tally.calls, Ordering::Relaxed);
@@ -265,10 +370,24 @@ impl Receiver {
             "vitals_otlp_outcomes_total{{result=\"dropped\"}} {}\n",
             g(&c.dropped)
         ));
+        out.push_str("# HELP vitals_otlp_reporter_spans_total Spans by the token that sent them: taken, refused by its binding (unbound: calls for a gateway or pool it may not report for), refused by its budget (limited).\n# TYPE vitals_otlp_reporter_spans_total counter\n");
+        for (who, r) in self.counters.reporters.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            for (result, n) in [("taken", r.taken), ("unbound", r.unbound), ("limited", r.limited)] {
+                out.push_str(&format!(
+                    "vitals_otlp_reporter_spans_total{{token=\"{}\",result=\"{result}\"}} {n}\n",
+                    label(who)
+                ));
+            }
+        }
         out.push_str(&format!(
             "# HELP vitals_otlp_report_queue Call reports waiting for the Kafka producer.\n# TYPE vitals_otlp_report_queue gauge\nvitals_otlp_report_queue {}\n",
             self.reporter.queued()
         ));
-        out + &self.reporter.counters().prometheus()
+        out + &crate::listen::prometheus() + &self.reporter.counters().prometheus()
     }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

@@ -42,9 +42,11 @@ pub struct Duration {
 pub enum Code {
     Ok = 0,
     InvalidArgument = 3,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 impl Status {

@@ -9,10 +9,18 @@
 //!   `RESOURCE_EXHAUSTED` (with a `RetryInfo` when sending again later will do), `UNIMPLEMENTED`
 //!   for another compression.
 //!
-//! Plus `/healthz`, `/readyz` and `/metrics`.
+//! Every export carries a bearer token (`Authorization: Bearer …`; the OTel exporters'
+//! `OTEL_EXPORTER_OTLP_HEADERS`) that may report: without one the answer is 401 /
+//! `UNAUTHENTICATED`, with a reader's 403 / `PERMISSION_DENIED`, and nothing of the request is
+//! read. A reporter over its budget is answered 429 / `RESOURCE_EXHAUSTED` with when to send
+//! again. Without authentication (`--no-auth`) every request is `anonymous`.
+//!
+//! Plus `/healthz`, `/readyz` and `/metrics` (which needs a reader's token or better when
+//! requests are authenticated).
 
 use crate::receiver::{Answer, Outcome, Receiver, Transport};
 use crate::rpc::{self, Code, Status};
+use crate::trust::Caller;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -27,6 +35,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use vitals_runtime::tokens::{Denied, Need};
 use vitals_spans::decode::{Format, Refused};
 
 pub const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -38,8 +47,81 @@ pub fn router(r: Arc<Receiver>) -> Router {
         .route(GRPC_PATH, post(grpc_export))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
-        .route("/metrics", get(move || std::future::ready(metrics.prometheus())))
+        .route(
+            "/metrics",
+            get(move |headers: HeaderMap| {
+                let answer = match metrics.caller(authorization(&headers), Need::Read) {
+                    Ok(_) => metrics.prometheus().into_response(),
+                    Err(d) => http_denied(Format::Json, d),
+                };
+                std::future::ready(answer)
+            }),
+        )
         .with_state(r)
+}
+
+/// `/metrics`, `/healthz` and `/readyz` alone, open to anyone who reaches them (`--metrics-addr`).
+pub fn metrics_router(r: Arc<Receiver>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ready" }))
+        .route("/metrics", get(move || std::future::ready(r.prometheus())))
+}
+
+fn authorization(h: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    h.get_all(header::AUTHORIZATION).iter().map(|v| v.as_bytes())
+}
+
+/// Who sent a request, or why they are refused (counted).
+fn caller(r: &Receiver, t: Transport, h: &HeaderMap) -> Result<Caller, Denied> {
+    r.caller(authorization(h), Need::Report).inspect_err(|d| {
+        r.count(
+            t,
+            match d {
+                Denied::Forbidden => Outcome::Forbidden,
+                Denied::Unauthenticated => Outcome::Unauthenticated,
+                Denied::Ambiguous => Outcome::Malformed,
+            },
+        )
+    })
+}
+
+fn denied_status(d: Denied) -> (StatusCode, Status) {
+    match d {
+        Denied::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            Status::new(Code::Unauthenticated, "a bearer token that may report is needed"),
+        ),
+        Denied::Forbidden => (
+            StatusCode::FORBIDDEN,
+            Status::new(Code::PermissionDenied, "this token may not report"),
+        ),
+        Denied::Ambiguous => (
+            StatusCode::BAD_REQUEST,
+            Status::new(Code::InvalidArgument, "more than one Authorization header"),
+        ),
+    }
+}
+
+fn http_denied(format: Format, d: Denied) -> Response {
+    let (code, status) = denied_status(d);
+    let mut resp = http_error(format, code, status);
+    if d == Denied::Unauthenticated {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    resp
+}
+
+fn http_limited(format: Format, over: crate::trust::Over) -> Response {
+    let secs = over.retry_after.as_secs().max(1);
+    let mut resp = http_error(
+        format,
+        StatusCode::TOO_MANY_REQUESTS,
+        Status::new(Code::ResourceExhausted, over.message).retry_after(secs),
+    );
+    resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    resp
 }
 
 fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
@@ -52,6 +134,15 @@ enum Unread {
     TooLarge,
     /// The client stopped sending before its end (it went away, or broke the stream).
     Broken,
+    /// It did not arrive whole within the body timeout (a slow or stalled sender).
+    Slow,
+}
+
+/// The body within the receiver's body timeout.
+async fn body_in_time(r: &Receiver, b: Body, max: usize) -> Result<Bytes, Unread> {
+    tokio::time::timeout(r.body_timeout, body(b, max))
+        .await
+        .unwrap_or(Err(Unread::Slow))
 }
 
 /// What is read and thrown away of a body over the limit before answering, at most: a client
@@ -123,8 +214,12 @@ async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
                 .into_response();
         }
     };
+    let who = match caller(&r, Transport::Http, &parts.headers) {
+        Ok(who) => who,
+        Err(d) => return http_denied(format, d),
+    };
     let max = r.limits().max_body;
-    let raw = match body(b, max).await {
+    let raw = match body_in_time(&r, b, max).await {
         Ok(raw) => raw,
         Err(Unread::TooLarge) => {
             r.count(Transport::Http, Outcome::TooLarge);
@@ -142,8 +237,16 @@ async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
                 Status::new(Code::InvalidArgument, "the body ended before its end"),
             );
         }
+        Err(Unread::Slow) => {
+            r.count(Transport::Http, Outcome::Broken);
+            return http_error(
+                format,
+                StatusCode::REQUEST_TIMEOUT,
+                Status::new(Code::InvalidArgument, "the body did not arrive in time"),
+            );
+        }
     };
-    match r.export(Transport::Http, format, raw, gzip).await {
+    match r.export(Transport::Http, format, raw, gzip, who).await {
         Answer::Accepted { rejected, message } => {
             let resp = response(rejected, message);
             let (ctype, body) = match format {
@@ -167,6 +270,7 @@ async fn http_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
                 .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_secs));
             resp
         }
+        Answer::Limited(over) => http_limited(format, over),
     }
 }
 
@@ -218,8 +322,12 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("identity")
         .to_owned();
+    let who = match caller(&r, Transport::Grpc, &parts.headers) {
+        Ok(who) => who,
+        Err(d) => return grpc_status(denied_status(d).1),
+    };
     let max = r.limits().max_body;
-    let raw = match body(b, max + 5).await {
+    let raw = match body_in_time(&r, b, max + 5).await {
         Ok(raw) => raw,
         Err(Unread::TooLarge) => {
             r.count(Transport::Grpc, Outcome::TooLarge);
@@ -231,6 +339,10 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
         Err(Unread::Broken) => {
             r.count(Transport::Grpc, Outcome::Broken);
             return grpc_status(Status::new(Code::InvalidArgument, "the message ended before its end"));
+        }
+        Err(Unread::Slow) => {
+            r.count(Transport::Grpc, Outcome::Broken);
+            return grpc_status(Status::new(Code::InvalidArgument, "the message did not arrive in time"));
         }
     };
     // One length-prefixed message: a compressed flag and a 4-byte big-endian length.
@@ -255,7 +367,7 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
             ));
         }
     };
-    match r.export(Transport::Grpc, Format::Protobuf, message, gzip).await {
+    match r.export(Transport::Grpc, Format::Protobuf, message, gzip, who).await {
         Answer::Accepted { rejected, message } => {
             let m = response(rejected, message).encode_to_vec();
             let mut framed = Vec::with_capacity(m.len() + 5);
@@ -276,6 +388,10 @@ async fn grpc_export(State(r): State<Arc<Receiver>>, req: Request) -> Response {
         Answer::Busy => grpc_status(
             Status::new(Code::ResourceExhausted, "vitals is behind: send again later").retry_after(r.retry_after_secs),
         ),
+        Answer::Limited(over) => {
+            let secs = over.retry_after.as_secs().max(1);
+            grpc_status(Status::new(Code::ResourceExhausted, over.message).retry_after(secs))
+        }
     }
 }
 

@@ -80,6 +80,14 @@ struct Receiver {
 impl Receiver {
     /// The flags of a receiver on `brokers` and `topic`, serving on these ports.
     fn args(brokers: &str, topic: &str, http: u16, grpc: u16) -> Vec<String> {
+        let mut a = Receiver::args_authenticated(brokers, topic, http, grpc);
+        // Authentication has its own tests: these take every request as `anonymous`.
+        a.extend(["--no-auth".into(), "true".into()]);
+        a
+    }
+
+    /// The flags without `--no-auth`: the caller gives the tokens.
+    fn args_authenticated(brokers: &str, topic: &str, http: u16, grpc: u16) -> Vec<String> {
         [
             "--brokers",
             brokers,
@@ -99,6 +107,11 @@ impl Receiver {
         let (http, grpc) = (free_port(), free_port());
         let mut args = Receiver::args(brokers, topic, http, grpc);
         args.extend(extra.iter().map(|s| s.to_string()));
+        Receiver::start_with(label, args, http, grpc).await
+    }
+
+    /// Start with the flags `args`, serving on `http` and `grpc`.
+    async fn start_with(label: &str, args: Vec<String>, http: u16, grpc: u16) -> Receiver {
         let service = Service::start("vitals-otlp", label, &args);
         wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
             http_get(http, "/readyz").await.as_deref() == Some("ready")
@@ -126,11 +139,24 @@ impl Receiver {
         encoding: Option<&str>,
         body: Vec<u8>,
     ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        self.post_as(None, ctype, encoding, body).await
+    }
+
+    async fn post_as(
+        &self,
+        token: Option<&str>,
+        ctype: &str,
+        encoding: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
         let mut r = self
             .client
             .post(format!("http://127.0.0.1:{}/v1/traces", self.http))
             .header("content-type", ctype)
             .body(body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
         if let Some(e) = encoding {
             r = r.header("content-encoding", e);
         }
@@ -147,6 +173,15 @@ impl Receiver {
     /// A gRPC export of `message` (flag 0, or 1 with `encoding`): the HTTP status, the headers
     /// (a trailers-only answer has grpc-status there) and the body.
     async fn grpc(&self, message: &[u8], compressed: Option<&str>) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        self.grpc_as(None, message, compressed).await
+    }
+
+    async fn grpc_as(
+        &self,
+        token: Option<&str>,
+        message: &[u8],
+        compressed: Option<&str>,
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
         let mut framed = vec![u8::from(compressed.is_some())];
         framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
         framed.extend_from_slice(message);
@@ -161,6 +196,9 @@ impl Receiver {
             .body(framed);
         if let Some(e) = compressed {
             r = r.header("grpc-encoding", e);
+        }
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
         }
         let resp = r.send().await.expect("the receiver answers gRPC");
         let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
@@ -583,4 +621,256 @@ async fn the_receiver_raises_its_open_file_limit_before_it_serves() {
     let nums: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
     assert_eq!(nums[0], nums[1], "soft raised to hard: {line}");
     assert_ne!(nums[0], "256", "{line}");
+}
+
+/// A request whose resource names `service` (or no service), of client spans calling `host`
+/// for the pool `pool` (their `peer.service`).
+fn request_from(service: Option<&str>, pool: &str, first: u64, n: u64, host: &str) -> ExportTraceServiceRequest {
+    let spans = (first..first + n)
+        .map(|i| {
+            let mut s = call(i, host, 503);
+            s.attributes.push(kv("peer.service", Value::StringValue(pool.into())));
+            s
+        })
+        .collect();
+    let mut r = request(spans);
+    r.resource_spans[0].resource = Some(Resource {
+        attributes: service
+            .map(|n| vec![kv("service.name", Value::StringValue(n.into()))])
+            .unwrap_or_default(),
+        ..Default::default()
+    });
+    r
+}
+
+const EU: &str = "edge-eu-reporter-secret-1";
+const FLOOD: &str = "flood-reporter-secret-001";
+const SPREAD: &str = "spread-reporter-secret-01";
+const READER: &str = "viewer-reader-secret-0001";
+
+/// Every way in needs a token that may report; a token reports only for its gateways and pools
+/// (a resource that names no service is the token's own gateway); one reporter over its budget
+/// is slowed with when to send again and no other is; /metrics needs a reader on the OTLP ports;
+/// a token added to the file works without a restart. What reached the topic is exactly what was
+/// allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_needed_a_binding_holds_and_one_flooding_reporter_is_slowed_alone() {
+    let topics = Topics::create(&unique("otlp_trust"), 1, Stamp::LogAppendTime).await;
+    let dir = std::env::temp_dir().join(unique("otlp-tokens"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tokens");
+    let tokens = format!(
+        "edge-eu-main:reporter;gateways=edge-eu-*;pools=chat:{EU}\nflood:reporter:{FLOOD}\nspread:reporter:{SPREAD}\nviewer:reader:{READER}\n"
+    );
+    std::fs::write(&file, &tokens).unwrap();
+    let (http, grpc, metrics) = (free_port(), free_port(), free_port());
+    let mut args = Receiver::args_authenticated(&brokers(), &topics.signals, http, grpc);
+    for a in [
+        "--summarize-ms",
+        "0",
+        "--tokens-file",
+        file.to_str().unwrap(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics}"),
+        "--reporter-spans-per-sec",
+        "20",
+        "--reporter-endpoints-per-min",
+        "5",
+    ] {
+        args.push(a.into());
+    }
+    let r = Receiver::start_with("otlp-trust", args, http, grpc).await;
+    let body = |service: Option<&str>, pool: &str, first: u64, n: u64| {
+        request_from(service, pool, first, n, "api.a").encode_to_vec()
+    };
+    let ctype = "application/x-protobuf";
+
+    // No token, a made-up one, a reader's: refused before anything is read.
+    for token in [None, Some("made-up-token-of-some-length")] {
+        let (s, h, b) = r
+            .post_as(token, ctype, None, body(Some("edge-eu-1"), "chat", 1, 50))
+            .await;
+        assert_eq!((s, h["www-authenticate"].to_str().unwrap()), (401, "Bearer"));
+        assert_eq!(status_of(&b).code, 16, "UNAUTHENTICATED");
+        let (s, h, _) = r.grpc_as(token, &body(Some("edge-eu-1"), "chat", 1, 50), None).await;
+        assert_eq!((s, h["grpc-status"].to_str().unwrap()), (200, "16"));
+    }
+    let (s, _, _) = r
+        .post_as(Some(READER), ctype, None, body(Some("edge-eu-1"), "chat", 1, 50))
+        .await;
+    assert_eq!(s, 403);
+    let (_, h, _) = r
+        .grpc_as(Some(READER), &body(Some("edge-eu-1"), "chat", 1, 50), None)
+        .await;
+    assert_eq!(h["grpc-status"].to_str().unwrap(), "7", "PERMISSION_DENIED");
+
+    // The binding: its gateways and pools are taken; others are refused as a partial success.
+    let (s, _, b) = r
+        .post_as(Some(EU), ctype, None, body(Some("edge-eu-1"), "chat", 100, 3))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
+        None
+    );
+    let (s, _, b) = r.post_as(Some(EU), ctype, None, body(None, "chat", 200, 2)).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
+        None
+    );
+    let (s, _, b) = r
+        .post_as(Some(EU), ctype, None, body(Some("edge-us-1"), "chat", 300, 4))
+        .await;
+    assert_eq!(s, 200);
+    let partial = ExportTraceServiceResponse::decode(&b[..])
+        .unwrap()
+        .partial_success
+        .unwrap();
+    assert_eq!(partial.rejected_spans, 4);
+    assert!(partial.error_message.contains("edge-eu-*"), "{}", partial.error_message);
+    let (s, h, b) = r
+        .grpc_as(Some(EU), &body(Some("edge-eu-2"), "embed", 400, 2), None)
+        .await;
+    assert_eq!((s, h.get("grpc-status").map(|v| v.to_str().unwrap())), (200, None));
+    let m = &b[5..];
+    let partial = ExportTraceServiceResponse::decode(m).unwrap().partial_success.unwrap();
+    assert_eq!(partial.rejected_spans, 2);
+    assert!(
+        partial.error_message.contains("pools chat"),
+        "{}",
+        partial.error_message
+    );
+
+    // A flooding reporter is slowed, with when to send again; another goes on. Its burst (two
+    // seconds' worth) is spent at once: the next request fits only two seconds later.
+    let (s, _, _) = r
+        .post_as(Some(FLOOD), ctype, None, body(Some("f"), "bulk", 1_000, 40))
+        .await;
+    assert_eq!(s, 200);
+    let (s, h, b) = r
+        .post_as(Some(FLOOD), ctype, None, body(Some("f"), "bulk", 2_000, 40))
+        .await;
+    assert_eq!(s, 429, "{}", status_of(&b).message);
+    assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    let st = status_of(&b);
+    assert!(st.message.contains("20 spans a second"), "{}", st.message);
+    assert!(RetryInfo::decode(&st.details[0].value[..])
+        .unwrap()
+        .retry_delay
+        .is_some());
+    let (_, h, _) = r.grpc_as(Some(FLOOD), &body(Some("f"), "bulk", 3_000, 40), None).await;
+    assert_eq!(h["grpc-status"].to_str().unwrap(), "8", "RESOURCE_EXHAUSTED");
+    assert!(h.contains_key("grpc-status-details-bin"), "with a RetryInfo");
+    let (s, _, _) = r
+        .post_as(Some(EU), ctype, None, body(Some("edge-eu-1"), "chat", 500, 1))
+        .await;
+    assert_eq!(s, 200, "another reporter is not slowed");
+    // Too many endpoints in a minute: refused whole.
+    let spread: Vec<Span> = (0..6)
+        .map(|i| {
+            let mut s = call(4_000 + i, &format!("host-{i}"), 200);
+            s.attributes.push(kv("peer.service", Value::StringValue("wide".into())));
+            s
+        })
+        .collect();
+    let (s, _, b) = r
+        .post_as(Some(SPREAD), ctype, None, request(spread).encode_to_vec())
+        .await;
+    assert_eq!(s, 429);
+    assert!(status_of(&b).message.contains("5 endpoints a minute"));
+
+    // /metrics: a reader's token on the OTLP port; open on the metrics port.
+    let get = |port: u16, token: Option<&'static str>| {
+        let client = r.client.clone();
+        async move {
+            let mut q = client.get(format!("http://127.0.0.1:{port}/metrics"));
+            if let Some(t) = token {
+                q = q.bearer_auth(t);
+            }
+            q.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(get(http, None).await, 401);
+    assert_eq!(get(http, Some(EU)).await, 403, "a reporter reads nothing");
+    assert_eq!(get(http, Some(READER)).await, 200);
+    assert_eq!(get(metrics, None).await, 200);
+    let m = |name: &'static str| async move { metric(metrics, name).await.unwrap_or(-1.0) };
+    assert_eq!(
+        m("vitals_otlp_reporter_spans_total{token=\"edge-eu-main\",result=\"unbound\"}").await,
+        6.0
+    );
+    assert_eq!(
+        m("vitals_otlp_reporter_spans_total{token=\"edge-eu-main\",result=\"taken\"}").await,
+        6.0
+    );
+    assert_eq!(
+        m("vitals_otlp_reporter_spans_total{token=\"flood\",result=\"limited\"}").await,
+        80.0
+    );
+    assert_eq!(
+        m("vitals_otlp_requests_total{transport=\"http\",result=\"unauthenticated\"}").await,
+        2.0
+    );
+    assert_eq!(
+        m("vitals_otlp_requests_total{transport=\"grpc\",result=\"forbidden\"}").await,
+        1.0
+    );
+
+    // A token added to the file reports without a restart; one removed is refused.
+    std::fs::write(
+        &file,
+        tokens.replace(
+            &format!("flood:reporter:{FLOOD}\n"),
+            "late:reporter:late-reporter-secret-001\n",
+        ),
+    )
+    .unwrap();
+    wait_until("the new token to be taken", Duration::from_secs(30), || async {
+        let (s, _, _) = r
+            .post_as(
+                Some("late-reporter-secret-001"),
+                ctype,
+                None,
+                body(Some("late"), "late", 6_000, 1),
+            )
+            .await;
+        s == 200
+    })
+    .await;
+    let (s, _, _) = r
+        .post_as(Some(FLOOD), ctype, None, body(Some("f"), "bulk", 7_000, 1))
+        .await;
+    assert_eq!(s, 401, "the removed token");
+
+    // On the topic: exactly the calls allowed, each once, under the gateway they were allowed as.
+    let c = vitals_testkit::consumer(&unique("otlp_trust_reader"));
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topics.signals, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut got = std::collections::BTreeMap::<String, usize>::new();
+    let want_total = 3 + 2 + 40 + 1 + 1;
+    let mut seen = 0;
+    while seen < want_total {
+        let m = tokio::time::timeout(Duration::from_secs(60), c.recv())
+            .await
+            .expect("the calls reach the topic")
+            .unwrap();
+        if let Some(Ok(Signal::Call(call))) = m.payload().map(decode_signal) {
+            *got.entry(format!("{}/{}", call.gateway, call.pool)).or_default() += 1;
+            seen += 1;
+        }
+    }
+    let want: std::collections::BTreeMap<String, usize> = [
+        ("edge-eu-1/chat", 4),
+        ("edge-eu-main/chat", 2),
+        ("f/bulk", 40),
+        ("late/late", 1),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

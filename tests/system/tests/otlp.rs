@@ -21,12 +21,30 @@ use vitals_system_tests::*;
 use vitals_testkit::{brokers, free_port, http_get, metric, unique, wait_until, Service, Topics};
 use vitals_upstream_sim::Behaviour;
 
+/// The secret the clients here send (`Authorization: Bearer …`, each in its own way), a reporter's
+/// token in the receiver's tokens file.
+const REPORTER_SECRET: &str = "otel-reporter-secret-5f2a9c";
+
+/// The tokens file the receivers here read: one reporter, which may report as anyone.
+fn tokens_file() -> std::path::PathBuf {
+    let f = std::env::temp_dir().join(format!("{}.tokens", unique("otlp")));
+    std::fs::write(&f, format!("clients:reporter:{REPORTER_SECRET}\n")).unwrap();
+    f
+}
+
+/// The OpenTelemetry exporters' header setting carrying the token (the value percent-encoded,
+/// as the specification says).
+fn otlp_headers() -> String {
+    format!("authorization=Bearer%20{REPORTER_SECRET}")
+}
+
 /// `vitals-otlp` reporting to `topics` with the table `map`, serving OTLP/HTTP and OTLP/gRPC on
-/// free ports once ready: (it, HTTP port, gRPC port).
-async fn start_otlp(label: &str, topics: &Topics, map: &str) -> (Service, u16, u16) {
+/// free ports once ready, to clients with the token: (it, HTTP port, gRPC port, the metrics
+/// port).
+async fn start_otlp(label: &str, topics: &Topics, map: &str) -> (Service, u16, u16, u16) {
     let map_file = std::env::temp_dir().join(format!("{}.toml", unique(label)));
     std::fs::write(&map_file, map).unwrap();
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc, metrics) = (free_port(), free_port(), free_port());
     let otlp = Service::start(
         "vitals-otlp",
         label,
@@ -36,13 +54,15 @@ async fn start_otlp(label: &str, topics: &Topics, map: &str) -> (Service, u16, u
             ("--map", map_file.to_str().unwrap()),
             ("--http-addr", &format!("127.0.0.1:{http}")),
             ("--grpc-addr", &format!("127.0.0.1:{grpc}")),
+            ("--tokens-file", tokens_file().to_str().unwrap()),
+            ("--metrics-addr", &format!("127.0.0.1:{metrics}")),
         ]),
     );
     wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
         http_get(http, "/readyz").await.as_deref() == Some("ready")
     })
     .await;
-    (otlp, http, grpc)
+    (otlp, http, grpc, metrics)
 }
 
 /// The OTel-instrumented client (tests/system/otel/httpx_client.py), its calls counted.
@@ -72,6 +92,7 @@ impl Client {
         let log = std::env::temp_dir().join(format!("{}.log", unique(&format!("otel-{protocol}"))));
         eprintln!("OTel client ({protocol}) log: {}", log.display());
         let mut child = cmd
+            .env("OTEL_EXPORTER_OTLP_HEADERS", otlp_headers())
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -127,13 +148,13 @@ async fn ejected_on_spans(
     evidence
 }
 
-/// Wait until `vitals-otlp` (HTTP port `http`) has reported `n` calls from `who`'s spans.
-async fn calls_reported(http: u16, n: f64, who: &str) {
+/// Wait until `vitals-otlp` (metrics port `metrics`) has reported `n` calls from `who`'s spans.
+async fn calls_reported(metrics: u16, n: f64, who: &str) {
     wait_until(
         &format!("{who}'s spans reported as calls"),
         Duration::from_secs(90),
         || async move {
-            metric(http, "vitals_otlp_spans_total{result=\"call\"}")
+            metric(metrics, "vitals_otlp_spans_total{result=\"call\"}")
                 .await
                 .unwrap_or(0.0)
                 >= n
@@ -188,7 +209,7 @@ async fn otel_sdk_spans_over_http_and_grpc_eject_a_refusing_a_failing_and_a_slow
     for (ep, addr) in stack.sim.endpoints() {
         map.push_str(&format!("\"{addr}\" = \"{ep}\"\n"));
     }
-    let (_otlp, http, grpc) = start_otlp("otlp-sdk", &stack.topics, &map).await;
+    let (_otlp, http, grpc, metrics) = start_otlp("otlp-sdk", &stack.topics, &map).await;
     let over_http = Client::start(&stack, &format!("http://127.0.0.1:{http}"), "http", &[]);
     let over_grpc = Client::start(
         &stack,
@@ -202,7 +223,7 @@ async fn otel_sdk_spans_over_http_and_grpc_eject_a_refusing_a_failing_and_a_slow
         || async move {
             let ok = |t: &'static str| async move {
                 metric(
-                    http,
+                    metrics,
                     &format!("vitals_otlp_requests_total{{transport=\"{t}\",result=\"ok\"}}"),
                 )
                 .await
@@ -263,8 +284,13 @@ async fn otel_sdk_spans_over_http_and_grpc_eject_a_refusing_a_failing_and_a_slow
         ("vitals_otlp_requests_total{transport=\"http\",result=\"ok\"}", 1.0),
         ("vitals_otlp_requests_total{transport=\"grpc\",result=\"ok\"}", 1.0),
         ("vitals_otlp_spans_total{result=\"call\"}", 100.0),
+        // Both SDK exporters sent the token from OTEL_EXPORTER_OTLP_HEADERS.
+        (
+            "vitals_otlp_reporter_spans_total{token=\"clients\",result=\"taken\"}",
+            100.0,
+        ),
     ] {
-        let v = metric(http, name).await.unwrap_or(0.0);
+        let v = metric(metrics, name).await.unwrap_or(0.0);
         assert!(v >= at_least, "{name} = {v}");
     }
     for name in [
@@ -272,8 +298,10 @@ async fn otel_sdk_spans_over_http_and_grpc_eject_a_refusing_a_failing_and_a_slow
         "vitals_otlp_requests_total{transport=\"grpc\",result=\"malformed\"}",
         "vitals_otlp_spans_total{result=\"rejected\"}",
         "vitals_otlp_outcomes_total{result=\"dropped\"}",
+        "vitals_otlp_requests_total{transport=\"http\",result=\"unauthenticated\"}",
+        "vitals_otlp_requests_total{transport=\"grpc\",result=\"unauthenticated\"}",
     ] {
-        assert_eq!(metric(http, name).await, Some(0.0), "{name}");
+        assert_eq!(metric(metrics, name).await, Some(0.0), "{name}");
     }
     eprintln!(
         "calls made: {} over HTTP, {} over gRPC",
@@ -308,7 +336,7 @@ async fn litellm_proxy_with_only_its_otel_callback_gets_a_failing_deployment_eje
     for (ep, _) in stack.sim.endpoints() {
         map.push_str(&format!("\"openai/{ep}\" = \"{ep}\"\n"));
     }
-    let (_otlp, http, _) = start_otlp("otlp-litellm", &stack.topics, &map).await;
+    let (_otlp, http, _, metrics) = start_otlp("otlp-litellm", &stack.topics, &map).await;
     let port = free_port();
     let mut yaml = String::from("model_list:\n");
     for (ep, addr) in stack.sim.endpoints() {
@@ -336,6 +364,8 @@ async fn litellm_proxy_with_only_its_otel_callback_gets_a_failing_deployment_eje
             ])
             .env("OTEL_EXPORTER", "otlp_http")
             .env("OTEL_ENDPOINT", format!("http://127.0.0.1:{http}/v1/traces"))
+            // LiteLLM splits its headers setting on '=' and ',' and decodes nothing.
+            .env("OTEL_HEADERS", format!("Authorization=Bearer {REPORTER_SECRET}"))
             .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             .stdin(Stdio::null())
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
@@ -372,7 +402,7 @@ async fn litellm_proxy_with_only_its_otel_callback_gets_a_failing_deployment_eje
         Some(MASTER_KEY),
         body.clone(),
     );
-    calls_reported(http, 20.0, "LiteLLM").await;
+    calls_reported(metrics, 20.0, "LiteLLM").await;
     let failing = ejected_on_spans(&stack, "e1", answering_503(), "litellm-otel", "LiteLLM, 503s").await;
     assert!(
         failing.iter().any(|c| c.outcome.is_failure()),
@@ -420,7 +450,7 @@ async fn caddy_emitting_otlp_natively_gets_a_failing_upstream_ejected() {
         .into_iter()
         .map(|(ep, _)| (ep, free_port()))
         .collect();
-    let (_otlp, http, _) = start_otlp("otlp-caddy", &stack.topics, &caddy_map(&sites)).await;
+    let (_otlp, http, _, metrics) = start_otlp("otlp-caddy", &stack.topics, &caddy_map(&sites)).await;
     let mut caddyfile = String::from("{\n\tadmin off\n\tauto_https off\n}\n");
     for ((_, port), (_, addr)) in sites.iter().zip(stack.sim.endpoints()) {
         caddyfile.push_str(&format!(
@@ -438,6 +468,7 @@ async fn caddy_emitting_otlp_natively_gets_a_failing_upstream_ejected() {
             .env("OTEL_TRACES_EXPORTER", "otlp")
             .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{http}"))
+            .env("OTEL_EXPORTER_OTLP_HEADERS", otlp_headers())
             .env("OTEL_BSP_SCHEDULE_DELAY", "200")
             .stdin(Stdio::null())
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
@@ -456,7 +487,7 @@ async fn caddy_emitting_otlp_natively_gets_a_failing_upstream_ejected() {
         None,
         serde_json::json!({"model": "m", "messages": []}),
     );
-    calls_reported(http, 30.0, "Caddy").await;
+    calls_reported(metrics, 30.0, "Caddy").await;
     let failing = ejected_on_spans(&stack, "e1", answering_503(), "caddy", "Caddy, 503s").await;
     assert!(
         failing

@@ -233,6 +233,8 @@ async fn main() {
             format!("127.0.0.1:{http}"),
             "--grpc-addr".into(),
             String::new(),
+            "--no-auth".into(),
+            "true".into(),
         ],
     );
     let pid = otlp.child.id();
