@@ -82,7 +82,8 @@ refuse "minimum: got 0, want 1" --set processor.lanes=0
 refuse "additional properties 'lanse' not allowed" --set processor.lanse=2
 refuse "alertmanagerUrls" --set alerter.enabled=true
 refuse "must set listen" --set router.enabled=true --set-string router.routes='listen = "127.0.0.1:8088"'
-refuse "merger" --set otlp.enabled=true --set otlp.toMerger=true
+refuse "merger" --set otlp.enabled=true --set otlp.toMerger=true --set otlp.tokensSecret.secretName=t
+refuse "otlp.tokensSecret.secretName" --set otlp.enabled=true
 refuse "does not match pattern" --set-json 'kafka.options=["security.protocol=SSL,sasl.mechanism=PLAIN"]'
 
 # The pods themselves, started as a kubelet would on the test stack (the test command gives it).

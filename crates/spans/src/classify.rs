@@ -1,7 +1,9 @@
 //! A call span's outcome class, by the OpenTelemetry semantic conventions: the HTTP status code
 //! first (`http.response.status_code`, or the older `http.status_code`), then the error's type
 //! (`error.type`, else the `exception` event's `exception.type`, else the span status's
-//! message) when the span says the call failed.
+//! message) when the span says the call failed. A generic type that no rule knows (Node's `Error`
+//! or a DOMException code such as `23`, Go's `*net.OpError`) gives way to the next text that one
+//! does: `exception.type`, `exception.message`, the status message.
 
 use crate::attrs::Attrs;
 use crate::view::SpanView;
@@ -69,12 +71,17 @@ pub fn class_of_status(status: i32) -> Option<OutcomeClass> {
 /// The class of an error by its type's text: the table's rules (`own`, fragment → class) first,
 /// then the built-in ones; a failure of no known kind is a server error.
 pub fn class_of_error(error: &str, own: &[(String, OutcomeClass)]) -> OutcomeClass {
+    known_class(error, own).unwrap_or(OutcomeClass::ServerError)
+}
+
+/// The class a rule gives `error`'s text, if one does.
+fn known_class(error: &str, own: &[(String, OutcomeClass)]) -> Option<OutcomeClass> {
     let e = error.to_ascii_lowercase();
     own.iter()
         .map(|(f, c)| (f.as_str(), *c))
         .chain(ERROR_RULES.iter().copied())
         .find(|(f, _)| e.contains(f))
-        .map_or(OutcomeClass::ServerError, |(_, c)| c)
+        .map(|(_, c)| c)
 }
 
 /// How `span` ended.
@@ -99,10 +106,26 @@ pub fn ended(span: &SpanView<'_>, attrs: Attrs<'_, '_>, own: &[(String, OutcomeC
         .filter(|e| e.parse::<i32>().ok() != http_status || http_status.is_none());
     let class = match http_status.and_then(class_of_status) {
         Some(c) => c,
-        None if failed || (http_status.is_none() && error.is_some()) => match &error {
-            Some(e) => class_of_error(e, own),
-            None => OutcomeClass::ServerError,
-        },
+        None if failed || (http_status.is_none() && error.is_some()) => {
+            // Every text that says what went wrong, the error's type first: the first a rule
+            // knows decides.
+            let exception = span.events.iter().filter(|e| e.name == "exception");
+            let texts = error
+                .iter()
+                .cloned()
+                .chain(exception.flat_map(|e| {
+                    let a = Attrs(&e.attrs);
+                    [a.text("exception.type"), a.text("exception.message")]
+                        .into_iter()
+                        .flatten()
+                        .map(|t| t.into_owned())
+                }))
+                .chain((!span.status_message.is_empty()).then(|| span.status_message.to_owned()));
+            texts
+                .take(8)
+                .find_map(|t| known_class(&t, own))
+                .unwrap_or(OutcomeClass::ServerError)
+        }
         None => OutcomeClass::Success,
     };
     Ended {

@@ -398,3 +398,67 @@ fn a_resource_that_names_no_service_is_reported_as_the_token_that_sent_it() {
     assert_eq!(gateway(Some("unknown_service:node"), None).as_deref(), Some("otlp"));
     assert_eq!(gateway(None, None).as_deref(), Some("otlp"));
 }
+
+/// The shapes of failed client spans from stacks whose `error.type` says nothing a rule knows
+/// (as Node's fetch and http instrumentations and Go's otelhttp write them): the exception's
+/// type, its message or the status message decides, not "server error".
+#[test]
+fn a_generic_error_type_gives_way_to_the_exception_and_the_status_message() {
+    let m = Map::default();
+    let span = |error_type: &str, exception: &[(&str, &str)], status: &str| {
+        let mut a = addr("h", 80);
+        a.push(s("error.type", error_type));
+        let mut sp = failed(client(a), status);
+        if !exception.is_empty() {
+            sp.events.push(Event {
+                name: "exception".into(),
+                attributes: exception.iter().map(|(k, v)| s(k, v)).collect(),
+                ..Default::default()
+            });
+        }
+        call(&m, &sp).unwrap()
+    };
+    // Node fetch (undici) timing out: a DOMException code in error.type.
+    let o = span(
+        "23",
+        &[
+            ("exception.type", "TimeoutError"),
+            ("exception.message", "The operation was aborted due to timeout"),
+        ],
+        "The operation was aborted due to timeout",
+    );
+    assert_eq!(o.outcome, OutcomeClass::Timeout);
+    assert_eq!(
+        o.attributes.get("error.type").map(String::as_str),
+        Some("23"),
+        "reported as the span named it"
+    );
+    // Node http refused.
+    let o = span(
+        "Error",
+        &[
+            ("exception.type", "Error"),
+            ("exception.message", "connect ECONNREFUSED 127.0.0.1:9"),
+        ],
+        "connect ECONNREFUSED 127.0.0.1:9",
+    );
+    assert_eq!(o.outcome, OutcomeClass::ConnectError);
+    // Go otelhttp refused, and timed out: the message only in the status.
+    let o = span(
+        "*net.OpError",
+        &[],
+        "Post \"http://127.0.0.1:9/v1\": dial tcp 127.0.0.1:9: connect: connection refused",
+    );
+    assert_eq!(o.outcome, OutcomeClass::ConnectError);
+    let o = span(
+        "*url.Error",
+        &[],
+        "Post \"http://h/v1\": context deadline exceeded (Client.Timeout exceeded)",
+    );
+    assert_eq!(o.outcome, OutcomeClass::Timeout);
+    // Nothing any rule knows: still a server error.
+    assert_eq!(
+        span("Error", &[("exception.message", "boom")], "boom").outcome,
+        OutcomeClass::ServerError
+    );
+}

@@ -874,3 +874,180 @@ async fn a_token_is_needed_a_binding_holds_and_one_flooding_reporter_is_slowed_a
     assert_eq!(got, want);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate it signed, made by the
+/// `openssl` command in `dir`: (CA, server cert, server key, client cert, client key) paths.
+fn certificates(dir: &std::path::Path) -> [std::path::PathBuf; 5] {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=vitals-test-ca",
+    ]);
+    for (who, ext) in [
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{who}.ext")), ext).unwrap();
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{who}.key"),
+            "-out",
+            &format!("{who}.csr"),
+            "-subj",
+            &format!("/CN={who}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{who}.csr"),
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{who}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{who}.ext"),
+        ]);
+    }
+    ["ca.pem", "server.pem", "server.key", "client.pem", "client.key"].map(|f| dir.join(f))
+}
+
+/// TLS with client certificates on both ports; connections beyond the cap are closed at once,
+/// and connections that send nothing are closed after the header timeout, so that neither
+/// holds the receiver's descriptors; a good client is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_and_silent_or_surplus_connections_are_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let topics = Topics::create(&unique("otlp_tls"), 1, Stamp::LogAppendTime).await;
+    let dir = std::env::temp_dir().join(unique("otlp-tls"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let [ca, cert, key, client_cert, client_key] = certificates(&dir);
+    let (http, grpc, metrics) = (free_port(), free_port(), free_port());
+    let mut args = Receiver::args_authenticated(&brokers(), &topics.signals, http, grpc);
+    for a in [
+        "--token",
+        &format!("edge:reporter:{EU}"),
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics}"),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+        "--max-connections",
+        "20",
+        "--header-read-timeout-ms",
+        "3000",
+    ] {
+        args.push(a.into());
+    }
+    let service = Service::start("vitals-otlp", "otlp-tls", &args);
+    wait_until("vitals-otlp up", Duration::from_secs(30), || async move {
+        http_get(metrics, "/readyz").await.as_deref() == Some("ready")
+    })
+    .await;
+    let ca_pem = std::fs::read(&ca).unwrap();
+    let identity = reqwest::Identity::from_pkcs8_pem(
+        &std::fs::read(&client_cert).unwrap(),
+        &std::fs::read(&client_key).unwrap(),
+    )
+    .unwrap();
+    let tls_client = |with_cert: bool| {
+        let mut b = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem).unwrap())
+            .timeout(Duration::from_secs(30));
+        if with_cert {
+            b = b.identity(identity.clone());
+        }
+        b.build().unwrap()
+    };
+    let export = |client: reqwest::Client, port: u16| async move {
+        client
+            .post(format!("https://127.0.0.1:{port}/v1/traces"))
+            .header("content-type", "application/x-protobuf")
+            .bearer_auth(EU)
+            .body(request(vec![call(1, "api.a", 200)]).encode_to_vec())
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    };
+    assert_eq!(export(tls_client(true), http).await.unwrap(), 200);
+    assert_eq!(
+        export(tls_client(true), grpc).await.unwrap(),
+        200,
+        "both ports speak TLS"
+    );
+    assert!(
+        export(tls_client(false), http).await.is_err(),
+        "no client certificate: no handshake"
+    );
+    let plain = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{http}/v1/traces"))
+        .body("x")
+        .send()
+        .await;
+    assert!(
+        plain.map(|r| r.status().as_u16() != 200).unwrap_or(true),
+        "cleartext is not served"
+    );
+
+    // Twenty-five silent connections: twenty take every place and are closed after the header
+    // timeout; the rest are closed at once. Every one ends.
+    let mut silent = Vec::new();
+    for _ in 0..25 {
+        silent.push(tokio::net::TcpStream::connect(("127.0.0.1", http)).await.unwrap());
+    }
+    for mut s in silent {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(Duration::from_secs(60), s.read(&mut b)).await;
+        assert!(matches!(r, Ok(Ok(0) | Err(_))), "a silent connection is closed: {r:?}");
+    }
+    let closed = |reason: &'static str| async move {
+        metric(
+            metrics,
+            &format!("vitals_otlp_connections_closed_total{{reason=\"{reason}\"}}"),
+        )
+        .await
+        .unwrap_or(0.0)
+    };
+    let (refused, quiet) = (closed("refused").await, closed("silent").await);
+    assert!(
+        refused >= 1.0 && refused + quiet >= 25.0,
+        "refused {refused}, silent {quiet}"
+    );
+    assert_eq!(export(tls_client(true), http).await.unwrap(), 200, "served again");
+    drop(service);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
