@@ -56,9 +56,13 @@ struct Open {
     reporters: Vec<ReporterCounts>,
 }
 
-/// The longest a merged summary spans (from its first call's end to its last's): half of what
-/// the processor accepts ([`crate::validate::MAX_SUMMARY_SPAN_US`]), so that a gateway whose
-/// clock is off, or a backlog read at once, makes more summaries, never one too long.
+/// The longest a summary spans (from its first call's end to its last's), a gateway's or a
+/// merged one: half of what the processor accepts ([`crate::validate::MAX_SUMMARY_SPAN_US`]),
+/// so that a gateway whose clock is off, a backlog read at once, or late spans among fresh ones
+/// (an OTLP exporter's retry queue) make more summaries, never one too long. Before this cut
+/// applied to a gateway's own summaries, 100 successes ended 70 s before the fresh ones beside
+/// them made a 70 s summary the processor dead-lettered whole, while the failures among them,
+/// sent one by one, counted: an endpoint failing 10 % of its calls was ejected as failing 100 %.
 pub const MAX_MERGED_SPAN_US: Micros = crate::validate::MAX_SUMMARY_SPAN_US / 2;
 
 /// Reporters a merging summarizer watches per endpoint at most: those that failed, until a
@@ -171,8 +175,8 @@ impl Summarizer {
     }
 
     /// The endpoint's open interval, begun at `now` if none is or the last has ended (what it
-    /// held goes to `out` first). A merging summarizer also sends its open summary first when
-    /// calls that ended in `[from, to]` would stretch it beyond [`MAX_MERGED_SPAN_US`].
+    /// held goes to `out` first). Its open summary is also sent first when calls that ended in
+    /// `[from, to]` would stretch it beyond [`MAX_MERGED_SPAN_US`].
     fn slot(
         &mut self,
         key: u64,
@@ -200,7 +204,7 @@ impl Summarizer {
         let too_long = |s: &CallSummary| {
             s.calls.total() > 0 && s.ended_at.max(to).saturating_sub(s.started_at.min(from)) > MAX_MERGED_SPAN_US
         };
-        if merging && o.summary.as_ref().is_some_and(too_long) {
+        if o.summary.as_ref().is_some_and(too_long) {
             out.extend(take_summary(o, merging, &mut self.watched, key).map(Signal::Summary));
         }
         self.next_due = self.next_due.min(o.interval_start.saturating_add(interval));
@@ -932,5 +936,51 @@ mod tests {
         // Cut where a gateway's time jumps: about twice per round of the six, not per call.
         eprintln!("{} merged summaries for {} gateway summaries", out.len(), 2_400 * 6);
         assert!(out.len() <= 2 * 2_400 + 2, "{} summaries", out.len());
+    }
+
+    /// Late successes among fresh calls and failures (an exporter's retry queue, a clock
+    /// behind): every summary a gateway's summarizer makes is one the processor takes, so late
+    /// successes and late failures count alike.
+    #[test]
+    fn late_calls_among_fresh_ones_make_more_summaries_never_one_the_processor_refuses() {
+        let mut sum = Summarizer::new(SummaryConfig::default(), "g");
+        let mut out = Vec::new();
+        let t0 = 1_700_000_000_000_000i64;
+        let (mut ok, mut failed) = (0, 0);
+        // 200 calls within 5 s, 1 in 10 failing; every third ended 70 s earlier (late).
+        for i in 0..200i64 {
+            let now = t0 + i * 25_000;
+            let ended = if i % 3 == 0 { now - 70_000_000 } else { now };
+            let class = if i % 10 == 0 {
+                OutcomeClass::ServerError
+            } else {
+                OutcomeClass::Success
+            };
+            if class == OutcomeClass::Success {
+                ok += 1;
+            } else {
+                failed += 1;
+            }
+            sum.add(
+                CallOutcome::new(format!("c{i}"), "p", "a", "g", ended, class),
+                now,
+                &mut out,
+            );
+        }
+        sum.flush_all(&mut out);
+        let (mut got_ok, mut got_failed) = (0, 0);
+        for sig in &out {
+            assert_eq!(crate::validate_signal(sig, Some(t0 + 5_000_000)), Ok(()), "{sig:?}");
+            match sig {
+                Signal::Summary(x) => {
+                    assert!(x.ended_at - x.started_at <= MAX_MERGED_SPAN_US);
+                    got_ok += x.calls.success;
+                    got_failed += x.calls.total() - x.calls.success;
+                }
+                Signal::Call(_) => got_failed += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((got_ok, got_failed), (ok, failed), "every call counted once");
     }
 }

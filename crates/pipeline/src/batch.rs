@@ -77,6 +77,8 @@ pub struct BatchWrite {
     pub dead_lettered: u64,
     /// Of those, signals of a new pool beyond the partition's cap (`too_many_pools`).
     pub pools_refused: u64,
+    /// Reports passed over as repeats of ones their pool applied lately (the same id).
+    pub repeats: u64,
     /// Events that could not be encoded (a bug), dead-lettered as JSON instead.
     pub encode_failures: u64,
 }

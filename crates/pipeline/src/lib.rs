@@ -167,6 +167,14 @@ impl Partition {
             }
             return true;
         }
+        // A report sent twice (a retried export, a batch sent again) is applied and counted
+        // once: the engine remembers its pools' recent ids, in their snapshots too.
+        if self.engine.is_repeat(at, &signal) {
+            if !replay {
+                out.repeats += 1;
+            }
+            return true;
+        }
         if let Some(pool) = signal.pool().filter(|p| self.engine.pool(p).is_none()) {
             if self.engine.pool_count() >= self.max_pools {
                 if !replay {

@@ -11,6 +11,7 @@
 
 pub mod listen;
 pub mod receiver;
+pub mod repeats;
 pub mod rpc;
 pub mod serve;
 pub mod trust;
@@ -49,6 +50,10 @@ pub struct Config {
     /// A request body's bytes, after decompression, at most.
     #[arg(long, env = "VITALS_OTLP_MAX_BODY_BYTES", default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Span ids remembered so that a retried export is reported once (for two minutes, at most
+    /// this many: 16 bytes each); 0: none.
+    #[arg(long, env = "VITALS_OTLP_REMEMBER_SPANS", default_value_t = 262_144)]
+    pub remember_spans: usize,
     /// Spans in one request, at most (counted before decoding).
     #[arg(long, env = "VITALS_OTLP_MAX_SPANS", default_value_t = 50_000)]
     pub max_spans: usize,
@@ -148,6 +153,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         }),
     );
     receiver.body_timeout = Duration::from_millis(cfg.listen.body_read_timeout_ms.max(1));
+    receiver.recent = std::sync::Mutex::new(repeats::Recent::new(cfg.remember_spans));
     if let Some(tokens) = tokens {
         tokio::spawn(tokens.clone().watch(Duration::from_secs(2), cancel.clone()));
         receiver = receiver.with_auth(tokens);

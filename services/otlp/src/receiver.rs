@@ -123,6 +123,8 @@ pub struct Counters {
     skipped: [AtomicU64; Skip::ALL.len()],
     queued: AtomicU64,
     dropped: AtomicU64,
+    /// Calls passed over as repeats of spans reported lately (a retried export).
+    repeats: AtomicU64,
     /// By token name: bounded by the tokens file.
     reporters: Mutex<BTreeMap<String, PerReporter>>,
 }
@@ -140,6 +142,8 @@ pub struct Receiver {
     pub retry_after_secs: u64,
     /// Time a request's body has to arrive whole.
     pub body_timeout: std::time::Duration,
+    /// Span ids reported lately: a retried export is reported once.
+    pub recent: Mutex<crate::repeats::Recent>,
     pub counters: Counters,
 }
 
@@ -161,6 +165,7 @@ impl Receiver {
             budgets,
             auth: None,
             body_timeout: std::time::Duration::from_secs(30),
+            recent: Mutex::new(crate::repeats::Recent::new(262_144)),
             decoders: Semaphore::new(decoders.max(1)),
             retry_after_secs,
             counters: Counters::default(),
@@ -296,6 +301,17 @@ impl Receiver {
             return Answer::Limited(over);
         }
         self.per_reporter(&caller.name, |r| r.taken += tally.spans - unbound);
+        // A retried export: its spans were reported already (the answer was lost). Taken, not
+        // reported again.
+        let before = outcomes.len();
+        {
+            let now = std::time::Instant::now();
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            outcomes.retain(|o| recent.first(&o.event_id, now));
+        }
+        let repeats = (before - outcomes.len()) as u64;
+        tally.calls -= repeats;
+        self.counters.repeats.fetch_add(repeats, Ordering::Relaxed);
         let c = &self.counters;
         c.spans.fetch_add(tally.spans, Ordering::Relaxed);
         c.calls.fetch_add(tally.calls, Ordering::Relaxed);
@@ -350,6 +366,10 @@ impl Receiver {
         out.push_str(&format!(
             "vitals_otlp_spans_total{{result=\"rejected\"}} {}\n",
             g(&c.rejected)
+        ));
+        out.push_str(&format!(
+            "vitals_otlp_spans_total{{result=\"repeat\"}} {}\n",
+            g(&c.repeats)
         ));
         out.push_str(
             "# HELP vitals_otlp_spans_skipped_total Spans read that are not calls vitals reports, by reason.\n# TYPE vitals_otlp_spans_skipped_total counter\n",

@@ -713,6 +713,15 @@ async fn a_token_is_needed_a_binding_holds_and_one_flooding_reporter_is_slowed_a
         ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
         None
     );
+    // The same export again (its answer lost, the exporter retries): taken, reported once.
+    let (s, _, b) = r
+        .post_as(Some(EU), ctype, None, body(Some("edge-eu-1"), "chat", 100, 3))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
+        None
+    );
     let (s, _, b) = r.post_as(Some(EU), ctype, None, body(None, "chat", 200, 2)).await;
     assert_eq!(s, 200);
     assert_eq!(
@@ -802,7 +811,12 @@ async fn a_token_is_needed_a_binding_holds_and_one_flooding_reporter_is_slowed_a
     );
     assert_eq!(
         m("vitals_otlp_reporter_spans_total{token=\"edge-eu-main\",result=\"taken\"}").await,
-        6.0
+        9.0
+    );
+    assert_eq!(
+        m("vitals_otlp_spans_total{result=\"repeat\"}").await,
+        3.0,
+        "the retried export"
     );
     assert_eq!(
         m("vitals_otlp_reporter_spans_total{token=\"flood\",result=\"limited\"}").await,
@@ -1050,4 +1064,57 @@ async fn tls_with_client_certificates_and_silent_or_surplus_connections_are_clos
     assert_eq!(export(tls_client(true), http).await.unwrap(), 200, "served again");
     drop(service);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Spans that ended 70 s before they arrive (an exporter's retry queue, a clock behind), beside
+/// fresh ones, with summaries on: every record on the topic is one the processor takes, and
+/// late successes count as late failures do (100 late successes were dead-lettered whole while
+/// their failures counted: an endpoint failing 10 % was ejected as failing 100 %).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_spans_among_fresh_ones_count_alike_and_every_record_is_taken() {
+    let topics = Topics::create(&unique("otlp_late"), 1, Stamp::LogAppendTime).await;
+    let r = Receiver::start("otlp-late", &brokers(), &topics.signals, &[]).await;
+    let late = |mut s: Span| {
+        s.start_time_unix_nano -= 70_000_000_000;
+        s.end_time_unix_nano -= 70_000_000_000;
+        s
+    };
+    // One request: 100 late spans (1 in 10 a 503) and 100 fresh ones (the same).
+    let spans: Vec<Span> = (0..200u64)
+        .map(|i| {
+            let s = call(10_000 + i * 2, "api.late", if i % 10 == 0 { 503 } else { 200 });
+            if i % 2 == 0 {
+                late(s)
+            } else {
+                s
+            }
+        })
+        .collect();
+    let (s, _) = r.proto(&request(spans)).await;
+    assert_eq!(s, 200);
+    let c = vitals_testkit::consumer(&unique("otlp_late_reader"));
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topics.signals, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let (mut ok, mut failed) = (0i64, 0i64);
+    while ok + failed < 200 {
+        let m = tokio::time::timeout(Duration::from_secs(60), c.recv())
+            .await
+            .expect("the calls reach the topic")
+            .unwrap();
+        let sig = decode_signal(m.payload().unwrap()).unwrap();
+        // As the processor validates it, against the record's time.
+        let at = m.timestamp().to_millis().unwrap() * 1000;
+        assert_eq!(vitals_contracts::validate_signal(&sig, Some(at)), Ok(()), "{sig:?}");
+        match sig {
+            Signal::Summary(x) => {
+                ok += x.calls.success;
+                failed += x.calls.total() - x.calls.success;
+            }
+            Signal::Call(_) => failed += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((ok, failed), (180, 20));
 }

@@ -9,6 +9,7 @@ pub struct Metrics {
     pub signals: Counter,
     pub dead_lettered: Counter,
     pub pools_refused: Counter,
+    pub repeats: Counter,
     pub transitions: Counter,
     pub pool_events: Counter,
     pub batches: Counter,
@@ -61,6 +62,11 @@ impl Default for Metrics {
             &mut r,
             "vitals_processor_pools_refused",
             "Signals of a new pool dead-lettered because their partition held --max-pools-per-partition pools.",
+        );
+        let repeats = counter(
+            &mut r,
+            "vitals_processor_repeats",
+            "Reports passed over because their pool applied one with the same id in the last five minutes (a retried export, a batch sent again).",
         );
         let transitions = counter(&mut r, "vitals_processor_transitions", "Endpoint transitions recorded.");
         let pool_events = counter(&mut r, "vitals_processor_pool_events", "Pool decisions recorded.");
@@ -154,6 +160,7 @@ impl Default for Metrics {
             signals,
             dead_lettered,
             pools_refused,
+            repeats,
             transitions,
             pool_events,
             batches,

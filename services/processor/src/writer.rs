@@ -89,6 +89,7 @@ impl Writer {
         m.signals.inc_by(batch.records);
         m.dead_lettered.inc_by(batch.dead_lettered);
         m.pools_refused.inc_by(batch.pools_refused);
+        m.repeats.inc_by(batch.repeats);
         m.encode_failures.inc_by(batch.encode_failures);
         m.transitions.inc_by(batch.transitions.len() as u64);
         m.pool_events.inc_by(batch.pool_events.len() as u64);

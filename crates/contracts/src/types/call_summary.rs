@@ -319,7 +319,10 @@ impl CallSummary {
         let first = self.calls.total() == 0;
         let end = call.occurred_at.saturating_add(call.latency_us.max(0));
         if first {
+            // The summary spans its calls, not the moment it was opened: a first call that
+            // ended long before (a late span) must not stretch it to now.
             self.started_at = end;
+            self.ended_at = end;
         }
         self.started_at = self.started_at.min(end);
         self.ended_at = self.ended_at.max(end);

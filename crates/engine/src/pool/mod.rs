@@ -19,6 +19,7 @@ mod panic;
 mod peers;
 mod readmission;
 mod scope;
+pub mod seen;
 mod summary;
 mod suspicion;
 
@@ -67,6 +68,9 @@ pub struct PoolState {
     /// when an endpoint joins (endpoints never leave).
     #[serde(skip)]
     order: Cache<Vec<String>>,
+    /// The reports applied lately, by id: one sent twice is applied once ([`seen`]).
+    #[serde(default, skip_serializing_if = "seen::Seen::is_empty")]
+    seen: seen::Seen,
 }
 
 /// Working memory of a pool, not state: it never takes part in equality or snapshots (a restored
@@ -190,7 +194,14 @@ impl PoolState {
             faulty: Vec::new(),
             scratch: Cache::default(),
             order: Cache::default(),
+            seen: seen::Seen::default(),
         }
+    }
+
+    /// Whether `signal` is a report this pool applied within the window before `now` (a call,
+    /// a summary or a probe with the same id): applying it again changes nothing.
+    pub fn is_repeat(&self, signal: &Signal, now: Micros) -> bool {
+        report_id(signal).is_some_and(|id| self.seen.contains(id, now.max(self.now)))
     }
 
     /// The pool's name.
@@ -300,6 +311,12 @@ impl PoolState {
     }
 
     pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>) {
+        if let Some(id) = report_id(signal) {
+            if self.seen.contains(id, self.now) {
+                return;
+            }
+            self.seen.insert(id, self.now);
+        }
         match signal {
             Signal::Call(c) => {
                 let scopes = vitals_contracts::scope::of_call(c);
@@ -772,5 +789,15 @@ fn action_words(a: OverrideAction) -> &'static str {
         OverrideAction::MaintenanceOn => "maintenance on",
         OverrideAction::MaintenanceOff => "maintenance off",
         OverrideAction::Clear => "override cleared",
+    }
+}
+
+/// The id a report is known by: a call's event id, a summary's id, a probe's id.
+fn report_id(signal: &Signal) -> Option<&str> {
+    match signal {
+        Signal::Call(c) => Some(&c.event_id),
+        Signal::Summary(s) => Some(&s.summary_id),
+        Signal::Probe(p) => Some(&p.probe_id),
+        _ => None,
     }
 }
