@@ -705,37 +705,19 @@ async fn a_token_is_needed_a_binding_holds_and_one_flooding_reporter_is_slowed_a
     assert_eq!(h["grpc-status"].to_str().unwrap(), "7", "PERMISSION_DENIED");
 
     // The binding: its gateways and pools are taken; others are refused as a partial success.
-    let (s, _, b) = r
-        .post_as(Some(EU), ctype, None, body(Some("edge-eu-1"), "chat", 100, 3))
-        .await;
-    assert_eq!(s, 200);
-    assert_eq!(
-        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
-        None
-    );
+    let eu = |service: Option<&'static str>, first: u64, n: u64| {
+        let r = &r;
+        async move {
+            let (s, _, b) = r.post_as(Some(EU), ctype, None, body(service, "chat", first, n)).await;
+            assert_eq!(s, 200);
+            ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success
+        }
+    };
+    assert_eq!(eu(Some("edge-eu-1"), 100, 3).await, None);
     // The same export again (its answer lost, the exporter retries): taken, reported once.
-    let (s, _, b) = r
-        .post_as(Some(EU), ctype, None, body(Some("edge-eu-1"), "chat", 100, 3))
-        .await;
-    assert_eq!(s, 200);
-    assert_eq!(
-        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
-        None
-    );
-    let (s, _, b) = r.post_as(Some(EU), ctype, None, body(None, "chat", 200, 2)).await;
-    assert_eq!(s, 200);
-    assert_eq!(
-        ExportTraceServiceResponse::decode(&b[..]).unwrap().partial_success,
-        None
-    );
-    let (s, _, b) = r
-        .post_as(Some(EU), ctype, None, body(Some("edge-us-1"), "chat", 300, 4))
-        .await;
-    assert_eq!(s, 200);
-    let partial = ExportTraceServiceResponse::decode(&b[..])
-        .unwrap()
-        .partial_success
-        .unwrap();
+    assert_eq!(eu(Some("edge-eu-1"), 100, 3).await, None);
+    assert_eq!(eu(None, 200, 2).await, None, "the token's own name");
+    let partial = eu(Some("edge-us-1"), 300, 4).await.unwrap();
     assert_eq!(partial.rejected_spans, 4);
     assert!(partial.error_message.contains("edge-eu-*"), "{}", partial.error_message);
     let (s, h, b) = r
