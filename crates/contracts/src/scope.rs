@@ -11,6 +11,11 @@ use crate::{CallOutcome, HealthState, OutcomeClass};
 
 /// The call attribute that names where the call was made from.
 pub const LOCATION_ATTRIBUTE: &str = "location";
+
+/// A call attribute (`"true"`): count the call's outcome, not its timing — a gateway's first
+/// call to an upstream, whose latency is its own cold start (a client made, a connection
+/// opened), not the upstream's. Its latency and first token are kept out of the engine's.
+pub const UNTIMED_ATTRIBUTE: &str = "vitals.untimed";
 /// The call attribute that names the credential the call used (an opaque id).
 pub const KEY_ATTRIBUTE: &str = "key_id";
 

@@ -86,3 +86,31 @@ fn a_latency_tail_degrades_once_and_holds() {
         }
     }
 }
+
+/// A gateway's cold start: "a"'s first calls take 1.5 s (a client made, a connection opened)
+/// where its peers' take 100 ms. Reported as untimed (`vitals.untimed`), they count as calls and
+/// move no latency: "a" stays healthy. Reported timed, the same calls degrade it.
+#[test]
+fn untimed_cold_start_calls_count_but_move_no_latency() {
+    let run = |untimed: bool| {
+        let mut engine = Engine::new(Policy::default());
+        let mut decisions = Vec::new();
+        let mut t = T0;
+        for i in 0..600u64 {
+            let ep = ["a", "b", "c", "d"][(i % 4) as usize];
+            let cold = ep == "a" && i < 40;
+            let mut s = call_at(t, ep, i, if cold { 1_500 } else { 100 });
+            if let (Signal::Call(c), true) = (&mut s, cold && untimed) {
+                c.attributes.insert(scope::UNTIMED_ATTRIBUTE.into(), "true".into());
+            }
+            decisions.extend(engine.step(t, &s));
+            t += 25 * MS;
+        }
+        decisions
+            .into_iter()
+            .filter(|d| matches!(d, Decision::Endpoint(h) if h.endpoint == "a"))
+            .count()
+    };
+    assert_eq!(run(true), 0, "untimed: no transition");
+    assert!(run(false) > 0, "timed, the same calls degrade a");
+}

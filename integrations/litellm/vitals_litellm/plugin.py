@@ -70,8 +70,9 @@ class Settings:
     routing: str = "weighted"
     stale_after_s: float = 15.0
     open_after_s: float = 60.0
-    # "skip": a deployment's successes during this process's warm-up with it are not reported
-    # (their times are LiteLLM's cold start); "report": every attempt is.
+    # "skip": a deployment's successes during this process's warm-up with it are reported
+    # untimed (counted, their times — LiteLLM's cold start — kept out of vitals' latency);
+    # "report": every attempt is reported with its times.
     warmup: str = "skip"
 
     def scopes(self) -> set:
@@ -375,17 +376,18 @@ class VitalsCallback(CustomLogger):
                 return
             started = _micros(start_time) or time.time_ns() // 1000
             ended = _micros(end_time) or started
-            if not failed and self.settings.warmup == "skip" and self._warming_up(pool, endpoint, started, ended):
-                self.counts.add("warmup_unreported")
-                return
+            untimed = (not failed and self.settings.warmup == "skip"
+                       and self._warming_up(pool, endpoint, started, ended))
+            if untimed:
+                self.counts.add("warmup_untimed")
             ttft = None
             first = _micros(FIRST_TOKENS.pop(call_id)) if kwargs.get("stream") else None
-            if first is not None and first > started and (not failed or first < ended):
+            if first is not None and first > started and (not failed or first < ended) and not untimed:
                 ttft = first - started
             self.reporter.report(Report(
                 pool=pool, endpoint=endpoint, occurred_at=started, outcome=outcome.outcome,
                 http_status=outcome.http_status, latency_us=max(0, ended - started), ttft_us=ttft,
-                model=model, retry_after_ms=outcome.retry_after_ms,
+                model=model, retry_after_ms=outcome.retry_after_ms, untimed=untimed,
             ))
         except Exception as e:  # noqa: BLE001
             self.counts.add("report_errors")

@@ -97,6 +97,11 @@ class Report:
     model: str | None
     retry_after_ms: int | None
     attempt: str | None = None
+    # Count the outcome, not its timing (the engine's `vitals.untimed`): a warm-up call.
+    untimed: bool = False
+    # Given once, when the attempt is reported, so that a batch sent again (its answer lost)
+    # carries the same ids and the processor applies it once.
+    event_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
 def to_record(r: Report, gateway: str, location: str = "") -> dict:
@@ -106,8 +111,10 @@ def to_record(r: Report, gateway: str, location: str = "") -> dict:
         attributes["location"] = location
     if r.attempt:
         attributes["attempt"] = r.attempt
+    if r.untimed:
+        attributes["vitals.untimed"] = "true"
     return {
-        "event_id": str(uuid.uuid4()),
+        "event_id": r.event_id,
         "pool": r.pool,
         "endpoint": r.endpoint,
         "gateway": gateway,

@@ -106,6 +106,9 @@ struct Outcome<'a> {
     retry_after_ms: Option<i64>,
     /// A probe that reported the endpoint's dependencies.
     reports_dependencies: bool,
+    /// Its latency and first token are the upstream's (not a call marked untimed: a gateway's
+    /// cold start).
+    timed: bool,
     /// How long before the report's stream time the call began, where its latency does not say
     /// (a call of a summary's: its place in the summary and the summary's longest call).
     began_before: Option<i64>,
@@ -337,16 +340,22 @@ impl PoolState {
                 if self.set_aside(&scopes) {
                     return;
                 }
+                // A gateway's cold start: the outcome counts, its timing is not the upstream's.
+                let timed = c
+                    .attributes
+                    .get(vitals_contracts::scope::UNTIMED_ATTRIBUTE)
+                    .is_none_or(|v| v != "true");
                 let o = Outcome {
                     id: &c.event_id,
                     endpoint: &c.endpoint,
                     source: Source::Call,
                     class: c.outcome,
                     latency_us: c.latency_us,
-                    ttft_us: c.ttft_us,
+                    ttft_us: c.ttft_us.filter(|_| timed),
                     retry_after_ms: c.retry_after_ms,
                     reports_dependencies: false,
                     began_before: None,
+                    timed,
                 };
                 self.outcome(o, out);
             }
@@ -397,6 +406,7 @@ impl PoolState {
                     retry_after_ms: None,
                     reports_dependencies: !p.dependencies.is_empty(),
                     began_before: None,
+                    timed: true,
                 };
                 self.outcome(o, out);
             }
@@ -472,7 +482,7 @@ impl PoolState {
         // The latency EWMA is the calls' own: a probe's (a health route's 15 ms, a short
         // completion's) is another distribution, and mixed in at low traffic it made a peer's
         // call look 3× the pool's median.
-        if class == OutcomeClass::Success {
+        if class == OutcomeClass::Success && o.timed {
             if o.source == Source::Call {
                 t.record_latency(o.latency_us, policy);
                 check_latency = t.latency_check_due(policy);

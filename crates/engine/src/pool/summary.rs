@@ -409,6 +409,7 @@ impl PoolState {
                 },
                 retry_after_ms: s.max_retry_after_ms.filter(|_| class == OutcomeClass::RateLimited),
                 reports_dependencies: false,
+                timed: true,
                 began_before: Some(age(expanded).saturating_add(longest).saturating_add(took(class))),
             };
             self.outcome(o, out);
