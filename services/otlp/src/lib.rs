@@ -89,8 +89,9 @@ pub struct Config {
     #[arg(long, env = "VITALS_OTLP_NO_AUTH", default_value_t = false, action = clap::ArgAction::Set)]
     pub no_auth: bool,
     /// Spans a second one reporter (token) may send, on average (two seconds' worth at once);
-    /// beyond, its requests are answered 429 / RESOURCE_EXHAUSTED with when to send again.
-    #[arg(long, env = "VITALS_OTLP_REPORTER_SPANS_PER_SEC", default_value_t = 50_000)]
+    /// beyond, its requests are answered 429 / RESOURCE_EXHAUSTED with when to send again. A
+    /// collector forwarding a fleet's spans under one token needs its fleet's rate.
+    #[arg(long, env = "VITALS_OTLP_REPORTER_SPANS_PER_SEC", default_value_t = 100_000)]
     pub reporter_spans_per_sec: u64,
     /// Distinct (pool, endpoint) pairs one reporter may report in a minute; a request that
     /// would go beyond is refused whole (429) until the minute ends.

@@ -235,6 +235,9 @@ async fn main() {
             String::new(),
             "--no-auth".into(),
             "true".into(),
+            // One sender's budget would be the bench's ceiling: measure the receiver.
+            "--reporter-spans-per-sec".into(),
+            "100000000".into(),
         ],
     );
     let pid = otlp.child.id();
