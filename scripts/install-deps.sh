@@ -30,6 +30,7 @@ if [[ $mode == test ]]; then
   want prometheus-alertmanager # the alerter's tests
   want prometheus              # promtool: the alert rules' tests
   want nginx                   # the log bridge's nginx test
+  want openssl                 # certificates for the OTLP receiver's TLS test
   # scripts/check-image.py reads the package index (apt-cache depends): make sure there is one.
   compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || need_index=1
 fi
