@@ -15,6 +15,7 @@ pub struct Metrics {
     pub budget_left: Gauge,
     pub reloads: Family<Labels, Counter>,
     pub heartbeats: Counter,
+    pub heartbeats_refused: Counter,
     pub published: Counter,
     pub publish_failed: Counter,
     /// Whether results reach the broker (what `/readyz` reads).
@@ -87,6 +88,11 @@ impl Default for Metrics {
             reloads.clone(),
         );
         let heartbeats = counter(&mut r, "vitals_prober_heartbeats", "Heartbeats received and published.");
+        let heartbeats_refused = counter(
+            &mut r,
+            "vitals_prober_heartbeats_refused",
+            "Heartbeats refused: no token, or one that may not report for their endpoint or pool.",
+        );
         let published = counter(&mut r, "vitals_prober_published", "Probe results the broker confirmed.");
         let publish_failed = counter(
             &mut r,
@@ -105,6 +111,7 @@ impl Default for Metrics {
             budget_left,
             reloads,
             heartbeats,
+            heartbeats_refused,
             published,
             publish_failed,
             deliveries: Default::default(),

@@ -51,6 +51,12 @@ pub struct Config {
     /// Liveness, readiness, metrics and the heartbeat route.
     #[arg(long, env = "VITALS_PROBER_HTTP", default_value = "127.0.0.1:9465")]
     pub http_addr: SocketAddr,
+    /// Tokens that may push heartbeats (the API's file format; a reporter bound with
+    /// `;gateways=` to the endpoints and `;pools=` to the pools it may speak for), read again
+    /// when the file changes. Without it heartbeats are taken only while --http-addr is a
+    /// loopback address.
+    #[arg(long, env = "VITALS_PROBER_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
     /// How often the targets file is looked at for changes.
     #[arg(long, env = "VITALS_PROBER_RELOAD_POLL_MS", default_value_t = 1000)]
     pub reload_poll_ms: u64,
@@ -226,10 +232,20 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", cfg.http_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "health, metrics and heartbeats");
+    let tokens = match &cfg.tokens_file {
+        Some(path) => {
+            let w = Arc::new(vitals_runtime::tokens::Watched::open(Some(path), &[]).map_err(anyhow::Error::msg)?);
+            tokio::spawn(w.clone().watch(Duration::from_secs(2), cancel.clone()));
+            Some(w)
+        }
+        None => None,
+    };
     let app = crate::http::router(crate::http::Shared {
         ctx: ctx.clone(),
         metrics: metrics.clone(),
         ownership: own_rx.clone(),
+        tokens,
+        loopback: cfg.http_addr.ip().is_loopback(),
     });
     let http_cancel = cancel.clone();
     let http = tokio::spawn(async move {
