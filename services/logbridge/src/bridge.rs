@@ -38,6 +38,8 @@ pub struct InputCounters {
     pub opened: AtomicU64,
     /// Datagrams the kernel dropped on this input's socket (UDP; read from /proc).
     pub kernel_drops: AtomicU64,
+    /// Datagrams from a sender not allowed (UDP: `--udp-allow-from`), dropped unread.
+    pub refused: AtomicU64,
 }
 
 /// Where reports go: the reporter in the service, a collector in tests.
@@ -211,6 +213,15 @@ impl Bridge {
                 "vitals_logbridge_lines_total{{input=\"{}\"}} {}",
                 label(name),
                 g(&c.lines)
+            );
+        }
+        out.push_str("# HELP vitals_logbridge_refused_total Datagrams from senders not allowed (--udp-allow-from), dropped unread, by input.\n# TYPE vitals_logbridge_refused_total counter\n");
+        for (name, c) in inputs {
+            let _ = writeln!(
+                out,
+                "vitals_logbridge_refused_total{{input=\"{}\"}} {}",
+                label(name),
+                g(&c.refused)
             );
         }
         out.push_str("# HELP vitals_logbridge_kernel_drops Datagrams the kernel dropped on an input's socket (the bridge was behind), by input.\n# TYPE vitals_logbridge_kernel_drops gauge\n");

@@ -63,6 +63,60 @@ pub struct SocketOptions {
     pub rotated_quiet: Duration,
 }
 
+/// The senders a UDP input takes datagrams from: networks (`10.0.0.0/8`, `2001:db8::/32`, an
+/// address alone), or, with none given, loopback only. A log line is evidence that can take an
+/// endpoint out, and syslog over UDP carries no credential: who may send is where it comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Senders(Vec<(std::net::IpAddr, u8)>);
+
+impl Senders {
+    /// Parse `a.b.c.d/n`, `addr/n` or an address alone; the error names the entry.
+    pub fn parse(list: &[String]) -> anyhow::Result<Senders> {
+        let mut out = Vec::new();
+        for entry in list.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+            let (ip, bits) = match entry.split_once('/') {
+                Some((ip, bits)) => (ip, Some(bits)),
+                None => (entry, None),
+            };
+            let ip: std::net::IpAddr = ip
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--udp-allow-from {entry:?}: not an address or a network (a.b.c.d/n)"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let bits = match bits {
+                None => max,
+                Some(b) => b
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|b| *b <= max)
+                    .ok_or_else(|| anyhow::anyhow!("--udp-allow-from {entry:?}: the prefix must be 0 to {max}"))?,
+            };
+            out.push((ip, bits));
+        }
+        Ok(Senders(out))
+    }
+
+    pub fn allows(&self, from: std::net::IpAddr) -> bool {
+        let from = match from {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(from, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        if self.0.is_empty() {
+            return from.is_loopback();
+        }
+        self.0.iter().any(|(net, bits)| match (net, from) {
+            (std::net::IpAddr::V4(n), std::net::IpAddr::V4(f)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(*bits)).unwrap_or(0);
+                u32::from(*n) & mask == u32::from(f) & mask
+            }
+            (std::net::IpAddr::V6(n), std::net::IpAddr::V6(f)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(*bits)).unwrap_or(0);
+                u128::from(*n) & mask == u128::from(f) & mask
+            }
+            _ => false,
+        })
+    }
+}
+
 /// A datagram socket bound to `addr`, with the receive buffer asked for; logs what the kernel
 /// granted.
 fn datagram_socket(
@@ -92,6 +146,7 @@ pub fn start(
     bridge: Arc<Bridge>,
     stop: Arc<AtomicBool>,
     opts: SocketOptions,
+    senders: Senders,
 ) -> anyhow::Result<Running> {
     let name = input.name();
     let counters = Arc::new(InputCounters::default());
@@ -106,7 +161,15 @@ pub fn start(
                 .ok_or_else(|| anyhow::anyhow!("UDP address {addr} does not resolve"))?;
             let s: UdpSocket = datagram_socket(socket2::Domain::for_address(sa), &sa.into(), &opts, &name)?.into();
             let inode = socket_inode(&s);
-            let t = spawn(Box::new(move || datagrams(|buf| s.recv(buf), &bridge, &c, &n, &stop)))?;
+            let refused = c.clone();
+            let from_allowed = move |buf: &mut [u8]| loop {
+                let (len, from) = s.recv_from(buf)?;
+                if senders.allows(from.ip()) {
+                    return Ok(len);
+                }
+                refused.refused.fetch_add(1, Ordering::Relaxed);
+            };
+            let t = spawn(Box::new(move || datagrams(from_allowed, &bridge, &c, &n, &stop)))?;
             (t, inode)
         }
         Input::Unix(path) => {
@@ -349,7 +412,14 @@ mod tests {
             recv_buffer: 0,
             rotated_quiet: Duration::from_secs(2),
         };
-        let run = start(&Input::File(path.clone()), bridge.clone(), stop.clone(), opts).unwrap();
+        let run = start(
+            &Input::File(path.clone()),
+            bridge.clone(),
+            stop.clone(),
+            opts,
+            Senders::default(),
+        )
+        .unwrap();
         let servers = || {
             sink.0
                 .lock()
@@ -389,5 +459,33 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         run.thread.join().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod senders {
+    use super::Senders;
+
+    #[test]
+    fn senders_are_networks_or_loopback_alone() {
+        let ip = |s: &str| s.parse().unwrap();
+        let none = Senders::parse(&[]).unwrap();
+        assert!(none.allows(ip("127.0.0.1")) && none.allows(ip("::1")) && none.allows(ip("::ffff:127.0.0.1")));
+        assert!(!none.allows(ip("10.0.0.5")));
+        let some = Senders::parse(&["10.1.0.0/16".into(), "192.168.1.7".into(), "2001:db8::/32".into()]).unwrap();
+        assert!(some.allows(ip("10.1.200.3")) && !some.allows(ip("10.2.0.1")));
+        assert!(some.allows(ip("192.168.1.7")) && !some.allows(ip("192.168.1.8")));
+        assert!(some.allows(ip("2001:db8::9")) && !some.allows(ip("2001:db9::9")));
+        assert!(
+            some.allows(ip("::ffff:10.1.0.9")),
+            "an IPv4 sender on a dual-stack socket"
+        );
+        assert!(!some.allows(ip("127.0.0.1")), "a list replaces loopback");
+        let all = Senders::parse(&["0.0.0.0/0".into(), "::/0".into()]).unwrap();
+        assert!(all.allows(ip("8.8.8.8")) && all.allows(ip("2001:db8::1")));
+        for bad in ["10.0.0.0/33", "nope", "10.0.0.0/x"] {
+            let e = Senders::parse(&[bad.into()]).unwrap_err().to_string();
+            assert!(e.contains(bad), "{e}");
+        }
     }
 }

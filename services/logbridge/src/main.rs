@@ -21,6 +21,11 @@ struct Config {
     /// Syslog over UDP: an address to listen on (repeatable or comma-separated).
     #[arg(long, env = "VITALS_LOGBRIDGE_UDP", value_delimiter = ',')]
     udp: Vec<String>,
+    /// Senders the UDP inputs take datagrams from: networks (`10.0.0.0/8`) or addresses,
+    /// repeatable or comma-separated; without, loopback only (`0.0.0.0/0,::/0`: anyone). Others
+    /// are dropped unread and counted (`vitals_logbridge_refused_total`).
+    #[arg(long, env = "VITALS_LOGBRIDGE_UDP_ALLOW_FROM", value_delimiter = ',')]
+    udp_allow_from: Vec<String>,
     /// Syslog over a Unix datagram socket: a path the bridge creates (repeatable).
     #[arg(long, env = "VITALS_LOGBRIDGE_UNIX", value_delimiter = ',')]
     unix: Vec<PathBuf>,
@@ -142,9 +147,10 @@ async fn main() -> anyhow::Result<()> {
             recv_buffer: cfg.recv_buffer_bytes,
             rotated_quiet: Duration::from_millis(cfg.rotated_quiet_ms),
         };
+        let senders = inputs::Senders::parse(&cfg.udp_allow_from)?;
         let mut running = Vec::new();
         for i in &inputs {
-            running.push(inputs::start(i, bridge.clone(), stop.clone(), opts)?);
+            running.push(inputs::start(i, bridge.clone(), stop.clone(), opts, senders.clone())?);
             tracing::info!(input = %i.name(), "reading");
         }
         let running = Arc::new(running);
