@@ -28,6 +28,8 @@ pub const ERROR_RULES: &[(&str, OutcomeClass)] = &[
     ("cancel", OutcomeClass::Cancelled),
     ("ratelimit", OutcomeClass::RateLimited),
     ("rate_limit", OutcomeClass::RateLimited),
+    // Node's fetch on AbortSignal.timeout: "The operation was aborted due to timeout".
+    ("due to timeout", OutcomeClass::Timeout),
     ("disconnect", OutcomeClass::ConnectionDropped),
     ("reset", OutcomeClass::ConnectionDropped),
     ("abort", OutcomeClass::ConnectionDropped),
