@@ -1,7 +1,8 @@
 //! Failed client spans as real OpenTelemetry instrumentations write them (captured by the
 //! scripts beside the fixtures, against a refusing port and a silent server on loopback): each
 //! gets the outcome class of what happened, not "server error". Node's fetch puts a DOMException
-//! code (23) in `error.type`, its http module `Error`; Go's otelhttp `*net.OpError`.
+//! code (23) in `error.type`, its http module `Error`; Go's otelhttp `*net.OpError`. (Go's transport
+//! sees a client timeout as a cancelled request: a span cannot tell them apart.)
 
 use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
@@ -86,4 +87,9 @@ fn check(fixture: &str) {
 #[test]
 fn node_fetch_and_http_failures_are_told_apart() {
     check("node20-client-spans.json");
+}
+
+#[test]
+fn go_otelhttp_failures_are_told_apart() {
+    check("go-otelhttp-client-spans.json");
 }
