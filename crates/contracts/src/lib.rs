@@ -17,6 +17,7 @@ pub mod codec;
 pub mod hash;
 pub mod keys;
 pub mod limits;
+pub mod recent;
 pub mod scope;
 pub mod seq;
 pub mod summary;

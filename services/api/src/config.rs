@@ -119,23 +119,13 @@ pub const MAX_CONNECTIONS: usize = 11_000;
 /// The connections to allow: `requested` (0: as many as fit, at most [`MAX_CONNECTIONS`]) with
 /// `reserve` open files kept for everything else, under an open-file limit of `limit`.
 pub fn fit_connections(requested: usize, reserve: u64, limit: u64) -> anyhow::Result<usize> {
-    let room = limit.saturating_sub(reserve);
-    if requested == 0 {
-        anyhow::ensure!(
-            room >= 16,
-            "the open-file limit ({limit}, ulimit -n) leaves room for {room} connections beside the {reserve} \
-             files the API needs for the database, Kafka and its own use: raise the limit"
-        );
-        return Ok((room as usize).min(MAX_CONNECTIONS));
-    }
-    anyhow::ensure!(
-        requested as u64 <= room,
-        "--max-connections {requested} needs about {} open files with the {reserve} the API needs for the \
-         database, Kafka and its own use, but the open-file limit is {limit} (ulimit -n): raise the limit, \
-         or lower --max-connections to at most {room} (0 fits it to the limit)",
-        requested as u64 + reserve
-    );
-    Ok(requested)
+    vitals_runtime::accept::fit_connections(
+        requested,
+        reserve,
+        limit,
+        MAX_CONNECTIONS,
+        "the API (for the database, Kafka and its own use)",
+    )
 }
 
 pub use vitals_runtime::shell::open_file_limit;

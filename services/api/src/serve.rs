@@ -25,6 +25,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Service;
+use vitals_runtime::accept::AcceptErrors;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -73,38 +74,6 @@ fn is_liveness_probe(head: &[u8]) -> bool {
 fn alive() -> Vec<u8> {
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
         .to_vec()
-}
-
-/// Accept errors in a row: each waits twice as long as the last (50 ms up to 1 s), and they are
-/// logged at most once every 10 s, with how many there were (a full descriptor table used to
-/// write a line every 50 ms).
-#[derive(Default)]
-struct AcceptErrors {
-    in_a_row: u32,
-    unlogged: u64,
-    logged_at: Option<std::time::Instant>,
-}
-
-impl AcceptErrors {
-    fn ok(&mut self) {
-        if self.in_a_row > 0 {
-            tracing::info!(errors = self.unlogged, "accepting connections again");
-        }
-        self.in_a_row = 0;
-        self.unlogged = 0;
-    }
-
-    /// Count an error; how long to wait before the next accept.
-    fn failed(&mut self, e: &std::io::Error) -> Duration {
-        self.in_a_row = self.in_a_row.saturating_add(1);
-        self.unlogged += 1;
-        if self.logged_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-            tracing::warn!(error = %e, errors = self.unlogged, "accept failed; backing off");
-            self.logged_at = Some(std::time::Instant::now());
-            self.unlogged = 0;
-        }
-        (Duration::from_millis(50) * 2u32.saturating_pow(self.in_a_row.min(6) - 1)).min(Duration::from_secs(1))
-    }
 }
 
 /// Looks at a new connection first: `Ok` if it served it, or the connection back for `app`.
@@ -195,8 +164,7 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use super::{is_liveness_probe, AcceptErrors};
-    use std::time::Duration;
+    use super::is_liveness_probe;
 
     #[test]
     fn only_a_get_of_healthz_is_a_liveness_probe() {
@@ -206,15 +174,5 @@ mod tests {
         assert!(!is_liveness_probe(b"POST /healthz HTTP/1.1\r\n"));
         assert!(!is_liveness_probe(b"GET /v1/pools HTTP/1.1\r\n"));
         assert!(!is_liveness_probe(b""));
-    }
-
-    #[test]
-    fn accept_errors_back_off_to_a_second_and_start_over_after_a_success() {
-        let mut a = AcceptErrors::default();
-        let e = std::io::Error::from_raw_os_error(24); // EMFILE
-        let waits: Vec<u128> = (0..7).map(|_| a.failed(&e).as_millis()).collect();
-        assert_eq!(waits, [50, 100, 200, 400, 800, 1000, 1000]);
-        a.ok();
-        assert_eq!(a.failed(&e), Duration::from_millis(50));
     }
 }

@@ -11,7 +11,6 @@
 
 pub mod listen;
 pub mod receiver;
-pub mod repeats;
 pub mod rpc;
 pub mod serve;
 pub mod trust;
@@ -154,7 +153,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         }),
     );
     receiver.body_timeout = Duration::from_millis(cfg.listen.body_read_timeout_ms.max(1));
-    receiver.recent = std::sync::Mutex::new(repeats::Recent::new(cfg.remember_spans));
+    receiver.recent = std::sync::Mutex::new(receiver::remembered_spans(cfg.remember_spans));
     if let Some(tokens) = tokens {
         tokio::spawn(tokens.clone().watch(Duration::from_secs(2), cancel.clone()));
         receiver = receiver.with_auth(tokens);

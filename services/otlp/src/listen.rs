@@ -70,18 +70,13 @@ pub static OPEN: AtomicU64 = AtomicU64::new(0);
 impl ListenArgs {
     /// `--max-connections` within the open-file limit, or an error with the numbers.
     pub fn fit_connections(&self, open_files: u64) -> anyhow::Result<usize> {
-        let room = open_files.saturating_sub(FILE_RESERVE) as usize;
-        anyhow::ensure!(
-            room >= 16,
-            "the open-file limit is {open_files}: too low to serve (raise `ulimit -n`)"
-        );
-        match self.max_connections {
-            0 => Ok(room.min(10_000)),
-            n if n <= room => Ok(n),
-            n => anyhow::bail!(
-                "--max-connections {n}: the open-file limit is {open_files}, so at most {room} (raise `ulimit -n`)"
-            ),
-        }
+        vitals_runtime::accept::fit_connections(
+            self.max_connections,
+            FILE_RESERVE,
+            open_files,
+            10_000,
+            "the receiver (Kafka, its files)",
+        )
     }
 
     pub fn limits(&self, max_connections: usize) -> Limits {
@@ -142,7 +137,7 @@ pub async fn serve(
     cancel: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
-    let mut failures = 0u32;
+    let mut failing = vitals_runtime::accept::AcceptErrors::default();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -150,16 +145,12 @@ pub async fn serve(
         };
         let (stream, peer) = match accepted {
             Ok(a) => {
-                failures = 0;
+                failing.ok();
                 a
             }
             Err(e) => {
                 // EMFILE and the like: back off instead of spinning on the error.
-                failures = failures.saturating_add(1);
-                if failures == 1 || failures.is_multiple_of(100) {
-                    tracing::warn!(error = %e, failures, "accept failed; backing off");
-                }
-                let pause = Duration::from_millis(50 * u64::from(failures.min(20)));
+                let pause = failing.failed(&e);
                 tokio::select! {
                     _ = cancel.cancelled() => break,
                     _ = tokio::time::sleep(pause) => {}

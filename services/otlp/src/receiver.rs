@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
+use vitals_contracts::recent::RecentIds;
 use vitals_reporter::Reporter;
 use vitals_spans::decode::{self, Format, Limits, Refused};
 use vitals_spans::{Map, Skip, Tally};
@@ -142,8 +143,8 @@ pub struct Receiver {
     pub retry_after_secs: u64,
     /// Time a request's body has to arrive whole.
     pub body_timeout: std::time::Duration,
-    /// Span ids reported lately: a retried export is reported once.
-    pub recent: Mutex<crate::repeats::Recent>,
+    /// Span ids reported lately: a retried export is reported once ([`remembered_spans`]).
+    pub recent: Mutex<RecentIds>,
     pub counters: Counters,
 }
 
@@ -165,7 +166,7 @@ impl Receiver {
             budgets,
             auth: None,
             body_timeout: std::time::Duration::from_secs(30),
-            recent: Mutex::new(crate::repeats::Recent::new(262_144)),
+            recent: Mutex::new(remembered_spans(262_144)),
             decoders: Semaphore::new(decoders.max(1)),
             retry_after_secs,
             counters: Counters::default(),
@@ -286,26 +287,32 @@ impl Receiver {
         if unbound > 0 {
             tally.rejected += unbound;
             tally.calls -= unbound;
+            let why = format!("{unbound} calls refused: {}", refusal.unwrap_or_default());
             tally.first_rejection = Some(match tally.first_rejection.take() {
-                Some(m) => format!("{m}; {unbound} calls refused: {}", refusal.unwrap_or_default()),
-                None => format!("{unbound} calls refused: {}", refusal.unwrap_or_default()),
+                Some(m) => format!("{m}; {why}"),
+                None => why,
             });
-            self.per_reporter(&caller.name, |r| r.unbound += unbound);
         }
         if let Err(over) = self
             .budgets
             .take(&caller.name, std::time::Instant::now(), tally.spans, &outcomes)
         {
             self.count(t, Outcome::Limited);
-            self.per_reporter(&caller.name, |r| r.limited += tally.spans);
+            self.per_reporter(&caller.name, |r| {
+                r.unbound += unbound;
+                r.limited += tally.spans;
+            });
             return Answer::Limited(over);
         }
-        self.per_reporter(&caller.name, |r| r.taken += tally.spans - unbound);
+        self.per_reporter(&caller.name, |r| {
+            r.unbound += unbound;
+            r.taken += tally.spans - unbound;
+        });
         // A retried export: its spans were reported already (the answer was lost). Taken, not
         // reported again.
         let before = outcomes.len();
         {
-            let now = std::time::Instant::now();
+            let now = vitals_contracts::clock::now_us();
             let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
             outcomes.retain(|o| recent.first(&o.event_id, now));
         }
@@ -405,6 +412,20 @@ impl Receiver {
         ));
         out + &crate::listen::prometheus() + &self.reporter.counters().prometheus()
     }
+}
+
+/// How long a reported span id is remembered: past the exporters' 10 s timeout and their
+/// backed-off retries.
+pub const REMEMBER_SPANS_US: i64 = 120 * 1_000_000;
+
+/// The span ids this receiver reported lately, so that an export sent again — every OTLP
+/// exporter retries on a timeout, a 429 or a 503, so an export whose answer was lost arrives
+/// twice — is reported once: for [`REMEMBER_SPANS_US`], at most `cap` of them (16 bytes an id,
+/// 4 MiB at the default 262,144). Only this receiver's: a retry that reaches another replica is
+/// caught by the processor for calls sent one by one (failures), whose event ids it remembers
+/// per pool, and not for successes summed into a summary.
+pub fn remembered_spans(cap: usize) -> RecentIds {
+    RecentIds::new(REMEMBER_SPANS_US, cap)
 }
 
 /// A Prometheus label value: backslash, quote and newline escaped.

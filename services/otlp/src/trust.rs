@@ -6,9 +6,10 @@
 //! Without authentication (`--no-auth`, loopback only) every request is the one reporter
 //! `anonymous`, with the same budget.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use vitals_contracts::hash::Fnv64;
 use vitals_contracts::CallOutcome;
 use vitals_runtime::tokens::{Binding, NotBound};
 
@@ -56,9 +57,10 @@ struct Use {
     /// Spans it may still send now (a token bucket).
     spans: f64,
     at: Instant,
-    /// The minute its endpoints are counted in, and those seen in it.
+    /// The minute its endpoints are counted in, and those seen in it (hashes of pool and
+    /// endpoint: a span's lookup allocates nothing).
     minute: Instant,
-    endpoints: HashSet<(String, String)>,
+    endpoints: rustc_hash::FxHashSet<u64>,
 }
 
 /// Why a request is over its reporter's budget, and when it may be sent again.
@@ -93,7 +95,7 @@ impl Budgets {
             spans: burst,
             at: now,
             minute: now,
-            endpoints: HashSet::new(),
+            endpoints: Default::default(),
         });
         let elapsed = now.saturating_duration_since(u.at).as_secs_f64();
         u.spans = (u.spans + elapsed * q.spans_per_sec as f64).min(burst);
@@ -124,10 +126,10 @@ impl Budgets {
                 retry_after: wait.max(Duration::from_secs(1)),
             });
         }
-        let new: HashSet<(&str, &str)> = calls
+        let new: rustc_hash::FxHashSet<u64> = calls
             .iter()
-            .map(|c| (c.pool.as_str(), c.endpoint.as_str()))
-            .filter(|(p, e)| !u.endpoints.contains(&((*p).to_owned(), (*e).to_owned())))
+            .map(|c| Fnv64::new().parts(&[c.pool.as_bytes(), c.endpoint.as_bytes()]).finish())
+            .filter(|h| !u.endpoints.contains(h))
             .collect();
         if u.endpoints.len() + new.len() > q.endpoints_per_min {
             let lifts = MINUTE.saturating_sub(now.saturating_duration_since(u.minute));
@@ -140,8 +142,7 @@ impl Budgets {
             });
         }
         u.spans -= spans as f64;
-        u.endpoints
-            .extend(new.into_iter().map(|(p, e)| (p.to_owned(), e.to_owned())));
+        u.endpoints.extend(new);
         Ok(())
     }
 }

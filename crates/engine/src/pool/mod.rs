@@ -314,11 +314,8 @@ impl PoolState {
     }
 
     pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>) {
-        if let Some(id) = report_id(signal) {
-            if self.seen.contains(id, self.now) {
-                return;
-            }
-            self.seen.insert(id, self.now);
+        if report_id(signal).is_some_and(|id| !self.seen.first(id, self.now)) {
+            return;
         }
         match signal {
             Signal::Call(c) => {

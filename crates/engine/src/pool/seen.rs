@@ -7,8 +7,8 @@
 //! and in its snapshot (hex), which is how a restart remembers them.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::collections::VecDeque;
-use vitals_contracts::{hash::fnv64, Micros};
+use vitals_contracts::recent::RecentIds;
+use vitals_contracts::Micros;
 
 /// How long an id is remembered, in stream time: longer than the OTLP exporters' retries
 /// (a 10 s timeout, backing off up to a minute or so) and the reporter's HTTP fallback.
@@ -17,44 +17,33 @@ pub const WINDOW_US: Micros = 5 * 60 * 1_000_000;
 /// Ids remembered per pool at most.
 pub const CAP: usize = 4_096;
 
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Seen {
-    /// (applied at, hash of the id), oldest first.
-    order: VecDeque<(Micros, u64)>,
-    /// The same hashes, for lookup.
-    set: rustc_hash::FxHashSet<u64>,
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen(RecentIds);
+
+impl Default for Seen {
+    fn default() -> Seen {
+        Seen(RecentIds::new(WINDOW_US, CAP))
+    }
 }
 
 impl Seen {
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.0.is_empty()
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.order.len()
+        self.0.len()
     }
 
     /// Whether `id` was applied within the window before `now`.
     pub fn contains(&self, id: &str, now: Micros) -> bool {
-        let h = fnv64(id.as_bytes());
-        // An entry past the window may still be held until the next insert forgets it.
-        self.set.contains(&h) && self.order.iter().rev().any(|(at, x)| *x == h && now - *at < WINDOW_US)
+        self.0.contains(id, now)
     }
 
-    /// Remember `id`, applied at `now`, and forget what fell out of the window or over the cap.
-    pub fn insert(&mut self, id: &str, now: Micros) {
-        while let Some(&(at, h)) = self.order.front() {
-            if now - at < WINDOW_US && self.order.len() < CAP {
-                break;
-            }
-            self.order.pop_front();
-            self.set.remove(&h);
-        }
-        let h = fnv64(id.as_bytes());
-        if self.set.insert(h) {
-            self.order.push_back((now, h));
-        }
+    /// Remember `id`, applied at `now`; false if it was applied within the window already.
+    pub fn first(&mut self, id: &str, now: Micros) -> bool {
+        self.0.first(id, now)
     }
 }
 
@@ -63,8 +52,8 @@ impl Serialize for Seen {
     /// give equal bytes.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(self.order.len() * 32);
-        for (at, h) in &self.order {
+        let mut out = String::with_capacity(self.0.len() * 32);
+        for (at, h) in self.0.entries() {
             for b in at.to_be_bytes().into_iter().chain(h.to_be_bytes()) {
                 out.push(HEX[usize::from(b >> 4)] as char);
                 out.push(HEX[usize::from(b & 15)] as char);
@@ -89,10 +78,7 @@ impl<'de> Deserialize<'de> for Seen {
                     .and_then(|t| u64::from_str_radix(t, 16).ok())
                     .ok_or_else(|| D::Error::custom("seen ids: not hex"))
             };
-            let (at, h) = (word(0)? as i64, word(16)?);
-            if seen.set.insert(h) {
-                seen.order.push_back((at, h));
-            }
+            seen.0.restore(word(0)? as i64, word(16)?);
         }
         Ok(seen)
     }
@@ -105,15 +91,15 @@ mod tests {
     #[test]
     fn an_id_is_remembered_for_the_window_within_the_cap_and_through_a_snapshot() {
         let mut s = Seen::default();
-        s.insert("a", 0);
+        s.first("a", 0);
         assert!(s.contains("a", 1));
         assert!(!s.contains("b", 1));
         assert!(s.contains("a", WINDOW_US - 1));
         assert!(!s.contains("a", WINDOW_US), "out of the window");
-        s.insert("b", WINDOW_US);
+        s.first("b", WINDOW_US);
         assert_eq!(s.len(), 1, "a forgotten on the next insert");
         for i in 0..CAP + 10 {
-            s.insert(&format!("id-{i}"), WINDOW_US + 1);
+            s.first(&format!("id-{i}"), WINDOW_US + 1);
         }
         assert_eq!(s.len(), CAP, "never over the cap");
         assert!(!s.contains("id-0", WINDOW_US + 1) && s.contains(&format!("id-{}", CAP + 9), WINDOW_US + 1));
