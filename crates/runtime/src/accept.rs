@@ -57,6 +57,36 @@ impl AcceptErrors {
     }
 }
 
+impl AcceptErrors {
+    /// The next connection on `listener`, accept errors (EMFILE and the like) backed off rather
+    /// than spun on; `None` once `cancel` fires.
+    pub async fn next(
+        &mut self,
+        listener: &tokio::net::TcpListener,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+        loop {
+            let accepted = tokio::select! {
+                _ = cancel.cancelled() => return None,
+                a = listener.accept() => a,
+            };
+            match accepted {
+                Ok(a) => {
+                    self.ok();
+                    return Some(a);
+                }
+                Err(e) => {
+                    let pause = self.failed(&e);
+                    tokio::select! {
+                        _ = cancel.cancelled() => return None,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::AcceptErrors;

@@ -93,26 +93,7 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let tracker = TaskTracker::new();
     let mut failing = AcceptErrors::default();
-    loop {
-        let accepted = tokio::select! {
-            _ = cancel.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (mut stream, peer) = match accepted {
-            Ok(a) => {
-                failing.ok();
-                a
-            }
-            Err(e) => {
-                // EMFILE and the like: back off instead of spinning on the error.
-                let pause = failing.failed(&e);
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(pause) => {}
-                }
-                continue;
-            }
-        };
+    while let Some((mut stream, peer)) = failing.next(&listener, &cancel).await {
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracker.spawn(async move {
                 let _ = tokio::time::timeout(Duration::from_secs(1), over_cap(&mut stream)).await;

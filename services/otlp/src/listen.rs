@@ -138,26 +138,7 @@ pub async fn serve(
 ) {
     let tracker = TaskTracker::new();
     let mut failing = vitals_runtime::accept::AcceptErrors::default();
-    loop {
-        let accepted = tokio::select! {
-            _ = cancel.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => {
-                failing.ok();
-                a
-            }
-            Err(e) => {
-                // EMFILE and the like: back off instead of spinning on the error.
-                let pause = failing.failed(&e);
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(pause) => {}
-                }
-                continue;
-            }
-        };
+    while let Some((stream, peer)) = failing.next(&listener, &cancel).await {
         let Ok(permit) = limits.connections.clone().try_acquire_owned() else {
             REFUSED.fetch_add(1, Ordering::Relaxed);
             drop(stream);
