@@ -62,6 +62,9 @@ tests() {
   pip_want schemathesis 'schemathesis>=4.32,<5' "API fuzz test"
   pip_want confluent_kafka 'confluent-kafka>=2.3,<3' "the Python examples"
   pip_want playwright 'playwright>=1.40,<2' "the dashboard's browser tests drive the system chromium"
+  # grpcio's C-core xDS client, one of the real clients vitals-xds is tested with (grpc-go, the
+  # other, is built from tools/xds-clients by the test).
+  pip_want grpc 'grpcio==1.85.4' "vitals-xds's tests"
   # Caddy, a real proxy that emits OpenTelemetry traces natively (its `tracing` directive), for the
   # OTLP receiver's system test (tests/system/tests/otlp.rs); Helm, which the test command checks
   # the chart with (scripts/check-deploy.sh). Both built from their Go modules.

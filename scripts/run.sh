@@ -32,7 +32,7 @@ for _ in $(seq 1 100); do
 done
 # The API reads with the read-only role (docs/operations.md, "Database roles").
 reader_url=${VITALS_API_DATABASE_URL:-postgres://${VITALS_PG_READER_USER:-vitals_reader}:${VITALS_PG_READER_PASSWORD:-vitals_reader}@127.0.0.1:${VITALS_PG_PORT:-5432}/${VITALS_PG_DB:-vitals}}
-target/release/vitals-api --database-url "$reader_url" "${api_args[@]}" &
+MALLOC_MMAP_THRESHOLD_=131072 target/release/vitals-api --database-url "$reader_url" "${api_args[@]}" &
 api_pid=$!
 pids=("$proc_pid" "$api_pid")
 if [[ -n "${VITALS_PROBER_CONFIG:-}" ]]; then

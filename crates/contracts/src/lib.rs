@@ -10,12 +10,14 @@
 //! - [`validate`]: the rules a signal must pass before it reaches the engine; the reason of a
 //!   rejection is short enough to go into a dead-letter header.
 
+pub mod batch;
 mod bounds;
 pub mod cadence;
 pub mod clock;
 pub mod codec;
 pub mod hash;
 pub mod keys;
+pub mod lateness;
 pub mod limits;
 pub mod recent;
 pub mod scope;
@@ -32,7 +34,7 @@ pub use summary::{CallSummary, Histogram, HistogramBucket, OutcomeCounts, Summar
 pub use types::*;
 pub use validate::{validate_name, validate_signal, ValidationError};
 
-/// Kafka topic names (README, "Architecture"). Their record keys are described in [`keys`].
+/// Kafka topic names (docs/architecture.md). Their record keys are described in [`keys`].
 pub mod topics {
     pub const SIGNALS: &str = "vitals.signals.v1";
     pub const HEALTH_CHANGES: &str = "vitals.health-changes.v1";

@@ -76,6 +76,9 @@ pub fn ends_scoped(fleet_state: HealthState) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identity {
     scopes: Vec<String>,
+    /// Every scope's transitions apply (a view that serves many routers, each with its own
+    /// identity: `vitals-xds`), kept apart by scope.
+    every: bool,
 }
 
 impl Identity {
@@ -98,12 +101,21 @@ impl Identity {
         if let Some(l) = location {
             add("location", l);
         }
-        Identity { scopes }
+        Identity { scopes, every: false }
+    }
+
+    /// Every scope: a view that keeps each scope's decisions for the many routers it serves
+    /// (each asks for its own with [`Identity::applies`]).
+    pub fn every() -> Identity {
+        Identity {
+            scopes: Vec::new(),
+            every: true,
+        }
     }
 
     /// Whether a transition of `scope` (None: the fleet's) applies to this router.
     pub fn applies(&self, scope: Option<&str>) -> bool {
-        scope.is_none_or(|s| self.scopes.iter().any(|x| x == s))
+        self.every || scope.is_none_or(|s| self.scopes.iter().any(|x| x == s))
     }
 
     pub fn scopes(&self) -> &[String] {

@@ -44,6 +44,7 @@ fn sample_change() -> HealthChanged {
             ttft_p50_ms: Some(250.0),
             consecutive_failures: 5,
             thresholds: vec!["consecutive_failures>=5".into()],
+            late: 0,
             ..Evidence::default()
         },
         policy_version: 2,
@@ -432,7 +433,7 @@ proptest! {
             invalid_response: counts[8], cancelled: counts[9], failure_rate: w, score: -w,
             ttft_p50_ms: ratios[0], ttft_p99_ms: ratios[1], latency_ewma_ms: ratios[2], pool_latency_median_ms: ratios[3],
             consecutive_failures: ints[0], consecutive_successes: ints[1], consecutive_hard_failures: ints[2],
-            isolations: ints[3], thresholds: names.clone() };
+            isolations: ints[3], thresholds: names.clone(), late: 0 };
         let h = HealthChanged { transition_id: text.clone(), pool: "p".into(), endpoint: text.clone(), seq,
             from_state: HealthState::ALL[from], to_state: HealthState::ALL[to], weight: w, ramp_ms: ramp, retry_at: retry,
             reason_code: "rc".into(), reason: text.clone(), evidence: e, policy_version: ints[4], trigger_ids: names,

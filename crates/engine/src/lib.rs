@@ -14,6 +14,7 @@ mod window;
 
 pub use endpoint::{noise_run, Tracker};
 pub use pool::PoolState;
+pub use vitals_contracts::lateness::ClockChange;
 pub use window::{Rate, Totals, Window};
 
 use rustc_hash::FxHashMap as HashMap;
@@ -54,6 +55,31 @@ pub struct Engine {
     default_policy: Policy,
     #[serde(serialize_with = "sorted")]
     pools: HashMap<String, PoolState>,
+    /// What the last signals did beside decisions, until taken ([`Engine::take_notes`]).
+    #[serde(skip)]
+    notes: Notes,
+}
+
+/// What signals did beside decisions, for the processor's metrics: reports set aside as late,
+/// and reporters' clocks a pool named off or back. Working memory, not state: equal engines may
+/// hold different notes, and a snapshot holds none.
+#[derive(Debug, Clone, Default)]
+pub struct Notes {
+    pub late: u64,
+    /// (pool, change).
+    pub clocks: Vec<(String, ClockChange)>,
+}
+
+impl Notes {
+    pub fn is_empty(&self) -> bool {
+        self.late == 0 && self.clocks.is_empty()
+    }
+}
+
+impl PartialEq for Notes {
+    fn eq(&self, _: &Notes) -> bool {
+        true
+    }
 }
 
 impl Engine {
@@ -62,6 +88,7 @@ impl Engine {
             now: 0,
             default_policy,
             pools: HashMap::default(),
+            notes: Notes::default(),
         }
     }
 
@@ -163,9 +190,14 @@ impl Engine {
                     }
                 };
                 pool.advance(now, out);
-                pool.apply(signal, out);
+                pool.apply(signal, out, &mut self.notes);
             }
         }
+    }
+
+    /// What the signals applied since the last call did beside their decisions.
+    pub fn take_notes(&mut self) -> Notes {
+        std::mem::take(&mut self.notes)
     }
 
     /// Convenience for tests and tools: apply and return the decisions.
@@ -182,6 +214,12 @@ impl Engine {
 
     pub fn restore(bytes: &[u8]) -> Result<Engine, SnapshotError> {
         Ok(serde_json::from_slice(bytes)?)
+    }
+
+    /// Endpoints restored from a snapshot whose stored flags their phase could not hold (an
+    /// older build's leftovers, dropped as no rule reads them): counted, never silently.
+    pub fn lossy_restores(&self) -> usize {
+        self.pools.values().map(PoolState::lossy_restores).sum()
     }
 
     /// Stream time and one snapshot per pool (JSON each), as the processor stores them: a pool

@@ -95,7 +95,7 @@ fn signals(steps: &[(i64, Step)]) -> Vec<(Micros, Signal)> {
 fn run(engine: &mut Engine, input: &[(Micros, Signal)]) -> Vec<Decision> {
     let mut out = Vec::new();
     for (t, s) in input {
-        engine.apply(*t, s, &mut out);
+        engine.apply(*t, &stamped(*t, s), &mut out);
     }
     out
 }
@@ -137,7 +137,7 @@ proptest! {
         for (t, s) in signals(&steps) {
             let before: HashMap<String, u32> =
                 engine.pools().map(|p| (p.name().to_owned(), p.count(HealthState::Unhealthy))).collect();
-            let out = engine.step(t, &s);
+            let out = engine.step(t, &stamped(t, &s));
             // Walk the step's transitions in order, keeping each pool's count of ejected endpoints.
             let mut running = before;
             for h in transitions(&out) {

@@ -476,7 +476,10 @@ fn a_pool_at_its_endpoint_cap_refuses_new_endpoints_and_keeps_judging_the_rest()
     let why = r.engine.refusal(&third).expect("a third endpoint is refused");
     assert!(why.contains("max_endpoints 2") && why.contains("\"c\""), "{why}");
     let mut out = Vec::new();
-    assert_eq!(r.engine.apply(T0 + 5 * SEC, &third, &mut out), None);
+    assert_eq!(
+        r.engine.apply(T0 + 5 * SEC, &stamped(T0 + 5 * SEC, &third), &mut out),
+        None
+    );
     assert!(out.is_empty());
     assert_eq!(r.engine.now(), T0 + SEC, "a refused signal does not move stream time");
     assert!(r.engine.pool("p").unwrap().endpoint("c").is_none());
@@ -571,16 +574,16 @@ fn snapshot_mid_scenario_continues_identically() {
     let mut whole = Engine::new(Policy::default());
     let mut expected = Vec::new();
     for (t, s) in &signals {
-        whole.apply(*t, s, &mut expected);
+        whole.apply(*t, &stamped(*t, s), &mut expected);
     }
     let mut first = Engine::new(Policy::default());
     let mut got = Vec::new();
     for (t, s) in &signals[..173] {
-        first.apply(*t, s, &mut got);
+        first.apply(*t, &stamped(*t, s), &mut got);
     }
     let mut second = Engine::restore(&first.snapshot()).unwrap();
     for (t, s) in &signals[173..] {
-        second.apply(*t, s, &mut got);
+        second.apply(*t, &stamped(*t, s), &mut got);
     }
     assert!(!expected.is_empty());
     assert_eq!(got, expected);

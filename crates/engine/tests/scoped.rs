@@ -224,7 +224,7 @@ fn run_by(gateways: &mut [Gateway], fault: &Fault, secs: i64, path: &mut Path) -
         if t % (5 * SEC) < step {
             for (k, e) in ENDPOINTS.iter().enumerate() {
                 let p = probe("p", e, id * 10 + k as u64, ProbeKind::Http, OutcomeClass::Success);
-                ds.extend(engine.step(now, &Signal::Probe(p)));
+                ds.extend(engine.step(now, &stamped(now, &Signal::Probe(p))));
             }
             ds.extend(engine.step(now, &tick()));
         }
@@ -440,7 +440,7 @@ fn a_mesh_of_500_gateways_keeps_a_bounded_book_per_endpoint() {
             OutcomeClass::Success
         };
         let c = CallOutcome::new(format!("c{i}"), "p", "a", format!("g{g}"), T0, outcome);
-        engine.step(T0 + i as i64 * MS, &Signal::Call(c));
+        engine.step(T0 + i as i64 * MS, &stamped(T0 + i as i64 * MS, &Signal::Call(c)));
     }
     let pool = engine.pool("p").unwrap();
     let bytes = pool.book_bytes("a");

@@ -109,7 +109,7 @@ fn mixed_signals() -> Vec<(Micros, Signal)> {
 fn run(engine: &mut Engine, signals: &[(Micros, Signal)]) -> Vec<Decision> {
     let mut out = Vec::new();
     for (t, s) in signals {
-        engine.apply(*t, s, &mut out);
+        engine.apply(*t, &stamped(*t, s), &mut out);
     }
     out
 }
@@ -182,6 +182,7 @@ fn a_snapshot_from_the_flags_engine_continues_exactly_as_an_uninterrupted_run() 
         String::from_utf8(FLAGS_FIXTURE.to_vec()).unwrap(),
         "the stored form is the flags engine's, byte for byte"
     );
+    assert_eq!(restored.lossy_restores(), 0, "every flag it wrote, a phase holds");
     let continued = run(&mut restored, &signals[CUT..]);
     let mut again = Engine::restore(FLAGS_FIXTURE).unwrap();
     assert_eq!(run(&mut again, &signals[CUT..]), continued, "deterministically");
@@ -198,4 +199,30 @@ fn a_snapshot_from_the_flags_engine_continues_exactly_as_an_uninterrupted_run() 
     );
     assert_eq!(run(&mut cut, &signals[CUT..]), uninterrupted);
     assert_eq!(cut, whole, "and ends in the same state");
+}
+
+/// Flags a phase cannot hold (a trial open on a healthy endpoint, an operator's hold on a state
+/// it does not hold) restore, are dropped, and are counted; the same stored form without them
+/// restores with none counted.
+#[test]
+fn flags_no_phase_can_hold_are_dropped_and_counted() {
+    let mut stored: serde_json::Value = serde_json::from_slice(FLAGS_FIXTURE).unwrap();
+    let endpoints = &mut stored["pools"]["chat"]["endpoints"];
+    assert_eq!(endpoints["d"]["state"], "HEALTHY");
+    endpoints["d"]["trial_open"] = true.into();
+    endpoints["d"]["failed_trials"] = 2.into();
+    assert_eq!(endpoints["a"]["state"], "RECOVERING");
+    endpoints["a"]["forced"] = "MAINTENANCE_ON".into();
+    let bytes = serde_json::to_vec(&stored).unwrap();
+    let restored = Engine::restore(&bytes).expect("leftover flags restore");
+    assert_eq!(restored.lossy_restores(), 2);
+    let chat = restored.pool("chat").unwrap();
+    assert_eq!(format!("{:?}", chat.endpoint("d").unwrap().state()), "Healthy");
+    assert_eq!(
+        format!("{:?}", chat.endpoint("a").unwrap().state()),
+        "Maintenance",
+        "the operator's hold wins"
+    );
+    let again = Engine::restore(&restored.snapshot()).unwrap();
+    assert_eq!(again.lossy_restores(), 0, "what it writes back, its phases hold");
 }

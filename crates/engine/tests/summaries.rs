@@ -331,7 +331,7 @@ fn run_both(calls: &[(Micros, CallOutcome)], r: Reporting) -> (Moves, Moves, usi
     let mut feed = |summed: &mut Engine, at: Micros, sigs: &mut Vec<Signal>, b: &mut Vec<(Micros, Decision)>| {
         for sig in sigs.drain(..) {
             records += 1;
-            for d in summed.step(at, &sig) {
+            for d in summed.step(at, &stamped(at, &sig)) {
                 b.push((at, d));
             }
         }
@@ -350,7 +350,7 @@ fn run_both(calls: &[(Micros, CallOutcome)], r: Reporting) -> (Moves, Moves, usi
             }
             next_tick += SEC;
         }
-        for d in one.step(*t, &Signal::Call(call.clone())) {
+        for d in one.step(*t, &stamped(*t, &Signal::Call(call.clone()))) {
             a.push((*t, d));
         }
         for s in &mut gateways {

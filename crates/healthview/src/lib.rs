@@ -98,6 +98,11 @@ impl Endpoint {
         if !self.scoped.is_empty() {
             return 0.0;
         }
+        self.fleet_weight_at(now)
+    }
+
+    /// The fleet's weight now, whatever the scoped decisions.
+    fn fleet_weight_at(&self, now: Micros) -> f64 {
         if self.ramp_ms <= 0 || self.weight >= 1.0 {
             return self.weight;
         }
@@ -501,6 +506,34 @@ impl HealthView {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The pools the view knows, in name order.
+    pub fn pool_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.pools.read().expect("view lock").keys().cloned().collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Every endpoint of `pool` as a router of identity `who` routes by at `now`: its name, its
+    /// state (the fleet's, or out while a scoped decision of one of `who`'s scopes is in force)
+    /// and its weight (ramping in slow start; 0 while out for a scope), in the order the view
+    /// learnt them. A view of [`Identity::every`] holds every scope's decisions and serves any
+    /// `who`; another view knows its own scopes only. Empty for a pool the view does not know.
+    pub fn endpoints_for(&self, pool: &str, who: &Identity, now: Micros) -> Vec<(Arc<str>, HealthState, f64)> {
+        let pools = self.pools.read().expect("view lock");
+        pools.get(pool).map_or_else(Vec::new, |p| {
+            p.endpoints
+                .iter()
+                .map(|e| {
+                    if e.scoped.iter().any(|(s, _, _)| who.applies(Some(s))) {
+                        (e.name.clone(), HealthState::Unhealthy, 0.0)
+                    } else {
+                        (e.name.clone(), e.state, e.fleet_weight_at(now))
+                    }
+                })
+                .collect()
+        })
     }
 }
 

@@ -5,9 +5,9 @@
 //! read. The processor feeds it from Kafka and writes the batch to Postgres; a backtest or a
 //! simulator feeds it from anywhere and gets the same rows.
 
-pub mod batch;
-
-pub use batch::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot, Topics, MINUTE_US};
+pub use vitals_contracts::batch::{
+    BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot, Topics, MINUTE_US,
+};
 
 use rustc_hash::FxHashMap as HashMap;
 use vitals_contracts::{decode_signal, validate_signal, Micros, Requests, Signal};
@@ -38,7 +38,18 @@ pub struct Partition {
     /// dead-lettered (`too_many_pools`), so that a reporter naming new pools without end cannot
     /// grow the engine, its snapshots and its rows without end.
     max_pools: usize,
+    /// On a topic stamped by its producers (CreateTime), how far ahead of the partition's time
+    /// a record may be stamped; None: no bound (LogAppendTime, the broker's clock).
+    max_ahead: Option<Micros>,
+    /// Records in a row stamped beyond `max_ahead` (see [`AHEAD_AGREE`]).
+    ahead_run: u32,
 }
+
+/// Records in a row, none in time between them, stamped beyond the bound: then the partition's
+/// time has moved (every producer's clock agrees: the partition was quiet while every processor
+/// was down, say), and the last of them is applied. A producer whose clock is ahead is
+/// interleaved with others in time and never makes such a run.
+pub const AHEAD_AGREE: u32 = 10;
 
 impl Partition {
     /// `start_offset`: the first offset the engine has not applied (None: the beginning);
@@ -62,7 +73,39 @@ impl Partition {
             counted_from: 0,
             pending: HashMap::default(),
             max_pools: usize::MAX,
+            max_ahead: None,
+            ahead_run: 0,
         }
+    }
+
+    /// On a topic stamped by its producers: dead-letter a record stamped more than `bound`
+    /// ahead of the partition's time (`stamped_ahead`), unless [`AHEAD_AGREE`] in a row are.
+    pub fn with_max_ahead(mut self, bound: Option<Micros>) -> Partition {
+        self.max_ahead = bound.filter(|b| *b > 0);
+        self
+    }
+
+    /// Why a record stamped `at` is refused as stamped ahead, if it is. Replayed records are
+    /// judged too, so that a replay rebuilds the same run.
+    fn stamped_ahead(&mut self, at: Micros) -> Option<String> {
+        let bound = self.max_ahead?;
+        let now = self.engine.now();
+        if now == 0 || at <= now.saturating_add(bound) {
+            self.ahead_run = 0;
+            return None;
+        }
+        self.ahead_run += 1;
+        if self.ahead_run >= AHEAD_AGREE {
+            self.ahead_run = 0;
+            return None;
+        }
+        Some(format!(
+            "stamped {} s ahead of its partition's time, more than --create-time-max-ahead-secs {} allows on a topic \
+             stamped by its producers: the producer's clock is ahead (the partition's time moves on only when {AHEAD_AGREE} \
+             records in a row are so stamped)",
+            (at - now) / 1_000_000,
+            bound / 1_000_000
+        ))
     }
 
     /// At most `n` pools in this partition (see [`Partition::step`]); the pools held already stay.
@@ -152,6 +195,13 @@ impl Partition {
         let replay = self.committed.is_some_and(|c| offset < c);
         let at: Micros = ts_ms.map_or(self.engine.now(), |ms| ms.saturating_mul(1000));
         let payload = payload.unwrap_or_default();
+        if let Some(why) = self.stamped_ahead(at) {
+            if !replay {
+                out.stamped_ahead += 1;
+                out.dead_letter(topics, partition, offset, key, payload, "stamped_ahead", &why);
+            }
+            return true;
+        }
         let signal = match decode_signal(payload) {
             Ok(s) => s,
             Err(e) => {
@@ -198,9 +248,14 @@ impl Partition {
             self.count(at, &signal);
         }
         let first = self.engine.apply(at, &signal, &mut self.decisions);
+        let notes = self.engine.take_notes();
         if replay {
             self.decisions.clear();
             return true;
+        }
+        if !notes.is_empty() {
+            out.late += notes.late;
+            out.clocks.extend(notes.clocks);
         }
         // The policy in force is data of its own (the API reads it, not a snapshot).
         if let Signal::Policy(p) = &signal {
@@ -215,7 +270,10 @@ impl Partition {
             out.discover(topics, first, partition);
         }
         for d in self.decisions.drain(..) {
-            out.add_decision(topics, d, partition, offset);
+            match d {
+                Decision::Endpoint(h) => out.transition(topics, *h, partition, offset),
+                Decision::Pool(p) => out.pool_event(topics, p, partition, offset),
+            }
         }
         true
     }
@@ -299,6 +357,72 @@ mod tests {
             retry_after_ms: None,
         }))
         .unwrap()
+    }
+
+    /// On a topic stamped by its producers, one tick stamped 55 minutes ahead froze its
+    /// partition's clock for 55 minutes. Bounded, it is dead-lettered (`stamped_ahead`) and the
+    /// partition's time stays; calls in time go on; ten records in a row stamped ahead move the
+    /// time (the partition was quiet); a replay of the same records decides the same.
+    #[test]
+    fn a_record_stamped_far_ahead_is_dead_lettered_unless_every_record_agrees() {
+        let t = topics();
+        let t0: i64 = 1_700_000_000_000;
+        let tick = |ms: i64| {
+            encode_signal(&Signal::Tick(vitals_contracts::Tick {
+                ticker: "x".into(),
+                emitted_at: ms * 1000,
+            }))
+            .unwrap()
+        };
+        let mut records: Vec<(i64, Vec<u8>)> = vec![(t0, call("a", 1, OutcomeClass::Success))];
+        records.push((t0 + 55 * 60_000, tick(t0 + 55 * 60_000)));
+        for i in 0..5 {
+            records.push((t0 + 1_000 * (i + 1), call("a", 10 + i as u64, OutcomeClass::Success)));
+        }
+        let quiet = t0 + 3_600_000;
+        for i in 0..12 {
+            records.push((quiet + i * 1_000, tick(quiet + i * 1_000)));
+        }
+        let run = |from_replay: bool| {
+            let committed = from_replay.then_some(records.len() as i64);
+            let mut p =
+                Partition::new(0, 1, Engine::new(Policy::default()), None, committed).with_max_ahead(Some(300_000_000));
+            let mut out = BatchWrite::default();
+            let mut times = Vec::new();
+            for (offset, (ts, bytes)) in records.iter().enumerate() {
+                p.step(offset as i64, Some(*ts), None, Some(bytes), &t, &mut out);
+                times.push(p.engine().now());
+            }
+            (out, times)
+        };
+        let (out, times) = run(false);
+        let dlq: Vec<&OutboxRow> = out.outbox.iter().filter(|r| r.topic == "d").collect();
+        assert_eq!(out.stamped_ahead, 1 + 9);
+        assert_eq!(dlq.len(), 10);
+        assert_eq!(dlq[0].headers["vitals-error-code"], "stamped_ahead");
+        assert_eq!(dlq[0].headers["vitals-origin-offset"], "1");
+        assert!(
+            dlq[0].headers["vitals-error"].contains("stamped 3300 s ahead"),
+            "{:?}",
+            dlq[0].headers
+        );
+        // The far tick left the time alone: the calls after it moved it a second at a time.
+        assert_eq!(times[1], t0 * 1000);
+        assert_eq!(times[6], (t0 + 5_000) * 1000);
+        // The quiet hour: nine ticks refused, the tenth in a row moves the time, the rest follow.
+        assert_eq!(times[6 + 9], (t0 + 5_000) * 1000);
+        assert_eq!(times[6 + 10], (quiet + 9_000) * 1000);
+        assert_eq!(*times.last().unwrap(), (quiet + 11_000) * 1000);
+        // Unbounded (LogAppendTime), the far tick moves the time at once.
+        let mut free = Partition::new(0, 1, Engine::new(Policy::default()), None, None);
+        let mut o = BatchWrite::default();
+        free.step(0, Some(records[0].0), None, Some(&records[0].1), &t, &mut o);
+        free.step(1, Some(records[1].0), None, Some(&records[1].1), &t, &mut o);
+        assert_eq!(free.engine().now(), (t0 + 55 * 60_000) * 1000);
+        // A replay rebuilds the same times and dead-letters nothing again.
+        let (replayed, again) = run(true);
+        assert_eq!(again, times);
+        assert_eq!(replayed.stamped_ahead, 0);
     }
 
     /// Beyond the partition's pools, a signal naming a new pool goes to the dead-letter topic

@@ -19,7 +19,6 @@ pub use timer::{CallResult, CallTimer};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -29,6 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vitals_contracts::clock::now_us;
 use vitals_contracts::{encode_signal, keys, CallOutcome, OutcomeClass, Signal, Summarizer, SummaryConfig};
+use vitals_runtime::produce;
 
 /// How a reporter connects and how much it may hold.
 #[derive(Debug, Clone)]
@@ -329,26 +329,18 @@ impl Sink for KafkaSink {
             (true, Some(pool), Some(endpoint)) => std::borrow::Cow::Owned(keys::endpoint_key(pool, endpoint)),
             (_, pool, _) => std::borrow::Cow::Borrowed(pool.unwrap_or_default()),
         };
-        let mut record = BaseRecord::to(&self.topic).key(key.as_bytes()).payload(&bytes);
+        let record = BaseRecord::to(&self.topic).key(key.as_bytes()).payload(&bytes);
         // The producer's queue is full when Kafka is slower than the reports: wait a while for
         // it to drain (the reporter's own queue takes the strain, and a source that can wait,
-        // like a file, waits with it); drop only when Kafka is down or far behind.
-        let deadline = std::time::Instant::now() + PRODUCER_FULL_WAIT;
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                    if std::time::Instant::now() < deadline =>
-                {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => {
-                    counters.dropped_producer_full.fetch_add(1, Ordering::Relaxed);
-                    counters.error(format!("Kafka: {e}"));
-                    return;
-                }
-            }
+        // like a file, waits with it); drop only when Kafka is down or far behind, or refuses
+        // the record as such.
+        if let Err(e) = produce::queue_blocking(&self.producer, record, Some(PRODUCER_FULL_WAIT)) {
+            let dropped = match e.failure {
+                produce::Failure::Final => &counters.dropped_invalid,
+                _ => &counters.dropped_producer_full,
+            };
+            dropped.fetch_add(1, Ordering::Relaxed);
+            counters.error(format!("Kafka: {e}"));
         }
     }
 

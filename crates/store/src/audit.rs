@@ -6,11 +6,10 @@ use crate::months::{Months, Retention};
 use crate::{timestamp, StoreError};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::{Duration, Instant};
+use vitals_contracts::batch::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot};
 use vitals_contracts::scope::ends_scoped;
-use vitals_contracts::{EndpointState, HealthChanged, Policy, PoolHealthChanged};
+use vitals_contracts::{EndpointState, HealthChanged, PoolHealthChanged};
 use vitals_contracts::{Micros, Requests};
-use vitals_engine::Engine;
-use vitals_pipeline::{BatchWrite, Counted, OutboxRow, PartitionWrite, PolicyInForce, Rollup, Snapshot};
 
 /// Where a batch transaction spent its time, statement by statement (wall time, including the
 /// round trip to Postgres).
@@ -66,18 +65,26 @@ pub struct Written {
     pub expired_rows: u64,
 }
 
-/// Where a partition resumes: its engine and the offset to read from.
-pub struct Restored {
-    pub engine: Engine,
-    /// First offset to read: the snapshot's, or None for the beginning of the partition.
-    pub start_offset: Option<i64>,
-    /// First offset not yet in the database (records between start and this are replayed,
-    /// and every write of the replay is a no-op).
+/// A claimed partition: its ownership epoch, its offsets and its stored snapshot (the
+/// processor restores its engine from it; the store never links the engine).
+pub struct Claimed {
+    /// The stored snapshot, if the partition has one.
+    pub snapshot: Option<StoredSnapshot>,
+    /// First offset not yet in the database (records between the snapshot's offset and this
+    /// are replayed, and every write of the replay is a no-op).
     pub committed_offset: Option<i64>,
     pub epoch: i64,
-    pub pools: usize,
     /// The first offset whose calls are not counted in the request rollups yet.
     pub requests_offset: i64,
+}
+
+/// A partition's snapshot as stored: where it resumes, its stream time and its pools' states.
+pub struct StoredSnapshot {
+    /// First offset to read: the first record not applied to it.
+    pub offset: i64,
+    pub stream_time: i64,
+    /// Each pool's stored state, in pool order.
+    pub pools: Vec<Vec<u8>>,
 }
 
 /// The audit log of one consumer group reading one signals topic.
@@ -93,7 +100,7 @@ pub struct AuditLog {
 impl AuditLog {
     /// Take ownership of a partition (bumping its epoch fences the previous owner) and load its
     /// snapshot. The row lock on the offsets row waits for the previous owner's last batch.
-    pub async fn claim_partition(&self, partition: i32, default_policy: &Policy) -> Result<Restored, StoreError> {
+    pub async fn claim_partition(&self, partition: i32) -> Result<Claimed, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "INSERT INTO consumer_offsets (consumer_group, topic, partition, next_offset, epoch, requests_offset)
@@ -110,8 +117,6 @@ impl AuditLog {
         .fetch_one(&mut *tx)
         .await?;
         let committed: i64 = row.get(0);
-        let epoch: i64 = row.get(1);
-        let requests_offset: i64 = row.get(2);
         let snap = sqlx::query(
             "SELECT snapshot_offset, stream_time FROM partition_snapshots
              WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
@@ -121,10 +126,12 @@ impl AuditLog {
         .bind(partition)
         .fetch_optional(&mut *tx)
         .await?;
-        let (engine, start_offset, pools) = match snap {
-            None => (Engine::new(default_policy.clone()), None, 0),
-            Some(snap) => {
-                let rows: Vec<Vec<u8>> = sqlx::query_scalar(
+        let snapshot = match snap {
+            None => None,
+            Some(snap) => Some(StoredSnapshot {
+                offset: snap.get(0),
+                stream_time: snap.get(1),
+                pools: sqlx::query_scalar(
                     "SELECT state FROM engine_snapshots WHERE consumer_group = $1 AND topic = $2 AND partition = $3
                      ORDER BY pool",
                 )
@@ -132,43 +139,29 @@ impl AuditLog {
                 .bind(&self.topic)
                 .bind(partition)
                 .fetch_all(&mut *tx)
-                .await?;
-                let engine = Engine::from_snapshot(
-                    default_policy.clone(),
-                    snap.get::<i64, _>(1),
-                    rows.iter().map(Vec::as_slice),
-                )
-                .map_err(|e| StoreError::Snapshot {
-                    partition,
-                    message: e.to_string(),
-                })?;
-                (engine, Some(snap.get::<i64, _>(0)), rows.len())
-            }
+                .await?,
+            }),
         };
-        // Pools whose policy changed before `pool_policies` existed get their row now; a row
-        // already there is as new or newer (it was written by the batch that applied it).
-        let changed: Vec<PolicyInForce> = engine
-            .pools()
-            .filter(|p| p.policy().version > 0)
-            .map(|p| PolicyInForce {
-                pool: p.name().to_owned(),
-                policy: p.policy().clone(),
-                stream_time: engine.now(),
-                partition,
-            })
-            .collect();
-        if !changed.is_empty() {
-            upsert_policies(&mut tx, &changed).await?;
-        }
         tx.commit().await?;
-        Ok(Restored {
-            engine,
-            start_offset,
+        Ok(Claimed {
+            snapshot,
             committed_offset: (committed >= 0).then_some(committed),
-            epoch,
-            pools,
-            requests_offset,
+            epoch: row.get(1),
+            requests_offset: row.get(2),
         })
+    }
+
+    /// The policies in force of pools restored from a snapshot, for pools whose policy changed
+    /// before `pool_policies` existed; a row already there is as new or newer (it was written by
+    /// the batch that applied it) and stays.
+    pub async fn record_policies(&self, rows: &[PolicyInForce]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        upsert_policies(&mut tx, rows).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// The batch, in one transaction: offsets (fenced by epoch), first-seen endpoints,

@@ -90,6 +90,8 @@ impl Months {
     }
 
     /// Make sure the months of these stream times exist: each new month and the one after it.
+    /// `known` holds the months whose successor exists too: a month created only as the one
+    /// ahead is not among them, so that its first rows create the month after it in turn.
     pub async fn ensure(&self, db: &PgPool, times: impl IntoIterator<Item = Micros>) -> Result<(), StoreError> {
         let missing: BTreeSet<Month> = {
             let known = self.known.lock().expect("months lock");
@@ -100,7 +102,7 @@ impl Months {
             if made > 0 {
                 tracing::info!(month = %month_start(m).format("%Y-%m"), tables = made, "created audit-log months");
             }
-            self.known.lock().expect("months lock").extend([m, m + 1]);
+            self.known.lock().expect("months lock").insert(m);
         }
         Ok(())
     }

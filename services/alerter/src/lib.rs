@@ -59,8 +59,7 @@ pub struct Config {
     #[arg(long, env = "VITALS_DASHBOARD_URL")]
     dashboard_url: Option<String>,
     /// Fire `VitalsEndpointAvailabilityLow` while an endpoint was in rotation less than this
-    /// share (e.g. 0.99) of the last --availability-window-secs (definitions: the README's
-    /// Uptime section). Needs the processor's ticks on the changes topic
+    /// share (e.g. 0.99) of the last --availability-window-secs (definitions: docs/uptime.md). Needs the processor's ticks on the changes topic
     /// (`--view-tick-interval-ms`, on by default) for time to pass between changes.
     #[arg(long, env = "VITALS_ALERT_AVAILABILITY_BELOW", value_parser = share)]
     availability_below: Option<f64>,

@@ -3,7 +3,7 @@
 use crate::auth::Reader;
 use crate::error::{ApiError, BadParameter, BadPath, Busy, ErrorBody, NeedsToken};
 use crate::extract::{ApiPath, ApiQuery};
-use crate::params::{int_or, After, Int};
+use crate::params::{int_or, After, Int, Name};
 use crate::AppState;
 use axum::extract::State;
 use axum::Json;
@@ -74,16 +74,21 @@ fn pools_that_fit(listed: impl Iterator<Item = usize>, budget: usize) -> usize {
 pub struct PoolParams {
     /// Pools per page, 1 to 1000 (default 100). A page also ends before its endpoints would
     /// pass 5,000 in all, so it may hold fewer pools; follow `next_after`.
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
-    limit: Option<Int<1, MAX_POOLS>>,
+    #[param(inline)]
+    limit: Option<PoolsLimit>,
     /// Only pools whose name sorts after this one: the `next_after` of the previous page.
-    #[param(value_type = Option<String>, max_length = 256)]
+    #[param(inline)]
     after: Option<After>,
     /// Endpoints listed per pool, 0 to 1000 (default 50); the counts cover all of them, and a
     /// pool with more has its own `next_after` for `GET /v1/pools/{pool}`.
-    #[param(value_type = Option<i64>, minimum = 0, maximum = 1000)]
-    endpoints: Option<Int<0, MAX_POOL_ENDPOINTS>>,
+    #[param(inline)]
+    endpoints: Option<PoolEndpoints>,
 }
+
+/// Parameter types (aliases: the OpenAPI derive reads a type without const arguments).
+type PoolsLimit = Int<1, MAX_POOLS>;
+type PoolEndpoints = Int<0, MAX_POOL_ENDPOINTS>;
+type EndpointsLimit = Int<1, MAX_POOL_ENDPOINTS>;
 
 const DEFAULT_POOLS: i64 = 100;
 const MAX_POOLS: i64 = 1000;
@@ -132,10 +137,10 @@ pub async fn pools(
 #[into_params(parameter_in = Query)]
 pub struct PoolEndpointParams {
     /// Endpoints per page, 1 to 1000 (default 500).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
-    limit: Option<Int<1, MAX_POOL_ENDPOINTS>>,
+    #[param(inline)]
+    limit: Option<EndpointsLimit>,
     /// Only endpoints whose name sorts after this one: the pool's `next_after` of the previous page.
-    #[param(value_type = Option<String>, max_length = 256)]
+    #[param(inline)]
     after: Option<After>,
 }
 
@@ -150,7 +155,7 @@ const DEFAULT_ENDPOINTS: i64 = 500;
 pub async fn pool(
     State(app): State<AppState>,
     _: Reader,
-    ApiPath(pool): ApiPath<String>,
+    ApiPath(Name(pool)): ApiPath<Name>,
     ApiQuery(q): ApiQuery<PoolEndpointParams>,
 ) -> Result<Json<PoolHealth>, ApiError> {
     let limit = int_or(q.limit, DEFAULT_ENDPOINTS);
@@ -177,7 +182,7 @@ pub async fn pool(
 pub async fn endpoint(
     State(app): State<AppState>,
     _: Reader,
-    ApiPath((pool, endpoint)): ApiPath<(String, String)>,
+    ApiPath((Name(pool), Name(endpoint))): ApiPath<(Name, Name)>,
 ) -> Result<Json<EndpointDetail>, ApiError> {
     let current = read::endpoint(&app.db, &pool, &endpoint)
         .await?

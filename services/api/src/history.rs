@@ -15,36 +15,38 @@ use vitals_store::read::{self, Position, TransitionFilter};
 
 pub const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 500;
+/// A page size (an alias: the OpenAPI derive reads a type without const arguments).
+pub type PageLimit = Int<1, MAX_LIMIT>;
 
 /// Query parameters of `GET /v1/transitions`.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct HistoryParams {
     /// Only this pool.
-    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    #[param(inline)]
     pool: Option<Name>,
     /// Only this endpoint (requires `pool`).
-    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    #[param(inline)]
     endpoint: Option<Name>,
     /// Transitions at or after this time (RFC 3339).
-    #[param(value_type = Option<chrono::DateTime<chrono::Utc>>)]
+    #[param(inline)]
     from: Option<Time>,
     /// Transitions before this time (RFC 3339).
-    #[param(value_type = Option<chrono::DateTime<chrono::Utc>>)]
+    #[param(inline)]
     to: Option<Time>,
     /// Only transitions into this state.
-    #[param(value_type = Option<view::StateName>)]
+    #[param(inline)]
     state: Option<StateParam>,
     /// Only this reason code.
-    #[param(value_type = Option<view::ReasonCode>)]
+    #[param(inline)]
     reason: Option<Reason>,
     /// Only the transitions of this scope of reporters (`gateway=g1`, `location=eu`, `key=k1`),
     /// or `fleet` for the fleet-wide ones.
-    #[param(value_type = Option<String>, max_length = 256)]
+    #[param(inline)]
     scope: Option<Scope>,
     /// Page size, 1 to 500 (default 50).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
-    limit: Option<Int<1, MAX_LIMIT>>,
+    #[param(inline)]
+    limit: Option<PageLimit>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }

@@ -4,9 +4,8 @@
 
 use crate::auth::{Principal, Writer};
 use crate::error::{ApiError, ErrorBody, NoToken, TooLarge};
+use crate::extract::ApiJson;
 use crate::AppState;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -16,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use vitals_contracts::clock::now_us;
 use vitals_contracts::{self as c, view};
+use vitals_runtime::produce;
 use vitals_runtime::tokens::NotBound;
 
 /// The request body. Items are checked one by one: a bad item is reported, the rest go on.
@@ -100,9 +100,8 @@ fn rejected(index: usize, field: Option<String>, error: String) -> ItemResult {
 pub async fn ingest(
     State(app): State<AppState>,
     Writer(who): Writer,
-    body: Result<Bytes, BytesRejection>,
+    ApiJson(value): ApiJson<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let value: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let items = value
         .get("items")
         .and_then(|v| v.as_array())
@@ -159,7 +158,7 @@ pub async fn ingest(
         let record = FutureRecord::to(&app.cfg.topics.signals_topic)
             .key(&pool)
             .payload(&bytes);
-        match app.producer.send_result(record) {
+        match produce::try_queue(&app.producer, record) {
             Ok(delivery) => {
                 pending.push((results.len(), delivery));
                 results.push(ItemResult {
@@ -172,7 +171,7 @@ pub async fn ingest(
                     error: None,
                 });
             }
-            Err((e, _)) => {
+            Err(e) => {
                 // librdkafka's text stays in the log; the client learns what to do about it.
                 tracing::warn!(error = %e, "ingest: record not queued");
                 let (status, error) = kafka_failure(&e);
@@ -190,20 +189,16 @@ pub async fn ingest(
     }
     for (slot, delivery) in pending {
         let r = &mut results[slot];
-        match delivery.await {
-            Ok(Ok(d)) => {
-                r.partition = Some(d.partition);
-                r.offset = Some(d.offset);
+        match produce::delivered(delivery).await {
+            Ok((partition, offset)) => {
+                r.partition = Some(partition);
+                r.offset = Some(offset);
             }
-            Ok(Err((e, _))) => {
+            Err(e) => {
                 tracing::warn!(error = %e, "ingest: the broker did not confirm a record");
                 let (status, error) = kafka_failure(&e);
                 r.status = status;
                 r.error = Some(format!("the broker did not confirm: {error}"));
-            }
-            Err(_) => {
-                r.status = ItemStatus::Failed;
-                r.error = Some("the producer was shut down".into());
             }
         }
     }
@@ -228,17 +223,13 @@ pub async fn ingest(
 /// far below the broker's default `message.max.bytes` (1 MB).
 pub const MAX_RECORD_BYTES: usize = 256 * 1024;
 
-/// How a Kafka error reads to a client: `rejected` when retrying cannot help (the record is too
-/// large or otherwise refused as such), `failed` (retry) otherwise. The message is ours, not
-/// librdkafka's.
-pub(crate) fn kafka_failure(e: &rdkafka::error::KafkaError) -> (ItemStatus, &'static str) {
-    use rdkafka::types::RDKafkaErrorCode as K;
-    match e.rdkafka_error_code() {
-        Some(K::MessageSizeTooLarge | K::InvalidMessageSize | K::InvalidMessage | K::InvalidRecord) => {
-            (ItemStatus::Rejected, "the broker refuses this record; do not retry it")
-        }
-        Some(K::QueueFull) => (ItemStatus::Failed, "the producer queue is full; retry"),
-        Some(K::MessageTimedOut) => (ItemStatus::Failed, "Kafka did not answer in time; retry"),
-        _ => (ItemStatus::Failed, "Kafka is unavailable; retry"),
-    }
+/// How a produce error reads to a client: `rejected` when retrying cannot help (the record is
+/// refused as such), `failed` (retry) otherwise; the message is ours, not librdkafka's.
+fn kafka_failure(e: &produce::ProduceError) -> (ItemStatus, &'static str) {
+    let status = if e.is_retriable() {
+        ItemStatus::Failed
+    } else {
+        ItemStatus::Rejected
+    };
+    (status, e.advice())
 }

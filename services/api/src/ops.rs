@@ -3,10 +3,9 @@
 
 use crate::auth::{Admin, Reader};
 use crate::error::{ApiError, BadPath, Busy, ErrorBody, NeedsToken, NoToken, TooLarge};
-use crate::extract::ApiPath;
+use crate::extract::{ApiJson, ApiPath};
+use crate::params::Name;
 use crate::AppState;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -16,6 +15,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 use vitals_contracts::view::{Accepted, PoolPolicy};
 use vitals_contracts::{self as c, view};
+use vitals_runtime::produce;
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -25,26 +25,25 @@ pub struct OverrideRequest {
     pub reason: String,
 }
 
+/// An operator's record onto the signals topic, confirmed by the broker (keyed by pool, so
+/// that the engine applies it in order with the pool's other records).
 async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiError> {
     let bytes = c::encode_signal(signal).map_err(|e| ApiError::Internal(e.into()))?;
     let pool = signal.pool().unwrap_or_default();
     let record = FutureRecord::to(&app.cfg.topics.signals_topic)
         .key(pool)
         .payload(&bytes);
-    let kafka_error = |e: rdkafka::error::KafkaError| {
+    let failed = |e: produce::ProduceError| {
         tracing::warn!(error = %e, "operator record not produced");
-        ApiError::Unavailable(crate::ingest::kafka_failure(&e).1.to_owned())
+        ApiError::Unavailable(e.advice().to_owned())
     };
-    let delivery = app.producer.send_result(record).map_err(|(e, _)| kafka_error(e))?;
-    match delivery.await {
-        Ok(Ok(d)) => Ok(Accepted {
-            id: signal.id().to_owned(),
-            partition: d.partition,
-            offset: d.offset,
-        }),
-        Ok(Err((e, _))) => Err(kafka_error(e)),
-        Err(_) => Err(ApiError::Unavailable("the producer was shut down".into())),
-    }
+    let delivery = produce::try_queue(&app.producer, record).map_err(failed)?;
+    let (partition, offset) = produce::delivered(delivery).await.map_err(failed)?;
+    Ok(Accepted {
+        id: signal.id().to_owned(),
+        partition,
+        offset,
+    })
 }
 
 #[utoipa::path(
@@ -62,10 +61,9 @@ async fn produce(app: &AppState, signal: &c::Signal) -> Result<Accepted, ApiErro
 pub async fn override_endpoint(
     State(app): State<AppState>,
     Admin(who): Admin,
-    ApiPath((pool, endpoint)): ApiPath<(String, String)>,
-    body: Result<Bytes, BytesRejection>,
+    ApiPath((Name(pool), Name(endpoint))): ApiPath<(Name, Name)>,
+    ApiJson(req): ApiJson<OverrideRequest>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
-    let req: OverrideRequest = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let now = Utc::now().timestamp_micros();
     let signal = c::Signal::Override(c::OperatorOverride {
         override_id: format!("override-{now}-{}", who.name),
@@ -96,7 +94,7 @@ the same transaction), or the default (version 0) for a pool it has seen but nev
 pub async fn get_policy(
     State(app): State<AppState>,
     _: Reader,
-    ApiPath(pool): ApiPath<String>,
+    ApiPath(Name(pool)): ApiPath<Name>,
 ) -> Result<Json<PoolPolicy>, ApiError> {
     let (version, policy) = vitals_store::read::pool_policy(&app.db, &pool)
         .await?
@@ -122,10 +120,9 @@ revert a setting. Every value is range-checked.",
 pub async fn put_policy(
     State(app): State<AppState>,
     Admin(who): Admin,
-    ApiPath(pool): ApiPath<String>,
-    body: Result<Bytes, BytesRejection>,
+    ApiPath(Name(pool)): ApiPath<Name>,
+    ApiJson(body): ApiJson<serde_json::Value>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
-    let body: serde_json::Value = crate::extract::json_body(body, app.cfg.max_body_bytes)?;
     let policy = policy_from_json(body)?;
     let now = Utc::now().timestamp_micros();
     let signal = c::Signal::Policy(c::PolicyChange {

@@ -1,14 +1,66 @@
 //! The types of query parameters. Each checks its value as it is read, with the message a
 //! client sees; [`crate::extract::ApiQuery`] names the parameter. A route's parameter struct is
-//! then both its OpenAPI description and its parser.
+//! then both its OpenAPI description and its parser: each type's OpenAPI schema (its bounds,
+//! lengths and values) is built from the same constants its check uses, so the two cannot drift.
+//! A parameter struct's fields are `#[param(inline)]`, so that the schema is the type's own.
 
 use chrono::{DateTime, Utc};
 use serde::de::{Deserializer, Error};
 use serde::Deserialize;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
 use vitals_contracts as c;
 
-/// The longest pool or endpoint name, in bytes.
-pub const MAX_NAME: usize = 256;
+/// The longest pool or endpoint name, in bytes (the contracts' rule for every name).
+pub const MAX_NAME: usize = c::validate::MAX_NAME_LEN;
+
+/// A parameter type's OpenAPI schema, and its (unused: the schema is always inline) name.
+macro_rules! schema {
+    ($ty:ident $(<$(const $g:ident: $gt:ty),*>)?, $build:expr) => {
+        impl$(<$(const $g: $gt),*>)? PartialSchema for $ty$(<$($g),*>)? {
+            fn schema() -> RefOr<Schema> {
+                $build
+            }
+        }
+        impl$(<$(const $g: $gt),*>)? ToSchema for $ty$(<$($g),*>)? {}
+    };
+}
+
+fn text_schema(min: Option<usize>, max: usize) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(min)
+        .max_length(Some(max))
+        .into()
+}
+
+fn one_of(values: &[&str]) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values.iter().copied()))
+        .into()
+}
+
+schema!(Int<const MIN: i64, const MAX: i64>, ObjectBuilder::new()
+    .schema_type(Type::Integer)
+    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+    .minimum(Some(MIN as f64))
+    .maximum(Some(MAX as f64))
+    .into());
+schema!(Name, text_schema(Some(1), MAX_NAME));
+schema!(After, text_schema(None, MAX_NAME));
+schema!(Scope, text_schema(None, MAX_NAME));
+schema!(
+    Time,
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
+        .into()
+);
+schema!(State, one_of(&c::HealthState::names()));
+schema!(Reason, one_of(&c::ReasonCode::names()));
+schema!(Bucket, one_of(&[Bucket::Hour.as_str(), Bucket::Day.as_str()]));
 
 fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     String::deserialize(d)
@@ -170,7 +222,7 @@ mod tests {
     }
 
     fn parse(q: &str) -> Result<Q, String> {
-        serde_urlencoded::from_str::<Q>(q).map_err(|e| e.to_string())
+        crate::extract::query::<Q>(q).map_err(|e| format!("{e:?}"))
     }
 
     #[test]

@@ -53,25 +53,27 @@ fn range(from: Option<Time>, to: Option<Time>, now: DateTime<Utc>) -> Result<(Mi
 #[into_params(parameter_in = Query)]
 pub struct UptimeParams {
     /// Start of the range (RFC 3339); default seven days before `to`. At most 92 days.
-    #[param(value_type = Option<DateTime<Utc>>)]
+    #[param(inline)]
     from: Option<Time>,
     /// End of the range (RFC 3339); default now, and never later than now.
-    #[param(value_type = Option<DateTime<Utc>>)]
+    #[param(inline)]
     to: Option<Time>,
     /// `hour` (ranges of up to 31 days) or `day`: figures per UTC-aligned bucket as well.
-    #[param(value_type = Option<String>, pattern = "^(hour|day)$")]
+    #[param(inline)]
     bucket: Option<Bucket>,
     /// Endpoints per page, worst first, 1 to 1000 (default 100). A page also ends before its
     /// endpoints' buckets pass 5,000 in all (6 endpoints a page of 31 days hourly); follow
     /// `next_cursor`. The pool's figures are on every page.
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
-    limit: Option<Int<1, MAX_UPTIME_ENDPOINTS>>,
+    #[param(inline)]
+    limit: Option<UptimeLimit>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
 const DEFAULT_UPTIME_ENDPOINTS: i64 = 100;
 const MAX_UPTIME_ENDPOINTS: i64 = 1000;
+/// Endpoints per page (an alias: the OpenAPI derive reads a type without const arguments).
+type UptimeLimit = Int<1, MAX_UPTIME_ENDPOINTS>;
 /// The most buckets the endpoints of one page list (about 150 bytes each).
 pub const MAX_PAGE_BUCKETS: usize = 5_000;
 
@@ -107,14 +109,14 @@ fn uptime_page_len(limit: i64, buckets_each: usize) -> usize {
 
 #[utoipa::path(get, path = "/v1/pools/{pool}/uptime", tag = "history",
     params(("pool" = String, Path, description = "Pool name"), UptimeParams),
-    responses((status = 200, description = "Availability of the pool and each endpoint, worst first (definitions: the README's Uptime section)", body = PoolUptime),
+    responses((status = 200, description = "Availability of the pool and each endpoint, worst first (definitions: docs/uptime.md)", body = PoolUptime),
               BadParameter,
               (status = 404, description = "No such pool", body = ErrorBody),
               NeedsToken, Busy))]
 pub async fn uptime(
     State(app): State<AppState>,
     _: Reader,
-    ApiPath(pool): ApiPath<String>,
+    ApiPath(Name(pool)): ApiPath<Name>,
     ApiQuery(q): ApiQuery<UptimeParams>,
 ) -> Result<Json<PoolUptime>, ApiError> {
     let (from, to) = range(q.from, q.to, Utc::now())?;
@@ -183,20 +185,20 @@ pub async fn uptime(
 #[into_params(parameter_in = Query)]
 pub struct IncidentParams {
     /// The pool.
-    #[param(value_type = String, min_length = 1, max_length = 256)]
+    #[param(inline)]
     pool: Name,
     /// Only this endpoint.
-    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    #[param(inline)]
     endpoint: Option<Name>,
     /// Incidents that overlap the range from this time (RFC 3339); default seven days before `to`.
-    #[param(value_type = Option<DateTime<Utc>>)]
+    #[param(inline)]
     from: Option<Time>,
     /// End of the range (RFC 3339); default now.
-    #[param(value_type = Option<DateTime<Utc>>)]
+    #[param(inline)]
     to: Option<Time>,
     /// Page size, 1 to 500 (default 50).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
-    limit: Option<Int<1, { crate::history::MAX_LIMIT }>>,
+    #[param(inline)]
+    limit: Option<crate::history::PageLimit>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }

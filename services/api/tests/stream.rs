@@ -16,6 +16,7 @@ fn change(endpoint: &str, seq: i64) -> HealthChanged {
         evidence: Evidence {
             window_ms: 30_000,
             thresholds: vec!["score<60".into()],
+            late: 0,
             ..Evidence::default()
         },
         stream_time: 1_700_000_000_000_000 + seq,

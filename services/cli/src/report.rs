@@ -1,5 +1,5 @@
 //! `vitals report`: availability and incidents over a range, from the API's uptime and incident
-//! routes (the definitions are `vitals-uptime`'s, in the README's Uptime section): worst pools
+//! routes (the definitions are `vitals-uptime`'s, in docs/uptime.md): worst pools
 //! and endpoints first; a table, the JSON, or one HTML file a person can send.
 
 use crate::api::{table, Api};

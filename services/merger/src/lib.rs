@@ -21,8 +21,35 @@
 
 pub mod run;
 
+use vitals_contracts::lateness::{ClockChange, Clocks, Kind};
 use vitals_contracts::{Micros, Signal, Summarizer, SummaryConfig};
-use vitals_runtime::metrics::{Counter, Gauge, Registry};
+use vitals_runtime::metrics::{Counter, Family, Gauge, Labels, Registry};
+
+/// A gateway's record measured against the merger's clock (`now`, when it is read): a gateway
+/// whose clock is named off ([`vitals_contracts::lateness`]: its fastest records 10 s or more
+/// off for 30 s, agreeing) has its record's times shifted by its offset before it is merged, so
+/// that its calls are merged with the fleet's of the same moment, not cut into summaries of
+/// their own that the processor would find late. Returns the gateway's clock named off or back.
+pub fn in_time(clocks: &mut Clocks, signal: &mut Signal, now: Micros) -> Option<ClockChange> {
+    let (gateway, ended) = match &*signal {
+        Signal::Call(c) => (c.gateway.as_str(), c.occurred_at.saturating_add(c.latency_us.max(0))),
+        Signal::Summary(s) => (s.gateway.as_str(), s.ended_at),
+        _ => return None,
+    };
+    let (_, change) = clocks.judge(Kind::Gateway, gateway, ended, now);
+    let offset = clocks.offset(Kind::Gateway, gateway);
+    if offset != 0 {
+        match signal {
+            Signal::Call(c) => c.occurred_at = c.occurred_at.saturating_add(offset),
+            Signal::Summary(s) => {
+                s.started_at = s.started_at.saturating_add(offset);
+                s.ended_at = s.ended_at.saturating_add(offset);
+            }
+            _ => {}
+        }
+    }
+    change
+}
 
 /// One merger's sums for one transaction.
 pub struct Merge {
@@ -89,9 +116,13 @@ pub struct Counters {
     pub summaries_out: Counter,
     pub transactions: Counter,
     pub aborted: Counter,
+    /// Runs started over after a fatal error (fenced, the broker gone).
+    pub restarts: Counter,
     pub open_endpoints: Gauge,
     /// The last committed transaction's wall time (seconds since the epoch), 0 before the first.
     pub last_commit_seconds: Gauge,
+    /// Gateways whose clocks are named off: their offset in seconds (positive: behind).
+    pub clock_offsets: Family<Labels, Gauge>,
     registry: Registry,
 }
 
@@ -127,6 +158,10 @@ impl Default for Counters {
             "vitals_merger_transactions_aborted",
             "Transactions aborted (a rebalance, a broker error); their input is read again.",
         );
+        let restarts = counter(
+            "vitals_merger_restarts",
+            "Times the merger started over after a fatal error (fenced after being stopped past the transaction timeout, the broker gone), as a restart would.",
+        );
         let mut gauge = |name: &str, help: &str| {
             let g = Gauge::default();
             r.register(name, help, g.clone());
@@ -140,7 +175,14 @@ impl Default for Counters {
             "vitals_merger_last_commit_seconds",
             "When the last transaction committed (Unix time).",
         );
+        let clock_offsets = Family::<Labels, Gauge>::default();
+        r.register(
+            "vitals_merger_gateway_clock_offset_seconds",
+            "Gateways whose clocks the merger found off against its own, by gateway: how far behind (negative: ahead); their records are shifted by it before they are merged. Gone when the clock is in time again.",
+            clock_offsets.clone(),
+        );
         Counters {
+            clock_offsets,
             records_in,
             calls_in,
             undecodable,
@@ -150,6 +192,7 @@ impl Default for Counters {
             summaries_out,
             transactions,
             aborted,
+            restarts,
             open_endpoints,
             last_commit_seconds,
             registry: r,
@@ -160,6 +203,21 @@ impl Default for Counters {
 impl Counters {
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// A gateway's clock named off or back: logged, and its gauge set or removed.
+    pub fn clock(&self, change: &ClockChange) {
+        match change {
+            ClockChange::Off { reporter, offset } => {
+                tracing::warn!(reporter, offset_s = offset / 1_000_000, "{}", change.reason());
+                let labels = vec![("reporter", reporter.clone())];
+                self.clock_offsets.get_or_create(&labels).set(offset / 1_000_000);
+            }
+            ClockChange::Back { reporter } => {
+                tracing::info!(reporter, "{}", change.reason());
+                self.clock_offsets.remove(&vec![("reporter", reporter.clone())]);
+            }
+        }
     }
 }
 
@@ -196,5 +254,56 @@ mod tests {
         out.clear();
         m.take(tick.clone(), 2, &mut out);
         assert_eq!(out, [tick]);
+    }
+
+    /// Six gateways summing a busy endpoint every second, one with its clock 90 s behind the
+    /// merger's: after 30 s its summaries are shifted, so each merged summary (one per second)
+    /// spans a second, not 91 s, and holds every gateway's calls of that second.
+    #[test]
+    fn a_gateway_whose_clock_is_behind_is_shifted_before_it_is_merged() {
+        const S: Micros = 1_000_000;
+        let t0 = 1_700_000_000 * S;
+        let counters = Counters::default();
+        let mut clocks = Clocks::default();
+        let mut spans = Vec::new();
+        for k in 0..60 {
+            let now = t0 + k * S;
+            let mut m = Merge::new(8, 1000, "t", "merger");
+            let mut out = Vec::new();
+            for g in 0..6 {
+                let stamp = if g == 5 { now - 90 * S } else { now };
+                let mut s = CallSummary::new(format!("s-{g}-{k}"), "p", "a", &format!("gw-{g}"), stamp - S);
+                s.add_times(
+                    &CallOutcome::new("x", "p", "a", format!("gw-{g}"), stamp - S, OutcomeClass::Success),
+                    10,
+                );
+                s.ended_at = stamp;
+                let mut sig = Signal::Summary(s);
+                if let Some(c) = in_time(&mut clocks, &mut sig, now) {
+                    counters.clock(&c);
+                }
+                m.take(sig, now, &mut out);
+            }
+            m.flush(&mut out);
+            let longest = out
+                .iter()
+                .map(|s| match s {
+                    Signal::Summary(x) => x.ended_at - x.started_at,
+                    _ => 0,
+                })
+                .max()
+                .unwrap();
+            spans.push((out.len(), longest));
+        }
+        // Before the clock is measured, its summaries are cut apart (30 s of them); after, one
+        // merged summary a second.
+        assert!(spans[..30].iter().all(|(n, _)| *n == 2), "{spans:?}");
+        assert!(spans[31..].iter().all(|&(n, l)| n == 1 && l <= S), "{spans:?}");
+        assert_eq!(clocks.offset(Kind::Gateway, "gw-5"), 90 * S);
+        let text = vitals_runtime::metrics::render(counters.registry());
+        assert!(
+            text.contains("vitals_merger_gateway_clock_offset_seconds{reporter=\"gateway=gw-5\"} 90"),
+            "{text}"
+        );
     }
 }

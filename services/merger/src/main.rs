@@ -139,7 +139,22 @@ async fn main() -> anyhow::Result<()> {
             let (stop, ready, counters) = (stop.clone(), ready.clone(), counters.clone());
             std::thread::Builder::new()
                 .name("merger".into())
-                .spawn(move || run(&settings, &stop, &counters, &ready))
+                .spawn(move || loop {
+                    // A fatal error (fenced after a stop longer than the transaction timeout, a
+                    // broker that cannot be reached) starts the merger over in this process, as a
+                    // restart would: a new producer with the same transactional id fences what
+                    // is left of the old one, and the consumer takes its partitions back.
+                    match run(&settings, &stop, &counters, &ready) {
+                        Ok(()) => return Ok(()),
+                        Err(e) if stop.load(Relaxed) => return Err(e),
+                        Err(e) => {
+                            ready.store(false, Relaxed);
+                            counters.restarts.inc();
+                            tracing::error!(error = %format!("{e:#}"), "the merger starts over in 1 s");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                })
                 .context("starting the merger thread")?
         };
         let app = {

@@ -16,6 +16,7 @@ use vitals_contracts::clock::now_us;
 use vitals_contracts::{decode_signal, encode_signal, validate_signal, Signal};
 use vitals_runtime::args::KafkaArgs;
 use vitals_runtime::kafka;
+use vitals_runtime::produce;
 
 /// What a merger reads, writes and how it sums.
 #[derive(Clone, Debug)]
@@ -104,6 +105,8 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
     // abort starts it again. Input offsets of the transaction, by partition of `s.input`.
     let mut merge = Merge::new(s.failure_cap, s.max_open, &instance, &s.gateway);
     let mut positions: BTreeMap<i32, i64> = BTreeMap::new();
+    // The gateways' clocks against this merger's, for the run (a rebalance keeps them).
+    let mut clocks = vitals_contracts::lateness::Clocks::default();
     while !stop.load(Relaxed) {
         producer.begin_transaction().context("beginning a transaction")?;
         positions.clear();
@@ -132,8 +135,11 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
                     // the processor would refuse whole.
                     let at = m.timestamp().to_millis().map_or(now, |ms| ms.saturating_mul(1000));
                     match admit(m.payload().unwrap_or_default(), at) {
-                        Ok(sig) => {
+                        Ok(mut sig) => {
                             counters.calls_in.inc_by(calls_in(&sig));
+                            if let Some(change) = crate::in_time(&mut clocks, &mut sig, now_us()) {
+                                counters.clock(&change);
+                            }
                             merge.take(sig, now, &mut out);
                         }
                         Err((code, why)) => {
@@ -231,21 +237,12 @@ fn dead_letter(
 }
 
 /// Send one record, waiting while the producer's queue is full: the merger reads no faster than
-/// the broker takes.
+/// the broker takes. Any other error ends the transaction (the caller aborts or restarts).
 fn send_waiting<K: rdkafka::message::ToBytes + ?Sized, P: rdkafka::message::ToBytes + ?Sized>(
     producer: &ThreadedProducer<DefaultProducerContext>,
-    mut record: BaseRecord<'_, K, P>,
+    record: BaseRecord<'_, K, P>,
 ) -> Result<(), KafkaError> {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                record = r;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err((e, _)) => return Err(e),
-        }
-    }
+    produce::queue_blocking(producer, record, None).map_err(|e| e.error)
 }
 
 /// Send the merged records of the transaction, keyed by pool (the signals topic's key). A full

@@ -307,3 +307,245 @@ async fn a_skewed_gateway_and_a_backlog_lose_no_call_and_bad_input_is_dead_lette
     assert_eq!(metric(port, "vitals_merger_invalid_total").await, Some(1.0));
     assert_eq!(metric(port, "vitals_merger_undecodable_total").await, Some(1.0));
 }
+
+/// SplitMix64: a schedule from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
+
+/// One merger of the liveness test: its process (None while killed), its port, and whether it
+/// is stopped (SIGSTOP) until a time.
+struct Slot {
+    service: Option<Service>,
+    port: u16,
+    stopped_until: Option<Instant>,
+}
+
+/// Liveness of the merge stage, generatively: three mergers of one group (each its own
+/// transactional id) under a steady load from eight gateways, while a seeded schedule kills
+/// them (SIGKILL), stops them (SIGSTOP for up to 12 s: past the session and transaction
+/// timeouts, so that a stopped merger comes back fenced) and starts them again. After each
+/// step that leaves a merger running, the committed output grows (some merger makes progress);
+/// no merger exits by itself; and at the end every call the gateways sent is on the signals
+/// topic exactly once. `VITALS_GEN_SEED=N` replays a schedule; `VITALS_GEN_STEPS` (default 10)
+/// sets its length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mergers_killed_stopped_and_restarted_at_random_lose_no_call_and_one_always_progresses() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::{Arc, Mutex};
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let seed = env("VITALS_GEN_SEED").unwrap_or_else(|| vitals_testkit_now() as u64 % 1_000_000_000);
+    let steps = env("VITALS_GEN_STEPS").unwrap_or(10);
+    eprintln!("[merger liveness] seed {seed} (replay: VITALS_GEN_SEED={seed})");
+    let mut rng = Rng(seed);
+    let input = Topics::create(&unique("live_in"), 4, Stamp::LogAppendTime).await;
+    let output = Topics::create(&unique("live_out"), 2, Stamp::LogAppendTime).await;
+    let (group, txn) = (unique("merger"), unique("merger_txn"));
+    let start = |k: usize, port: u16| merger(&input.signals, &output, &group, &format!("{txn}-{k}"), port);
+    let mut slots: Vec<Slot> = (0..3)
+        .map(|k| {
+            let port = free_port();
+            Slot {
+                service: Some(start(k, port)),
+                port,
+                stopped_until: None,
+            }
+        })
+        .collect();
+    for s in &slots {
+        let port = s.port;
+        wait_until("a merger ready", Duration::from_secs(60), || async move {
+            http_get(port, "/readyz").await.is_some_and(|b| b.contains("ready"))
+        })
+        .await;
+    }
+
+    // The fleet: calls to six endpoints every 50 ms until told to stop, counted as sent.
+    let sent: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let stop_load = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (sent, stop_load, topic) = (sent.clone(), stop_load.clone(), input.signals.clone());
+        std::thread::spawn(move || {
+            let gateways: Vec<_> = (0..GATEWAYS).map(|_| reporter(&topic)).collect();
+            let mut n = 0u64;
+            while !stop_load.load(Relaxed) {
+                for (g, r) in gateways.iter().enumerate() {
+                    for ep in ["a", "b", "c", "d", "e", "f"] {
+                        n += 1;
+                        let class = match (ep, n % 7) {
+                            ("b", 0) | ("c", _) => OutcomeClass::ServerError,
+                            _ => OutcomeClass::Success,
+                        };
+                        let call = CallOutcome {
+                            latency_us: 30_000,
+                            ..CallOutcome::new(
+                                format!("g{g}-{n}"),
+                                "pool",
+                                ep,
+                                format!("gw-{g}"),
+                                vitals_testkit_now(),
+                                class,
+                            )
+                        };
+                        r.report(call);
+                        *sent.lock().unwrap().entry(ep.to_owned()).or_default() += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            for r in gateways {
+                let c = r.counters();
+                assert!(r.close(Duration::from_secs(30)), "the reporter delivered everything");
+                assert_eq!(
+                    c.dropped_queue_full + c.dropped_producer_full + c.dropped_invalid + c.delivery_failed,
+                    0,
+                    "{c:?}"
+                );
+            }
+        })
+    };
+    // The signals topic as the processor reads it (committed only), counted as it comes.
+    let out_calls = Arc::new(AtomicU64::new(0));
+    let seen: Arc<Mutex<HashMap<String, Seen>>> = Arc::default();
+    let reader = {
+        let (out_calls, seen, topic) = (out_calls.clone(), seen.clone(), output.signals.clone());
+        tokio::spawn(async move {
+            let c: StreamConsumer = consumer(&unique("reader"));
+            c.subscribe(&[&topic]).expect("subscribe");
+            loop {
+                let m = c.recv().await.expect("reading the signals topic");
+                let sig = decode_signal(m.payload().expect("a payload")).expect("a signal");
+                out_calls.fetch_add(super_calls(&sig), Relaxed);
+                tally(&mut seen.lock().unwrap(), &sig);
+            }
+        })
+    };
+
+    let (mut kills, mut stops, mut starts) = (0, 0, 0);
+    for step in 0..steps {
+        tokio::time::sleep(Duration::from_millis(1_000 + rng.below(2_500))).await;
+        let now = Instant::now();
+        // Stopped mergers whose time is up go on.
+        for s in slots.iter_mut() {
+            if s.stopped_until.is_some_and(|t| t <= now) {
+                s.service.as_ref().unwrap().signal("-CONT");
+                s.stopped_until = None;
+            }
+        }
+        let k = rng.below(3) as usize;
+        let action = match (&slots[k].service, slots[k].stopped_until) {
+            (None, _) => {
+                slots[k].port = free_port();
+                slots[k].service = Some(start(k, slots[k].port));
+                starts += 1;
+                "started"
+            }
+            (Some(_), Some(_)) => "left stopped",
+            (Some(s), None) if rng.below(2) == 0 => {
+                s.signal("-STOP");
+                slots[k].stopped_until = Some(now + Duration::from_millis(1_000 + rng.below(11_000)));
+                stops += 1;
+                "stopped"
+            }
+            (Some(_), None) => {
+                slots[k].service.take().unwrap().kill9();
+                kills += 1;
+                "killed"
+            }
+        };
+        // No merger exits by itself, fenced or not.
+        for (i, s) in slots.iter_mut().enumerate() {
+            if let Some(svc) = s.service.as_mut() {
+                if let Ok(Some(status)) = svc.child.try_wait() {
+                    let log = std::fs::read_to_string(&svc.log).unwrap_or_default();
+                    panic!("seed {seed}: merger {i} exited by itself ({status}):\n{log}");
+                }
+            }
+        }
+        let running = slots
+            .iter()
+            .filter(|s| s.service.is_some() && s.stopped_until.is_none())
+            .count();
+        eprintln!("[merger liveness] step {step}: merger {k} {action}; {running} running");
+        if running > 0 {
+            let before = out_calls.load(Relaxed);
+            let out_calls = out_calls.clone();
+            wait_until(
+                &format!("seed {seed}, step {step}: the committed output to grow with {running} merger(s) running"),
+                Duration::from_secs(90),
+                || {
+                    let out_calls = out_calls.clone();
+                    async move { out_calls.load(Relaxed) > before }
+                },
+            )
+            .await;
+        }
+    }
+    // Everyone back, the load ends, and every call is there once.
+    for (k, s) in slots.iter_mut().enumerate() {
+        if s.stopped_until.take().is_some() {
+            s.service.as_ref().unwrap().signal("-CONT");
+        }
+        if s.service.is_none() {
+            s.port = free_port();
+            s.service = Some(start(k, s.port));
+        }
+    }
+    stop_load.store(true, Relaxed);
+    tokio::task::spawn_blocking(move || load.join().expect("the load ran"))
+        .await
+        .unwrap();
+    let want = sent.lock().unwrap().clone();
+    let total: u64 = want.values().sum();
+    wait_until(
+        &format!("seed {seed}: every call sent on the signals topic"),
+        Duration::from_secs(120),
+        || {
+            let out_calls = out_calls.clone();
+            async move { out_calls.load(Relaxed) >= total }
+        },
+    )
+    .await;
+    // Quiet for 3 s: a call written twice would come now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    reader.abort();
+    let calls: HashMap<String, u64> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(ep, s)| (ep.clone(), s.calls))
+        .collect();
+    for (ep, n) in &want {
+        assert_eq!(
+            calls[ep], *n,
+            "seed {seed}: {ep} ({kills} kills, {stops} stops, {starts} starts)"
+        );
+    }
+    let restarts: f64 = {
+        let mut sum = 0.0;
+        for s in &slots {
+            sum += metric(s.port, "vitals_merger_restarts_total").await.unwrap_or(0.0);
+        }
+        sum
+    };
+    eprintln!(
+        "[merger liveness] seed {seed}: {total} calls in = out over {steps} steps ({kills} kills, {stops} stops, {starts} starts; the last mergers started over {restarts} times)"
+    );
+}
+
+/// Calls a record on the signals topic stands for.
+fn super_calls(sig: &Signal) -> u64 {
+    match sig {
+        Signal::Call(_) => 1,
+        Signal::Summary(s) => s.calls.total() as u64,
+        _ => 0,
+    }
+}

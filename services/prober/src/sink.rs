@@ -5,6 +5,7 @@ use crate::metrics::Metrics;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::sync::Arc;
 use vitals_contracts::{encode, ProbeResult};
+use vitals_runtime::produce;
 
 pub trait Sink: Send + Sync + 'static {
     fn publish(&self, result: ProbeResult);
@@ -29,28 +30,24 @@ impl Sink for KafkaSink {
             }
         };
         let record = FutureRecord::to(&self.topic).key(r.pool.as_bytes()).payload(&bytes);
-        match self.producer.send_result(record) {
+        match produce::try_queue(&self.producer, record) {
             Ok(delivery) => {
                 let metrics = self.metrics.clone();
                 metrics.deliveries.queued();
                 tokio::spawn(async move {
-                    match delivery.await {
-                        Ok(Ok(_)) => {
+                    match produce::delivered(delivery).await {
+                        Ok(_) => {
                             metrics.published.inc();
                             metrics.deliveries.delivered();
                         }
-                        Ok(Err((e, _))) => {
+                        Err(e) => {
                             metrics.publish_failed.inc();
                             metrics.deliveries.failed(&e);
-                        }
-                        Err(_) => {
-                            metrics.publish_failed.inc();
-                            metrics.deliveries.failed(&"the delivery was cancelled");
                         }
                     }
                 });
             }
-            Err((e, _)) => {
+            Err(e) => {
                 tracing::warn!(error = %e, "probe result not queued");
                 self.metrics.publish_failed.inc();
             }

@@ -85,6 +85,12 @@ pub struct Config {
     /// clock an hour on. Without this flag the processor refuses such a topic at start.
     #[arg(long, env = "VITALS_ACCEPT_CREATE_TIME", default_value_t = false, action = clap::ArgAction::Set)]
     pub accept_create_time: bool,
+    /// With `--accept-create-time`: a record stamped more than this many seconds ahead of its
+    /// partition's time is dead-lettered (`stamped_ahead`, counted in
+    /// `vitals_processor_stamped_ahead_total`) instead of moving the partition's clock on, unless
+    /// ten records in a row are (the time did move: every producer agrees). 0: no bound.
+    #[arg(long, env = "VITALS_CREATE_TIME_MAX_AHEAD_SECS", default_value_t = 300)]
+    pub create_time_max_ahead_secs: u64,
     /// Pools one signals partition holds at most (each ~2.4 KB of engine memory with a few
     /// endpoints, a snapshot entry and rows): a signal of a new pool beyond them is dead-lettered
     /// (`too_many_pools`, counted in `vitals_processor_pools_refused_total`). A partition's pools
@@ -109,6 +115,7 @@ impl std::fmt::Debug for Config {
             .field("http_addr", &self.http_addr)
             .field("lanes", &self.lanes)
             .field("accept_create_time", &self.accept_create_time)
+            .field("create_time_max_ahead_secs", &self.create_time_max_ahead_secs)
             .field("max_pools_per_partition", &self.max_pools_per_partition)
             .finish_non_exhaustive()
     }
@@ -123,6 +130,13 @@ pub const MAX_LANES: usize = 64;
 pub struct ConfigError(String);
 
 impl Config {
+    /// How far ahead of its partition's time a record may be stamped: bounded on a topic its
+    /// producers stamp (`--accept-create-time`), not on one the broker stamps.
+    pub fn max_ahead(&self) -> Option<vitals_contracts::Micros> {
+        (self.accept_create_time && self.create_time_max_ahead_secs > 0)
+            .then(|| i64::try_from(self.create_time_max_ahead_secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX))
+    }
+
     /// Cross-field checks, with a message that says what to change.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |m: String| Err(ConfigError(m));

@@ -182,7 +182,7 @@ impl Processor {
                 feed = self.feed.recv() => {
                     self.recv_time += waiting.elapsed();
                     match feed.ok_or(LoopError::Receiver)? {
-                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch, self.cfg.max_pools_per_partition),
+                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch, self.cfg.max_pools_per_partition, self.cfg.max_ahead()),
                         Feed::Records(chunk) => self.step_chunk(&chunk, linger.as_mut()).await?,
                     }
                 }
@@ -338,6 +338,7 @@ fn apply_rebalance(
     partitions: &mut HashMap<i32, Partition>,
     batch: &mut BatchWrite,
     max_pools: usize,
+    max_ahead: Option<vitals_contracts::Micros>,
 ) {
     for e in events {
         match e {
@@ -353,7 +354,8 @@ fn apply_rebalance(
                         p,
                         Partition::new(p, r.epoch, r.engine, r.start_offset, r.committed_offset)
                             .counting_from(r.requests_offset)
-                            .with_max_pools(max_pools),
+                            .with_max_pools(max_pools)
+                            .with_max_ahead(max_ahead),
                     );
                 }
             }

@@ -10,6 +10,11 @@ pub struct Metrics {
     pub dead_lettered: Counter,
     pub pools_refused: Counter,
     pub repeats: Counter,
+    pub stamped_ahead: Counter,
+    /// Calls set aside as late (the engine's late rule).
+    pub late: Counter,
+    /// Reporters whose clocks a pool named off: their offset in seconds (positive: behind).
+    pub clock_offsets: Family<Labels, Gauge>,
     pub transitions: Counter,
     pub pool_events: Counter,
     pub batches: Counter,
@@ -68,6 +73,22 @@ impl Default for Metrics {
             "vitals_processor_repeats",
             "Reports passed over because their pool applied one with the same id in the last five minutes (a retried export, a batch sent again).",
         );
+        let stamped_ahead = counter(
+            &mut r,
+            "vitals_processor_stamped_ahead",
+            "Records dead-lettered because they were stamped more than --create-time-max-ahead-secs ahead of their partition's time (a topic stamped by its producers).",
+        );
+        let late = counter(
+            &mut r,
+            "vitals_processor_late",
+            "Calls set aside as late: reported later than the pool's window after their reporter's clock offset, successes and failures alike.",
+        );
+        let clock_offsets = Family::<Labels, Gauge>::default();
+        r.register(
+            "vitals_processor_reporter_clock_offset_seconds",
+            "Reporters whose clocks a pool named off, by pool and reporter (gateway=g1, prober=p1): how far behind stream time (negative: ahead); their reports are shifted by it. Gone when the clock is in time again.",
+            clock_offsets.clone(),
+        );
         let transitions = counter(&mut r, "vitals_processor_transitions", "Endpoint transitions recorded.");
         let pool_events = counter(&mut r, "vitals_processor_pool_events", "Pool decisions recorded.");
         let batches = counter(&mut r, "vitals_processor_batches", "Batches committed to Postgres.");
@@ -122,7 +143,7 @@ impl Default for Metrics {
         let outbox_backlog = gauge(
             &mut r,
             "vitals_processor_outbox_backlog",
-            "Outbox rows not yet published.",
+            "Outbox rows not yet published, about (the span of their ids, every 5 s: an upper bound).",
         );
         let assigned = gauge(
             &mut r,
@@ -161,6 +182,9 @@ impl Default for Metrics {
             dead_lettered,
             pools_refused,
             repeats,
+            stamped_ahead,
+            late,
+            clock_offsets,
             transitions,
             pool_events,
             batches,

@@ -17,7 +17,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::Policy;
-use vitals_store::audit::{AuditLog, Restored};
+use vitals_engine::Engine;
+use vitals_pipeline::PolicyInForce;
+use vitals_store::audit::AuditLog;
+use vitals_store::StoreError;
 
 /// Why assigned partitions are not being consumed, for `/readyz` and the metrics: partitions
 /// whose restore failed with an error retrying cannot fix (left unconsumed, the rest go on), and
@@ -75,6 +78,66 @@ impl RestoreStatus {
             lane,
         }
     }
+}
+
+/// Where a partition resumes: its engine and the offset to read from.
+pub(crate) struct Restored {
+    pub engine: Engine,
+    /// First offset to read: the snapshot's, or None for the beginning of the partition.
+    pub start_offset: Option<i64>,
+    /// First offset not yet in the database (records between start and this are replayed,
+    /// and every write of the replay is a no-op).
+    pub committed_offset: Option<i64>,
+    pub epoch: i64,
+    pub pools: usize,
+    /// The first offset whose calls are not counted in the request rollups yet.
+    pub requests_offset: i64,
+}
+
+/// Claim a partition and restore its engine from the stored snapshot (a snapshot the engine
+/// cannot read is [`StoreError::Snapshot`], which retrying cannot fix).
+async fn restore(db: &AuditLog, partition: i32, default_policy: &Policy) -> Result<Restored, StoreError> {
+    let claimed = db.claim_partition(partition).await?;
+    let (engine, start_offset, pools) = match claimed.snapshot {
+        None => (Engine::new(default_policy.clone()), None, 0),
+        Some(s) => {
+            let engine =
+                Engine::from_snapshot(default_policy.clone(), s.stream_time, s.pools.iter().map(Vec::as_slice))
+                    .map_err(|e| StoreError::Snapshot {
+                        partition,
+                        message: e.to_string(),
+                    })?;
+            let lossy = engine.lossy_restores();
+            if lossy > 0 {
+                tracing::warn!(
+                    partition,
+                    endpoints = lossy,
+                    "restored endpoints whose stored flags their phase cannot hold (an older build's leftovers); dropped"
+                );
+            }
+            (engine, Some(s.offset), s.pools.len())
+        }
+    };
+    // Pools whose policy changed before `pool_policies` existed get their row now.
+    let changed: Vec<PolicyInForce> = engine
+        .pools()
+        .filter(|p| p.policy().version > 0)
+        .map(|p| PolicyInForce {
+            pool: p.name().to_owned(),
+            policy: p.policy().clone(),
+            stream_time: engine.now(),
+            partition,
+        })
+        .collect();
+    db.record_policies(&changed).await?;
+    Ok(Restored {
+        engine,
+        start_offset,
+        committed_offset: claimed.committed_offset,
+        epoch: claimed.epoch,
+        pools,
+        requests_offset: claimed.requests_offset,
+    })
 }
 
 /// What the rebalance callback hands to the loop.
@@ -206,7 +269,7 @@ impl ProcessorContext {
         for &p in partitions {
             let mut backoff = Duration::from_millis(100);
             loop {
-                match self.db.claim_partition(p, &self.policy).await {
+                match restore(&self.db, p, &self.policy).await {
                     Err(e) if !e.is_retryable() => {
                         tracing::error!(
                             partition = p,

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use vitals_runtime::produce;
 use vitals_store::outbox;
 
 /// How long a lease lasts without renewal, and how often the holder renews it.
@@ -171,25 +172,18 @@ impl Relay {
                 record = record.key(k);
             }
             // Queue them all, then wait: the producer batches, and order per partition holds.
-            let delivery = loop {
-                match self.producer.send_result(record) {
-                    Ok(d) => break d,
-                    Err((e, r)) => {
-                        tracing::debug!(error = %e, "producer queue full; waiting");
-                        record = r;
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            };
-            deliveries.push(delivery);
+            // A full queue is waited on; any other error ends the round (retried after a pause:
+            // a row the broker refuses as such is named, not spun on).
+            let delivery = produce::queue(&self.producer, record, None)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot publish outbox row {id} to {topic}: {e}"))?;
+            deliveries.push((id, delivery));
             ids.push(id);
         }
-        for d in deliveries {
-            match d.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => anyhow::bail!("publish failed: {e}"),
-                Err(_) => anyhow::bail!("publish cancelled"),
-            }
+        for (id, d) in deliveries {
+            produce::delivered(d)
+                .await
+                .map_err(|e| anyhow::anyhow!("outbox row {id} not delivered: {e}"))?;
         }
         let deleting = std::time::Instant::now();
         self.metrics.spent("relay_publish", deleting - publishing);

@@ -8,6 +8,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use vitals_contracts::{encode, Tick};
+use vitals_runtime::produce;
 
 pub async fn run(
     producer: FutureProducer,
@@ -51,7 +52,7 @@ pub async fn run(
         };
         for p in 0..partitions {
             let record: FutureRecord<'_, (), [u8]> = FutureRecord::to(&topic).partition(p).payload(&payload);
-            if let Err((e, _)) = producer.send_result(record) {
+            if let Err(e) = produce::try_queue(&producer, record) {
                 tracing::debug!(error = %e, partition = p, "tick not queued");
             }
         }

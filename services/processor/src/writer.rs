@@ -90,6 +90,28 @@ impl Writer {
         m.dead_lettered.inc_by(batch.dead_lettered);
         m.pools_refused.inc_by(batch.pools_refused);
         m.repeats.inc_by(batch.repeats);
+        m.late.inc_by(batch.late);
+        m.stamped_ahead.inc_by(batch.stamped_ahead);
+        for (pool, change) in &batch.clocks {
+            match change {
+                vitals_engine::ClockChange::Off { reporter, offset } => {
+                    tracing::warn!(pool, reporter, offset_s = offset / 1_000_000, "{}", change.reason());
+                    let labels = vec![("pool", pool.clone()), ("reporter", reporter.clone())];
+                    m.clock_offsets.get_or_create(&labels).set(offset / 1_000_000);
+                }
+                vitals_engine::ClockChange::Back { reporter } => {
+                    tracing::info!(pool, reporter, "{}", change.reason());
+                    m.clock_offsets
+                        .remove(&vec![("pool", pool.clone()), ("reporter", reporter.clone())]);
+                }
+            }
+        }
+        if batch.encode_failures > 0 {
+            tracing::error!(
+                events = batch.encode_failures,
+                "events could not be encoded (a bug); dead-lettered as JSON with the error instead"
+            );
+        }
         m.encode_failures.inc_by(batch.encode_failures);
         m.transitions.inc_by(batch.transitions.len() as u64);
         m.pool_events.inc_by(batch.pool_events.len() as u64);

@@ -2,7 +2,8 @@
 //! of *valid* input and operator actions — calls, summaries, probes, heartbeats and their
 //! silence, ticks, policy changes (several per pool back to back, in one batch and across
 //! batches), overrides, new endpoints up to and past a pool's `max_endpoints`, stream time
-//! crossing a month boundary with a retention that no longer keeps the first month — driven
+//! crossing a month boundary with a retention that no longer keeps the first month, gateways
+//! whose clocks are behind or ahead and reports up to two minutes late — driven
 //! through the real processor binary, the real broker and Postgres while the processors are
 //! restarted, killed with SIGKILL at random points, joined by a second one and left (rebalances),
 //! stopped while input arrives, and run with batch and snapshot limits forced small or large and
@@ -39,6 +40,10 @@ use vitals_store::months::{month_of, month_start, Retention};
 /// - 143949778: calls counted twice or lost across restarts under a first design of the request
 ///   rollups (written per batch from the committed offset, replays not counted).
 const REGRESSIONS: &[u64] = &[420_719_298, 143_949_778];
+
+/// Pool events of the run's cases that named a gateway's clock off or back (the generator's
+/// skewed gateways must have been seen).
+static CLOCKS_NAMED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -123,6 +128,12 @@ struct Gen {
     /// Lines so far per partition (simulate numbers its lines from 1; ids follow them).
     lines: BTreeMap<i32, u64>,
     ids: u64,
+    /// Gateways and how far their clocks are off (ms; positive: ahead): one in time, one behind
+    /// and one ahead by the case's amounts, so that pools name and shift them.
+    gateways: Vec<(String, i64)>,
+    /// The gateways' own randomness (drawn apart, so that a kept seed's other records are as
+    /// they were when it was kept).
+    clock_rng: Rng,
 }
 
 impl Gen {
@@ -159,6 +170,19 @@ impl Gen {
     fn target(&self, pool: usize, ep: usize) -> (String, i32, Mode) {
         let p = &self.pools[pool];
         (p.name.clone(), p.partition, p.modes[ep])
+    }
+
+    /// Who reports a call or summary ending now, and its stamp by that gateway's clock: a
+    /// gateway whose clock is off, and one report in twenty late by 31 s to two minutes (a
+    /// backlog), which the engine sets aside whatever its outcome.
+    fn reporter(&mut self) -> (String, Micros) {
+        let (name, off_ms) = self.clock_rng.pick(&self.gateways).clone();
+        let late_ms = if self.clock_rng.pct(5) {
+            31_000 + self.clock_rng.below(90_000) as i64
+        } else {
+            0
+        };
+        (name, (self.ts_ms + off_ms - late_ms) * 1000)
     }
 
     fn id(&mut self, prefix: &str) -> String {
@@ -201,11 +225,19 @@ impl Gen {
             Mode::RateLimited => (OutcomeClass::Success, 50, Some(200)),
         };
         let id = self.id("c");
+        let (gateway, ended_us) = self.reporter();
         let call = CallOutcome {
             latency_us: latency_ms * 1000,
             ttft_us: ttft_ms.map(|t| t * 1000),
             retry_after_ms: (class == OutcomeClass::RateLimited && roll.is_multiple_of(2)).then_some(2_000),
-            ..CallOutcome::new(id, &name, format!("e{ep}"), "gw-gen", self.ts_ms * 1000, class)
+            ..CallOutcome::new(
+                id,
+                &name,
+                format!("e{ep}"),
+                gateway,
+                ended_us - latency_ms * 1000,
+                class,
+            )
         };
         let mut line = serde_json::to_value(CallItem::from(call.clone())).unwrap();
         line["type"] = json!("call");
@@ -215,8 +247,8 @@ impl Gen {
     fn summary(&mut self, pool: usize, ep: usize, out: &mut Vec<Rec>) {
         let (name, partition, mode) = self.target(pool, ep);
         let id = self.id("s");
-        let end_us = self.ts_ms * 1000;
-        let mut s = CallSummary::new(id, &name, &format!("e{ep}"), "gw-gen", end_us);
+        let (gateway, end_us) = self.reporter();
+        let mut s = CallSummary::new(id, &name, &format!("e{ep}"), &gateway, end_us);
         for i in 0..2 + self.rng.below(40) as i64 {
             let class = match mode {
                 Mode::Failing if self.rng.pct(70) => OutcomeClass::ServerError,
@@ -233,7 +265,7 @@ impl Gen {
                     format!("sc{i}"),
                     &name,
                     format!("e{ep}"),
-                    "gw-gen",
+                    gateway.clone(),
                     end_us - latency_us - 250_000 + i * 1_000,
                     class,
                 )
@@ -410,7 +442,14 @@ fn case(seed: u64, records: usize) -> Case {
         next_tick_ms: base_ms,
         lines: BTreeMap::new(),
         ids: 0,
+        gateways: Vec::new(),
+        clock_rng: Rng(seed ^ 0xC10C),
     };
+    g.gateways = vec![
+        ("gw-gen".to_owned(), 0),
+        ("gw-behind".to_owned(), -(15_000 + g.clock_rng.below(105_000) as i64)),
+        ("gw-ahead".to_owned(), 5_000 + g.clock_rng.below(35_000) as i64),
+    ];
     let n_phases = 3 + g.rng.below(5) as usize;
     let mut phases = Vec::new();
     for _ in 0..n_phases {
@@ -871,13 +910,22 @@ async fn run_case(case: &Case) -> (usize, u32, u32) {
     fleet.stop(1, false);
     fleet.stop(0, false);
     db.drop_schema().await;
+    let reason_has = |kind: &str, text: &str| {
+        decided
+            .iter()
+            .filter(|d| d["kind"] == kind && d["reason"].as_str().is_some_and(|r| r.contains(text)))
+            .count()
+    };
     eprintln!(
-        "[generative] seed {}: {} transitions and {} pool events decided, {} of them in the audit log (the rest older than the retention)",
+        "[generative] seed {}: {} transitions and {} pool events decided, {} of them in the audit log (the rest older than the retention); {} pool events name a clock off, {} transitions name late reports set aside",
         case.seed,
         want_e.len(),
         want_p.len(),
-        got_endpoints.len() + got_pools.len()
+        got_endpoints.len() + got_pools.len(),
+        reason_has("pool", "'s clock is"),
+        reason_has("endpoint", "late reports set aside"),
     );
+    CLOCKS_NAMED.fetch_add(reason_has("pool", "'s clock is"), std::sync::atomic::Ordering::Relaxed);
     (produced as usize, fleet.starts, fleet.kills)
 }
 
@@ -927,4 +975,8 @@ async fn no_sequence_of_valid_input_and_operator_actions_stops_the_processor_or_
         started.elapsed().as_secs_f64()
     );
     assert!(cases > 0, "ran no case");
+    assert!(
+        CLOCKS_NAMED.load(std::sync::atomic::Ordering::Relaxed) > 0 || records < 500,
+        "no case named a skewed gateway's clock: the generator's clocks are not exercised"
+    );
 }

@@ -296,7 +296,8 @@ async fn a_relay_that_lost_its_lease_cannot_renew_it_before_a_publish_round() {
 /// A signals topic that stamps records with their producers' clocks (CreateTime, a topic made
 /// by hand or by another tool): one record stamped 55 minutes ahead froze its partition's clock
 /// for 55 minutes. The processor refuses it at start, naming the setting and both ways out;
-/// `--accept-create-time true` runs on it as the tests that control stream time do.
+/// `--accept-create-time true` runs on it as the tests that control stream time do, and then
+/// dead-letters a record stamped beyond `--create-time-max-ahead-secs` (300) of the partition's time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signals_topic_stamped_by_its_producers_is_refused_unless_accepted() {
     let name = unique("createtime");
@@ -313,12 +314,42 @@ async fn a_signals_topic_stamped_by_its_producers_is_refused_unless_accepted() {
         )) && log.contains("--accept-create-time"),
         "{log}"
     );
-    // Accepted: it runs and decides on what the topic holds.
-    let inputs = workload(2, 300, 1, 5);
+    // Accepted: it runs and decides on what the topic holds, and a tick stamped 55 minutes
+    // ahead of the partition's time is dead-lettered instead of moving its clock on.
+    let mut inputs = workload(2, 300, 1, 5);
+    let last = inputs.iter().map(|i| i.ts_ms).max().unwrap();
+    let ahead = last + 55 * 60_000;
+    inputs.extend(ticks(ahead, 1));
+    inputs.extend(ticks(last + 1_000, 1));
     produce(&topics.signals, &inputs).await;
-    let _p = start_processor(&topics, &name, &name, &["--accept-create-time", "true"]);
+    let (_p, port) = start_serving(&topics, &name, &name, &["--accept-create-time", "true"]);
     let db = Db::connect(&name).await;
-    wait_until("the records consumed", LONG, || async { db.consumed(&name).await > 0 }).await;
+    let total = inputs.len() as i64;
+    wait_until("every record consumed", LONG, || async {
+        db.consumed(&name).await >= total
+    })
+    .await;
+    assert_eq!(metric(port, "vitals_processor_stamped_ahead_total").await, Some(1.0));
+    let dead = read_n(&topics.dlq, 1, LONG).await;
+    assert_eq!(header(&dead[0], "vitals-error-code").as_deref(), Some("stamped_ahead"));
+    assert!(
+        header(&dead[0], "vitals-error")
+            .unwrap()
+            .contains("stamped 3300 s ahead"),
+        "{:?}",
+        header(&dead[0], "vitals-error")
+    );
+    // The partition's time is the last tick's in time, not the far one's.
+    let (snapshot_time,): (i64,) =
+        sqlx::query_as("SELECT coalesce(max((extract(epoch FROM stream_time) * 1000)::int8), 0) FROM transitions")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        snapshot_time <= last + 1_000,
+        "no decision stamped in the future: {snapshot_time} > {}",
+        last + 1_000
+    );
     db.drop_schema().await;
 }
 

@@ -763,6 +763,64 @@ async fn a_policy_change_is_the_pools_policy_in_force_and_is_restored_for_pools_
     db.drop_schema().await;
 }
 
+/// Whatever order batches arrive in across months, and however often the writer restarts or
+/// forgets, every month a batch wrote to exists with the month after it (generated: the months'
+/// order was where a bug hid, when a month first made as the one ahead later got rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_month_written_to_has_the_month_after_it_whatever_the_order() {
+    use vitals_store::months::{month_of, month_start, Months, Retention};
+    let name = unique("month-order");
+    let pool = vitals_testkit::migrated_schema(&name).await;
+    let base = month_of(1_796_083_200_000_000); // December 2026
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let tables = |pool: sqlx::PgPool| async move {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'transitions'::regclass",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        names
+    };
+    let table = |m: i64| format!("transitions_{}", month_start(m).format("y%Ym%m"));
+    let mut writer = Months::new(Retention::default());
+    let mut written = std::collections::BTreeSet::new();
+    for round in 0..60 {
+        match next() % 10 {
+            0 => writer = Months::new(Retention::default()),
+            1 => writer.forget(),
+            _ => {}
+        }
+        // A batch: one to three stream times within eight months of December 2026.
+        let times: Vec<i64> = (0..1 + next() % 3)
+            .map(|_| {
+                let m = base + (next() % 8) as i64;
+                month_start(m).timestamp_micros() + (next() % 86_400_000_000) as i64
+            })
+            .collect();
+        writer.ensure(&pool, times.iter().copied()).await.unwrap();
+        written.extend(times.iter().map(|&t| month_of(t)));
+        let have = tables(pool.clone()).await;
+        for &m in &written {
+            for want in [table(m), table(m + 1)] {
+                assert!(
+                    have.contains(&want),
+                    "round {round}: {want} missing after writing to {:?}; tables {have:?}",
+                    written.iter().map(|&m| table(m)).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+    vitals_testkit::drop_schema(&pool, &name).await;
+}
+
 /// The audit log is partitioned by month of stream time (migration 0011): the migration moves
 /// the rows already there, a batch creates the months it writes to (and the next one ahead),
 /// and retention drops whole months that ended before it.

@@ -558,6 +558,15 @@ pub struct Evidence {
     pub consecutive_hard_failures: i32,
     pub isolations: i32,
     pub thresholds: Vec<String>,
+    /// Reports of the endpoint set aside as late in this window and the last (whatever their
+    /// outcome: a call later than the window, after its reporter's clock offset). In the audit
+    /// log and the API; the event on the changes topic says it in its reason.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub late: i64,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 impl Evidence {

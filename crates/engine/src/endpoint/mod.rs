@@ -5,7 +5,8 @@ mod phase;
 mod stored;
 
 use crate::window::{counts_as_failure, Rate, Totals, Window};
-use phase::{Isolation, Phase, Probation, SlowStart};
+use phase::{Cooldown, Isolation, Phase, Probation, SlowStart};
+pub(crate) use phase::{Hold, InRotation};
 use serde::{Deserialize, Serialize};
 use vitals_contracts::hash::Fnv64;
 use vitals_contracts::{Evidence, HealthState, Micros, OutcomeClass, OverrideAction, Policy};
@@ -107,7 +108,8 @@ impl Dimension {
     }
 }
 
-/// A state an endpoint enters, with what entering it takes ([`Tracker::enter`]).
+/// A state an endpoint enters, with what entering it takes ([`Tracker::enter`]): what a rule
+/// decides, typed, so that the state follows from it ([`Entry::state`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Entry {
     /// Ejected: a new isolation (longer for a flapping endpoint), for what it is out for (None:
@@ -118,18 +120,28 @@ pub(crate) enum Entry {
     TrialFailed(Fnv64),
     /// 429s: a cooldown of this many ms, no backoff.
     Cooldown(i64),
-    /// Out by an operator: forced unhealthy, or maintenance.
-    Operator(HealthState),
+    /// Held by an operator.
+    Operator(Hold),
     /// Back in rotation: readmitted at slow-start weight (or a cooldown over), or on probation
     /// (at the probation weight, held: real calls decide).
     Recovering { probation: bool },
     /// On probation still: its weight starts to grow (true), or falls back to the probation
     /// weight and is held again (false). The count of passes goes on.
     Probation { growing: bool },
-    /// Healthy: nothing of an isolation is left.
-    Healthy,
-    /// Suspect or degraded: still in rotation, nothing reset.
-    InRotation(HealthState),
+    /// In rotation: nothing of an isolation is left.
+    InRotation(InRotation),
+}
+
+impl Entry {
+    /// The state the entry publishes.
+    pub fn state(&self) -> HealthState {
+        match self {
+            Entry::Eject(_) | Entry::TrialFailed(_) | Entry::Cooldown(_) => HealthState::Unhealthy,
+            Entry::Operator(h) => h.state(),
+            Entry::Recovering { .. } | Entry::Probation { .. } => HealthState::Recovering,
+            Entry::InRotation(s) => s.state(),
+        }
+    }
 }
 
 /// What [`Tracker::enter`] recorded, for the decision the pool publishes.
@@ -186,8 +198,8 @@ fn jitter(key: Fnv64, isolations: u32, attempt: u16, base: i64) -> i64 {
 }
 
 /// One endpoint's state. Its stored form (the `stored` module's, version 1) is not its fields:
-/// they may change, the bytes in a snapshot may not.
-#[derive(Debug, Clone, PartialEq)]
+/// they may change, the bytes in a snapshot may not. Equality is the stored form's.
+#[derive(Debug, Clone)]
 pub struct Tracker {
     /// Where it is in its cycle of ejection and readmission, with that phase's data; its
     /// [`HealthState`] follows from it.
@@ -199,33 +211,98 @@ pub struct Tracker {
     score: f64,
     /// When the score last rose above `recover_above`; the deadband's 30 s hold counts from here.
     above_since: Option<Micros>,
-    consecutive_failures: u32,
-    consecutive_successes: u32,
-    consecutive_hard: u32,
+    /// An automatic ejection was refused by the pool's max-ejection rule.
+    eject_refused: bool,
+    /// Failure rate significantly above the peers' (Wilson bounds; set by the pool).
+    failure_outlier: bool,
+    /// First tokens far slower than the peers' (set by the pool).
+    ttft_outlier: bool,
+    /// When the engine first heard of the endpoint: its traffic is counted over no longer.
+    born: Micros,
+    /// The current runs of outcomes in a row.
+    runs: Runs,
+    /// Its ejections and readmissions so far: what makes the next isolation longer and a quick ejection a flap.
+    history: History,
+    /// Heartbeats from its prober.
+    heartbeats: Heartbeats,
+    /// Its latency, and whether it stands out from the peers'.
+    latency: Latency,
+    /// The latest first tokens.
+    ttft: FirstTokens,
+    /// 429s, and the cooldowns they brought.
+    limits: RateLimits,
+    /// Dependencies its probes found down.
+    dependencies: Dependencies,
+    /// The share of a sample the latest outcome was to the score ([`score_share`]), for the
+    /// latency EWMA that the same outcome moves next: working memory, not state.
+    share: Share,
+    /// Restored from a stored form with flags its phase cannot hold (dropped, and counted by the
+    /// engine): working memory, not state.
+    restored_lossy: bool,
+}
+
+/// The current runs of outcomes in a row.
+#[derive(Debug, Clone)]
+struct Runs {
+    failures: u32,
+    successes: u32,
+    hard: u32,
     /// Ids of the current run of failures, newest last, at most [`MAX_TRIGGERS`].
     failure_ids: Vec<String>,
+}
+
+/// Its ejections and readmissions so far: what makes the next isolation longer and a quick ejection a flap.
+#[derive(Debug, Clone)]
+struct History {
     /// Isolations in a row, each ejected soon after a readmission (k + 1 of the 30 s × 2^k
     /// backoff); 1 for a first ejection.
     isolations: u32,
     /// When the current (or last) ejection began: the minimum isolation counts from here.
     last_isolated_at: Option<Micros>,
-    ttft_us: [u32; TTFT_SAMPLES],
-    ttft_len: u8,
-    ttft_pos: u8,
-    latency_ewma_ms: f64,
-    latency_samples: u32,
-    latency_outlier: bool,
-    last_heartbeat: Option<Micros>,
-    heartbeat_interval_ms: Option<i64>,
+    /// When the endpoint was last readmitted: an ejection soon after is a flap.
+    readmitted_at: Option<Micros>,
+    /// The endpoint's traffic when it last left rotation, in calls a day (the most of those of
+    /// an ejection and the re-ejections that followed it): for the run of failures that
+    /// re-ejects it in slow start (see [`noise_run`]), when its own window is empty.
+    traffic_when_out: u64,
+}
+
+/// Heartbeats from its prober.
+#[derive(Debug, Clone)]
+struct Heartbeats {
+    last: Option<Micros>,
+    interval_ms: Option<i64>,
     /// Heartbeats have been silent past the suspect threshold.
-    heartbeat_silent: bool,
-    critical_down: Vec<String>,
-    noncritical_down: Vec<String>,
-    /// An automatic ejection was refused by the pool's max-ejection rule.
-    eject_refused: bool,
-    forced: Option<OverrideAction>,
+    silent: bool,
+}
+
+/// Its latency, and whether it stands out from the peers'.
+#[derive(Debug, Clone)]
+struct Latency {
+    ewma_ms: f64,
+    samples: u32,
+    outlier: bool,
+    /// When the latency outlier flag last cleared (None while flagged, or never flagged): a
+    /// degradation for latency holds for `recover_hold_ms` after it.
+    clear_since: Option<Micros>,
+    /// The peers' median latency (ms) at the last outlier check (0: none yet): a call whose
+    /// EWMA passes `latency_outlier_factor` × it is checked at once, the rest every fourth.
+    median_seen: f64,
+}
+
+/// The latest first tokens.
+#[derive(Debug, Clone)]
+struct FirstTokens {
+    us: [u32; TTFT_SAMPLES],
+    len: u8,
+    pos: u8,
+}
+
+/// 429s, and the cooldowns they brought.
+#[derive(Debug, Clone)]
+struct RateLimits {
     /// 429s in a row.
-    consecutive_rate_limited: u16,
+    consecutive: u16,
     /// Cooldowns in a row, each begun soon after the last: the cooldown doubles with each.
     cooldowns: u16,
     /// When the last cooldown began.
@@ -234,27 +311,13 @@ pub struct Tracker {
     limited_bits: u16,
     /// The latest Retry-After the upstream sent with a 429, in ms.
     retry_after_ms: Option<u32>,
-    /// When the endpoint was last readmitted: an ejection soon after is a flap.
-    readmitted_at: Option<Micros>,
-    /// Failure rate significantly above the peers' (Wilson bounds; set by the pool).
-    failure_outlier: bool,
-    /// First tokens far slower than the peers' (set by the pool).
-    ttft_outlier: bool,
-    /// The endpoint's traffic when it last left rotation, in calls a day (the most of those of
-    /// an ejection and the re-ejections that followed it): for the run of failures that
-    /// re-ejects it in slow start (see [`noise_run`]), when its own window is empty.
-    traffic_when_out: u64,
-    /// When the engine first heard of the endpoint: its traffic is counted over no longer.
-    born: Micros,
-    /// When the latency outlier flag last cleared (None while flagged, or never flagged): a
-    /// degradation for latency holds for `recover_hold_ms` after it.
-    latency_clear_since: Option<Micros>,
-    /// The peers' median latency (ms) at the last outlier check (0: none yet): a call whose
-    /// EWMA passes `latency_outlier_factor` × it is checked at once, the rest every fourth.
-    latency_median_seen: f64,
-    /// The share of a sample the latest outcome was to the score ([`score_share`]), for the
-    /// latency EWMA that the same outcome moves next: working memory, not state.
-    share: Share,
+}
+
+/// Dependencies its probes found down.
+#[derive(Debug, Clone)]
+struct Dependencies {
+    critical_down: Vec<String>,
+    noncritical_down: Vec<String>,
 }
 
 /// A [`Tracker`]'s latest sample share: recomputed with every outcome before it is read, so it
@@ -268,53 +331,61 @@ impl Default for Share {
     }
 }
 
-impl PartialEq for Share {
-    fn eq(&self, _: &Share) -> bool {
-        true
-    }
-}
-
 impl Tracker {
     pub(crate) fn new(now: Micros, policy: &Policy) -> Tracker {
         Tracker {
-            phase: Phase::InRotation(HealthState::Healthy),
+            phase: Phase::InRotation(InRotation::Healthy),
             since: now,
             seq: 0,
             window: Window::new(buckets(policy)),
             score: 100.0,
             above_since: Some(now),
-            consecutive_failures: 0,
-            consecutive_successes: 0,
-            consecutive_hard: 0,
-            failure_ids: Vec::new(),
-            isolations: 0,
-            last_isolated_at: None,
-            ttft_us: [0; TTFT_SAMPLES],
-            ttft_len: 0,
-            ttft_pos: 0,
-            latency_ewma_ms: 0.0,
-            latency_samples: 0,
-            latency_outlier: false,
-            last_heartbeat: None,
-            heartbeat_interval_ms: None,
-            heartbeat_silent: false,
-            critical_down: Vec::new(),
-            noncritical_down: Vec::new(),
             eject_refused: false,
-            forced: None,
-            consecutive_rate_limited: 0,
-            cooldowns: 0,
-            cooled_at: None,
-            limited_bits: 0,
-            retry_after_ms: None,
-            readmitted_at: None,
             failure_outlier: false,
             ttft_outlier: false,
-            traffic_when_out: 0,
             born: now,
-            latency_clear_since: None,
-            latency_median_seen: 0.0,
+            runs: Runs {
+                failures: 0,
+                successes: 0,
+                hard: 0,
+                failure_ids: Vec::new(),
+            },
+            history: History {
+                isolations: 0,
+                last_isolated_at: None,
+                readmitted_at: None,
+                traffic_when_out: 0,
+            },
+            heartbeats: Heartbeats {
+                last: None,
+                interval_ms: None,
+                silent: false,
+            },
+            latency: Latency {
+                ewma_ms: 0.0,
+                samples: 0,
+                outlier: false,
+                clear_since: None,
+                median_seen: 0.0,
+            },
+            ttft: FirstTokens {
+                us: [0; TTFT_SAMPLES],
+                len: 0,
+                pos: 0,
+            },
+            limits: RateLimits {
+                consecutive: 0,
+                cooldowns: 0,
+                cooled_at: None,
+                limited_bits: 0,
+                retry_after_ms: None,
+            },
+            dependencies: Dependencies {
+                critical_down: Vec::new(),
+                noncritical_down: Vec::new(),
+            },
             share: Share::default(),
+            restored_lossy: false,
         }
     }
 
@@ -346,20 +417,28 @@ impl Tracker {
 
     /// Isolations in a row (the k + 1 of the 30 s × 2^k backoff); 0 before any ejection.
     pub fn isolations(&self) -> u32 {
-        self.isolations
+        self.history.isolations
     }
 
     pub fn consecutive_failures(&self) -> u32 {
-        self.consecutive_failures
+        self.runs.failures
     }
 
     pub fn consecutive_successes(&self) -> u32 {
-        self.consecutive_successes
+        self.runs.successes
+    }
+
+    /// Restored from a stored form with flags its phase could not hold (see `stored`).
+    pub(crate) fn restored_lossy(&self) -> bool {
+        self.restored_lossy
     }
 
     /// The operator's override in force, if any.
     pub fn forced(&self) -> Option<OverrideAction> {
-        self.forced
+        match self.phase {
+            Phase::Operator(h) => Some(h.action()),
+            _ => None,
+        }
     }
 
     /// What the current ejection is for (None while in rotation).
@@ -368,11 +447,11 @@ impl Tracker {
     }
 
     pub(crate) fn consecutive_hard(&self) -> u32 {
-        self.consecutive_hard
+        self.runs.hard
     }
 
     pub(crate) fn consecutive_rate_limited(&self) -> u16 {
-        self.consecutive_rate_limited
+        self.limits.consecutive
     }
 
     pub(crate) fn above_since(&self) -> Option<Micros> {
@@ -381,7 +460,7 @@ impl Tracker {
 
     /// Ids of the current run of failures: the triggers of a transition they cause.
     pub(crate) fn failure_ids(&self) -> &[String] {
-        &self.failure_ids
+        &self.runs.failure_ids
     }
 
     pub(crate) fn eject_refused(&self) -> bool {
@@ -389,7 +468,7 @@ impl Tracker {
     }
 
     pub(crate) fn latency_outlier(&self) -> bool {
-        self.latency_outlier
+        self.latency.outlier
     }
 
     pub(crate) fn failure_outlier(&self) -> bool {
@@ -401,23 +480,23 @@ impl Tracker {
     }
 
     pub(crate) fn latency_ewma_ms(&self) -> f64 {
-        self.latency_ewma_ms
+        self.latency.ewma_ms
     }
 
     pub(crate) fn latency_samples(&self) -> u32 {
-        self.latency_samples
+        self.latency.samples
     }
 
     pub(crate) fn critical_down(&self) -> &[String] {
-        &self.critical_down
+        &self.dependencies.critical_down
     }
 
     pub(crate) fn noncritical_down(&self) -> &[String] {
-        &self.noncritical_down
+        &self.dependencies.noncritical_down
     }
 
     pub(crate) fn heartbeat_silent(&self) -> bool {
-        self.heartbeat_silent
+        self.heartbeats.silent
     }
 
     pub(crate) fn trial_open(&self) -> bool {
@@ -428,6 +507,7 @@ impl Tracker {
     pub(crate) fn isolated_until(&self) -> Option<Micros> {
         match &self.phase {
             Phase::Out(i) => Some(i.until),
+            Phase::Cooldown(c) => Some(c.until),
             _ => None,
         }
     }
@@ -443,7 +523,7 @@ impl Tracker {
 
     /// Calls a day at its traffic when it last left rotation.
     pub(crate) fn traffic_when_out(&self) -> u64 {
-        self.traffic_when_out
+        self.history.traffic_when_out
     }
 
     /// How many failures the policy's runs grow by at its traffic now ([`run_growth`]).
@@ -482,7 +562,7 @@ impl Tracker {
     }
 
     pub(crate) fn last_isolated_at(&self) -> Option<Micros> {
-        self.last_isolated_at
+        self.history.last_isolated_at
     }
 
     /// On probation: held at the probation weight while real calls decide.
@@ -495,7 +575,7 @@ impl Tracker {
     pub(crate) fn out_or_on_probation(&self) -> bool {
         matches!(
             self.phase,
-            Phase::Out(_) | Phase::Probation(_) | Phase::Operator(HealthState::Unhealthy)
+            Phase::Out(_) | Phase::Cooldown(_) | Phase::Probation(_) | Phase::Operator(Hold::Unhealthy)
         )
     }
 
@@ -538,12 +618,12 @@ impl Tracker {
     }
 
     pub(crate) fn retry_after_ms(&self) -> Option<u32> {
-        self.retry_after_ms
+        self.limits.retry_after_ms
     }
 
     /// Out on a rate-limit cooldown: out of rotation, but not an outage.
     pub(crate) fn cooling(&self) -> bool {
-        matches!(&self.phase, Phase::Out(i) if i.out_for == Dimension::RateLimit)
+        matches!(&self.phase, Phase::Cooldown(_))
     }
 
     pub fn totals(&self, now: Micros, policy: &Policy) -> Totals {
@@ -593,35 +673,35 @@ impl Tracker {
         let limited = class == OutcomeClass::RateLimited;
         // A pass that could not have met the limit (a health route's) says nothing of it.
         if limited || sees_limits {
-            self.limited_bits = (self.limited_bits << 1) | u16::from(limited);
+            self.limits.limited_bits = (self.limits.limited_bits << 1) | u16::from(limited);
         }
         if limited {
             // Not a failure of the endpoint: its own rule (the cooldown) answers it.
-            self.consecutive_rate_limited = self.consecutive_rate_limited.saturating_add(1);
+            self.limits.consecutive = self.limits.consecutive.saturating_add(1);
             return rate;
         }
         if sees_limits {
-            self.consecutive_rate_limited = 0;
+            self.limits.consecutive = 0;
         }
         let failed = counts_as_failure(class);
         if failed {
-            self.consecutive_failures += 1;
-            self.consecutive_successes = 0;
-            self.consecutive_hard = if class.is_hard() { self.consecutive_hard + 1 } else { 0 };
-            if self.failure_ids.len() == MAX_TRIGGERS {
-                self.failure_ids.remove(0);
+            self.runs.failures += 1;
+            self.runs.successes = 0;
+            self.runs.hard = if class.is_hard() { self.runs.hard + 1 } else { 0 };
+            if self.runs.failure_ids.len() == MAX_TRIGGERS {
+                self.runs.failure_ids.remove(0);
             }
-            self.failure_ids.push(id.to_owned());
+            self.runs.failure_ids.push(id.to_owned());
         } else {
-            self.consecutive_successes += 1;
-            self.consecutive_failures = 0;
-            self.consecutive_hard = 0;
-            self.failure_ids.clear();
+            self.runs.successes += 1;
+            self.runs.failures = 0;
+            self.runs.hard = 0;
+            self.runs.failure_ids.clear();
         }
         if let Some(t) = ttft_us {
-            self.ttft_us[self.ttft_pos as usize] = u32::try_from(t).unwrap_or(u32::MAX);
-            self.ttft_pos = ((self.ttft_pos as usize + 1) % TTFT_SAMPLES) as u8;
-            self.ttft_len = (self.ttft_len + 1).min(TTFT_SAMPLES as u8);
+            self.ttft.us[self.ttft.pos as usize] = u32::try_from(t).unwrap_or(u32::MAX);
+            self.ttft.pos = ((self.ttft.pos as usize + 1) % TTFT_SAMPLES) as u8;
+            self.ttft.len = (self.ttft.len + 1).min(TTFT_SAMPLES as u8);
         }
         // Seed 001: TTFT score and success rate, 0.6 / 0.4, smoothed with beta.
         let ttft_score = match (failed, ttft_us) {
@@ -652,7 +732,7 @@ impl Tracker {
         // The hard break's run zeroes the score: the policy's, or at high traffic the longer
         // run that noise does not make (the window is summed only when the policy's is met).
         let hard = policy.hard_break_after as u32;
-        if self.consecutive_hard >= hard && self.consecutive_hard >= hard + self.run_growth(now, policy) {
+        if self.runs.hard >= hard && self.runs.hard >= hard + self.run_growth(now, policy) {
             self.score = 0.0;
         }
         self.above_since = if self.score > policy.recover_above {
@@ -678,32 +758,32 @@ impl Tracker {
         }
         let shifts = calls.min(16) as u32;
         let limited = run.kind == RunKind::RateLimited;
-        self.limited_bits = if limited {
-            self.limited_bits.checked_shl(shifts).unwrap_or(0) | (u16::MAX >> (16 - shifts))
+        self.limits.limited_bits = if limited {
+            self.limits.limited_bits.checked_shl(shifts).unwrap_or(0) | (u16::MAX >> (16 - shifts))
         } else {
-            self.limited_bits.checked_shl(shifts).unwrap_or(0)
+            self.limits.limited_bits.checked_shl(shifts).unwrap_or(0)
         };
-        self.consecutive_rate_limited = run.rate_limited;
+        self.limits.consecutive = run.rate_limited;
         if limited {
             return rate;
         }
-        self.consecutive_failures = run.failures;
-        self.consecutive_successes = run.successes;
-        self.consecutive_hard = run.hard;
+        self.runs.failures = run.failures;
+        self.runs.successes = run.successes;
+        self.runs.hard = run.hard;
         if run.kind == RunKind::Failures {
-            if !self.failure_ids.iter().any(|i| i == id) {
-                if self.failure_ids.len() == MAX_TRIGGERS {
-                    self.failure_ids.remove(0);
+            if !self.runs.failure_ids.iter().any(|i| i == id) {
+                if self.runs.failure_ids.len() == MAX_TRIGGERS {
+                    self.runs.failure_ids.remove(0);
                 }
-                self.failure_ids.push(id.to_owned());
+                self.runs.failure_ids.push(id.to_owned());
             }
         } else {
-            self.failure_ids.clear();
+            self.runs.failure_ids.clear();
         }
         for t in run.ttft {
-            self.ttft_us[self.ttft_pos as usize] = u32::try_from(*t).unwrap_or(u32::MAX);
-            self.ttft_pos = ((self.ttft_pos as usize + 1) % TTFT_SAMPLES) as u8;
-            self.ttft_len = (self.ttft_len + 1).min(TTFT_SAMPLES as u8);
+            self.ttft.us[self.ttft.pos as usize] = u32::try_from(*t).unwrap_or(u32::MAX);
+            self.ttft.pos = ((self.ttft.pos as usize + 1) % TTFT_SAMPLES) as u8;
+            self.ttft.len = (self.ttft.len + 1).min(TTFT_SAMPLES as u8);
         }
         let success_rate = (1.0 - rate.failure_rate()) * 100.0;
         let sample = match run.kind {
@@ -738,13 +818,13 @@ impl Tracker {
     ) -> Option<bool> {
         let keep = ewma_keep(policy.ewma_beta, calls, self.share.0);
         let calls = u32::try_from(calls).unwrap_or(u32::MAX);
-        let mut flag = self.latency_outlier;
+        let mut flag = self.latency.outlier;
         let mut judged = None;
         self.saw_latency_median(median);
         for v in values {
             self.move_latency(v / 1000.0, keep, calls);
-            if self.latency_samples >= LATENCY_MIN_SAMPLES {
-                flag = median.is_some_and(|m| latency_verdict(self.latency_ewma_ms, m, flag, policy));
+            if self.latency.samples >= LATENCY_MIN_SAMPLES {
+                flag = median.is_some_and(|m| latency_verdict(self.latency.ewma_ms, m, flag, policy));
                 judged = Some(judged == Some(true) || flag);
             }
         }
@@ -759,35 +839,35 @@ impl Tracker {
     }
 
     fn move_latency(&mut self, ms: f64, keep: f64, calls: u32) {
-        self.latency_ewma_ms = if self.latency_samples == 0 {
+        self.latency.ewma_ms = if self.latency.samples == 0 {
             ms
         } else {
-            keep * self.latency_ewma_ms + (1.0 - keep) * ms
+            keep * self.latency.ewma_ms + (1.0 - keep) * ms
         };
-        self.latency_samples = self.latency_samples.saturating_add(calls);
+        self.latency.samples = self.latency.samples.saturating_add(calls);
     }
 
     fn ttft_percentile(&self, q: f64) -> Option<f64> {
-        if self.ttft_len == 0 {
+        if self.ttft.len == 0 {
             return None;
         }
-        let mut v: Vec<u32> = self.ttft_us[..self.ttft_len as usize].to_vec();
+        let mut v: Vec<u32> = self.ttft.us[..self.ttft.len as usize].to_vec();
         v.sort_unstable();
         let idx = ((v.len() as f64 - 1.0) * q).round() as usize;
         Some(f64::from(v[idx]) / 1000.0)
     }
 
     pub fn heartbeat_interval(&self, policy: &Policy) -> i64 {
-        self.heartbeat_interval_ms.unwrap_or(policy.heartbeat_interval_ms)
+        self.heartbeats.interval_ms.unwrap_or(policy.heartbeat_interval_ms)
     }
 
     pub fn heartbeat_silence(&self, now: Micros) -> Option<i64> {
-        self.last_heartbeat.map(|t| now.saturating_sub(t))
+        self.heartbeats.last.map(|t| now.saturating_sub(t))
     }
 
     /// The current isolation's length: base × 2^(isolations − 1), capped.
     pub fn isolation(&self, policy: &Policy) -> i64 {
-        let k = self.isolations.saturating_sub(1).min(30);
+        let k = self.history.isolations.saturating_sub(1).min(30);
         policy
             .isolation_base_ms
             .saturating_mul(1i64 << k)
@@ -797,7 +877,7 @@ impl Tracker {
     /// Whether this is a flapping endpoint (ejected again soon after a readmission): it then
     /// needs two passing probes in a row to come back, not one.
     pub fn passes_needed(&self) -> u16 {
-        if self.isolations >= 2 {
+        if self.history.isolations >= 2 {
             2
         } else {
             1
@@ -806,7 +886,8 @@ impl Tracker {
 
     /// Whether the minimum isolation has passed, after which passing evidence readmits.
     pub fn readmittable(&self, now: Micros, policy: &Policy) -> bool {
-        self.last_isolated_at
+        self.history
+            .last_isolated_at
             .is_none_or(|t| now.saturating_sub(t) >= us(policy.readmit_min_ms))
     }
 
@@ -814,30 +895,29 @@ impl Tracker {
     pub fn deadline(&self, policy: &Policy) -> Option<Micros> {
         let mut d: Option<Micros> = None;
         let mut consider = |t: Micros| d = Some(d.map_or(t, |x: Micros| x.min(t)));
-        if self.forced.is_some() {
-            return None;
-        }
         match &self.phase {
+            Phase::Operator(_) => return None,
             Phase::Out(i) if !i.trial_open => consider(i.until),
+            Phase::Cooldown(c) => consider(c.until),
             Phase::SlowStart(s) => consider(s.ramp_until),
             Phase::Probation(p) => {
                 if let Some(t) = p.growing_until {
                     consider(t);
                 }
             }
-            Phase::InRotation(HealthState::Degraded) => {
+            Phase::InRotation(InRotation::Degraded) => {
                 if let Some(t) = self.above_since {
                     consider(t.saturating_add(us(policy.recover_hold_ms)));
                 }
-                if let Some(t) = self.latency_clear_since {
+                if let Some(t) = self.latency.clear_since {
                     consider(t.saturating_add(us(policy.recover_hold_ms)));
                 }
             }
             _ => {}
         }
-        if let (Some(last), Phase::InRotation(_)) = (self.last_heartbeat, &self.phase) {
+        if let (Some(last), Phase::InRotation(_)) = (self.heartbeats.last, &self.phase) {
             let iv = us(self.heartbeat_interval(policy));
-            let n = if self.heartbeat_silent {
+            let n = if self.heartbeats.silent {
                 policy.heartbeat_unhealthy_intervals
             } else {
                 policy.heartbeat_suspect_intervals
@@ -872,45 +952,46 @@ impl Tracker {
             score: self.score,
             ttft_p50_ms: self.ttft_percentile(0.5),
             ttft_p99_ms: self.ttft_percentile(0.99),
-            latency_ewma_ms: (self.latency_samples > 0).then_some(self.latency_ewma_ms),
+            latency_ewma_ms: (self.latency.samples > 0).then_some(self.latency.ewma_ms),
             pool_latency_median_ms: pool_median,
-            consecutive_failures: self.consecutive_failures as i32,
-            consecutive_successes: self.consecutive_successes as i32,
-            consecutive_hard_failures: self.consecutive_hard as i32,
-            isolations: self.isolations as i32,
+            consecutive_failures: self.runs.failures as i32,
+            consecutive_successes: self.runs.successes as i32,
+            consecutive_hard_failures: self.runs.hard as i32,
+            isolations: self.history.isolations as i32,
             thresholds,
+            late: 0,
         }
     }
 
     /// A heartbeat arrived (with the interval the endpoint announces, if any).
     pub(crate) fn heartbeat(&mut self, now: Micros, interval_ms: Option<i64>) {
-        self.last_heartbeat = Some(now);
-        self.heartbeat_silent = false;
+        self.heartbeats.last = Some(now);
+        self.heartbeats.silent = false;
         if interval_ms.is_some() {
-            self.heartbeat_interval_ms = interval_ms;
+            self.heartbeats.interval_ms = interval_ms;
         }
     }
 
     /// Heartbeats have been silent past the suspect threshold: remember it (the deadline then
     /// moves to the unhealthy threshold).
     pub(crate) fn note_heartbeat_silence(&mut self, now: Micros, policy: &Policy) {
-        if let (Some(silence), false) = (self.heartbeat_silence(now), self.heartbeat_silent) {
+        if let (Some(silence), false) = (self.heartbeat_silence(now), self.heartbeats.silent) {
             if silence >= us(self.heartbeat_interval(policy)).saturating_mul(policy.heartbeat_suspect_intervals.into())
             {
-                self.heartbeat_silent = true;
+                self.heartbeats.silent = true;
             }
         }
     }
 
     /// What a probe reported of the endpoint's dependencies, by name.
     pub(crate) fn dependencies(&mut self, critical_down: Vec<String>, noncritical_down: Vec<String>) {
-        self.critical_down = critical_down;
-        self.noncritical_down = noncritical_down;
+        self.dependencies.critical_down = critical_down;
+        self.dependencies.noncritical_down = noncritical_down;
     }
 
     /// The Retry-After a 429 came with.
     pub(crate) fn note_retry_after(&mut self, ms: i64) {
-        self.retry_after_ms = Some(u32::try_from(ms.max(0)).unwrap_or(u32::MAX));
+        self.limits.retry_after_ms = Some(u32::try_from(ms.max(0)).unwrap_or(u32::MAX));
     }
 
     /// The isolation has expired: the next call is the router's trial.
@@ -928,7 +1009,7 @@ impl Tracker {
     /// a row says it is down, not partly failing: evidence that can see errors readmits it, as
     /// it would any endpoint that was down.
     pub(crate) fn tally(&mut self, now: Micros, passed: bool, down_after: u32) -> u16 {
-        let failures = self.consecutive_failures;
+        let failures = self.runs.failures;
         match &mut self.phase {
             Phase::Out(i) if passed => {
                 i.passes = i.passes.saturating_add(1);
@@ -961,7 +1042,7 @@ impl Tracker {
     pub(crate) fn recent_429s(&self, n: u32) -> u32 {
         let n = n.clamp(1, LIMITED_HISTORY);
         let mask = if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
-        (self.limited_bits & mask).count_ones()
+        (self.limits.limited_bits & mask).count_ones()
     }
 
     /// The cooldown a new one would get: `base` ms, doubled for each cooldown in a row (one
@@ -974,23 +1055,20 @@ impl Tracker {
 
     /// Whether its last cooldown began within `ms` of `now`.
     pub(crate) fn cooled_within(&self, now: Micros, ms: i64) -> bool {
-        self.cooled_at.is_some_and(|t| now.saturating_sub(t) <= us(ms))
+        self.limits.cooled_at.is_some_and(|t| now.saturating_sub(t) <= us(ms))
     }
 
     /// Cooldowns in a row including one begun `now`.
     fn cooldowns_in_a_row(&self, now: Micros, policy: &Policy) -> u16 {
         let recent = self
+            .limits
             .cooled_at
             .is_some_and(|t| now.saturating_sub(t) <= us(policy.isolation_reset_ms));
         if recent {
-            self.cooldowns.saturating_add(1)
+            self.limits.cooldowns.saturating_add(1)
         } else {
             1
         }
-    }
-
-    pub(crate) fn set_forced(&mut self, forced: Option<OverrideAction>) {
-        self.forced = forced;
     }
 
     pub(crate) fn set_eject_refused(&mut self, refused: bool) {
@@ -1000,12 +1078,12 @@ impl Tracker {
     /// Flag (or clear) the latency outlier at `now`; a flag cleared is remembered, so that a
     /// degradation for latency ends only once it has stayed clear for `recover_hold_ms`.
     pub(crate) fn set_latency_outlier(&mut self, outlier: bool, now: Micros) {
-        self.latency_clear_since = match (outlier, self.latency_outlier) {
+        self.latency.clear_since = match (outlier, self.latency.outlier) {
             (true, _) => None,
             (false, true) => Some(now),
-            (false, false) => self.latency_clear_since,
+            (false, false) => self.latency.clear_since,
         };
-        self.latency_outlier = outlier;
+        self.latency.outlier = outlier;
     }
 
     /// Whether the latest call calls for the latency-outlier check: every fourth sample, each
@@ -1014,23 +1092,24 @@ impl Tracker {
     /// call a flag lapsed for 30 s by chance. (Checking every call costs a peer median a call:
     /// 15 % of engine-bench.)
     pub(crate) fn latency_check_due(&self, policy: &Policy) -> bool {
-        self.latency_samples >= LATENCY_MIN_SAMPLES
-            && (self.latency_samples.is_multiple_of(4)
-                || self.latency_outlier
-                || self.latency_ewma_ms > policy.latency_outlier_factor * self.latency_median_seen)
+        self.latency.samples >= LATENCY_MIN_SAMPLES
+            && (self.latency.samples.is_multiple_of(4)
+                || self.latency.outlier
+                || self.latency.ewma_ms > policy.latency_outlier_factor * self.latency.median_seen)
     }
 
     /// The peers' median latency at a check (None: too few peers, and no check is due before
     /// the fourth sample).
     pub(crate) fn saw_latency_median(&mut self, median: Option<f64>) {
-        self.latency_median_seen = median.unwrap_or(f64::MAX);
+        self.latency.median_seen = median.unwrap_or(f64::MAX);
     }
 
     /// Whether the latency has been no outlier for `recover_hold_ms` (or never was).
     pub(crate) fn latency_held_clear(&self, now: Micros, policy: &Policy) -> bool {
-        !self.latency_outlier
+        !self.latency.outlier
             && self
-                .latency_clear_since
+                .latency
+                .clear_since
                 .is_none_or(|s| now.saturating_sub(s) >= us(policy.recover_hold_ms))
     }
 
@@ -1047,6 +1126,90 @@ impl Tracker {
         self.window = Window::new(buckets);
     }
 
+    /// Ejected: a new isolation (longer for a flapping endpoint), for `dim` or what it was out
+    /// for before.
+    fn eject(
+        &mut self,
+        now: Micros,
+        policy: &Policy,
+        from: HealthState,
+        dim: Option<Dimension>,
+    ) -> (Phase, Option<Micros>) {
+        let traffic = self.calls_a_day(now, policy);
+        self.history.traffic_when_out = match from {
+            HealthState::Healthy | HealthState::Suspect | HealthState::Degraded => traffic,
+            _ => self.history.traffic_when_out.max(traffic),
+        };
+        let ms = self.next_isolation(now, policy);
+        let out_for = dim.or(self.out_for()).unwrap_or(Dimension::Errors);
+        isolate(now, ms, out_for, 0)
+    }
+
+    /// A failed trial: the same isolation again, jittered by `key`.
+    fn trial_failed(&mut self, now: Micros, policy: &Policy, key: Fnv64) -> (Phase, Option<Micros>) {
+        // The same isolation again, jittered: a continuing outage does not grow it.
+        let failed = match &self.phase {
+            Phase::Out(i) => i.failed_trials,
+            _ => 0,
+        }
+        .saturating_add(1);
+        let iso = us(self.isolation(policy));
+        let ms = iso.saturating_add(jitter(key, self.history.isolations, failed, iso)) / 1000;
+        let out_for = self.out_for().unwrap_or(Dimension::Errors);
+        isolate(now, ms, out_for, failed)
+    }
+
+    /// Back in rotation at slow start, or on probation: the isolation's counts reset.
+    fn readmit(&mut self, now: Micros, policy: &Policy, probation: bool, was_cooling: bool) -> Phase {
+        let ended_probation = self.probation() && !probation;
+        // What it was out for, but the end of a cooldown is not a readmission: a later
+        // ejection is no flap.
+        let after = if was_cooling { None } else { self.out_for() };
+        self.reset_for_recovery(now);
+        // A Retry-After heard while cooling (a call still in flight) is of the window
+        // that has ended: a 429 after this one says its own.
+        self.limits.retry_after_ms = None;
+        if !was_cooling && !ended_probation {
+            self.history.readmitted_at = Some(now);
+        }
+        // On probation the weight is held: no ramp until it grows.
+        if probation {
+            Phase::Probation(Probation {
+                after,
+                passes: 0,
+                run_from: None,
+                falls: 0,
+                growing_until: None,
+            })
+        } else {
+            Phase::SlowStart(SlowStart {
+                after,
+                ramp_until: now.saturating_add(us(policy.slow_start_ms)),
+            })
+        }
+    }
+
+    /// On probation still: its weight grows, or falls back and is held.
+    fn probation_step(&mut self, now: Micros, growing: bool) -> Phase {
+        let mut p = match std::mem::replace(&mut self.phase, Phase::InRotation(InRotation::Healthy)) {
+            Phase::Probation(p) => p,
+            other => Probation {
+                after: other.out_for(),
+                passes: 0,
+                run_from: None,
+                falls: 0,
+                growing_until: None,
+            },
+        };
+        if growing {
+            p.growing_until = Some(now.saturating_add(us(PROBATION_RAMP_MS)));
+        } else {
+            p.growing_until = None;
+            p.falls = p.falls.saturating_add(1);
+        }
+        Phase::Probation(p)
+    }
+
     /// Enter the state `entry` names, with what entering it resets, and record the transition:
     /// its evidence (with `thresholds` and the pool's latency median) is taken in the new state.
     pub(crate) fn enter(
@@ -1060,84 +1223,17 @@ impl Tracker {
         let from = self.state();
         let was_cooling = self.cooling();
         let (phase, retry_at) = match entry {
-            Entry::Eject(dim) => {
-                let traffic = self.calls_a_day(now, policy);
-                self.traffic_when_out = match from {
-                    HealthState::Healthy | HealthState::Suspect | HealthState::Degraded => traffic,
-                    _ => self.traffic_when_out.max(traffic),
-                };
-                let ms = self.next_isolation(now, policy);
-                let out_for = dim.or(self.out_for()).unwrap_or(Dimension::Errors);
-                isolate(now, ms, out_for, 0)
-            }
-            Entry::TrialFailed(key) => {
-                // The same isolation again, jittered: a continuing outage does not grow it.
-                let failed = match &self.phase {
-                    Phase::Out(i) => i.failed_trials,
-                    _ => 0,
-                }
-                .saturating_add(1);
-                let iso = us(self.isolation(policy));
-                let ms = iso.saturating_add(jitter(key, self.isolations, failed, iso)) / 1000;
-                let out_for = self.out_for().unwrap_or(Dimension::Errors);
-                isolate(now, ms, out_for, failed)
-            }
+            Entry::Eject(dim) => self.eject(now, policy, from, dim),
+            Entry::TrialFailed(key) => self.trial_failed(now, policy, key),
             Entry::Cooldown(ms) => {
-                self.cooldowns = self.cooldowns_in_a_row(now, policy);
-                self.cooled_at = Some(now);
-                self.retry_after_ms = None;
+                self.limits.cooldowns = self.cooldowns_in_a_row(now, policy);
+                self.limits.cooled_at = Some(now);
+                self.limits.retry_after_ms = None;
                 isolate(now, ms, Dimension::RateLimit, 0)
             }
-            Entry::Operator(to) => (Phase::Operator(to), None),
-            Entry::Recovering { probation } => {
-                let ended_probation = self.probation() && !probation;
-                // What it was out for, but the end of a cooldown is not a readmission: a later
-                // ejection is no flap.
-                let after = if was_cooling { None } else { self.out_for() };
-                self.reset_for_recovery(now);
-                // A Retry-After heard while cooling (a call still in flight) is of the window
-                // that has ended: a 429 after this one says its own.
-                self.retry_after_ms = None;
-                if !was_cooling && !ended_probation {
-                    self.readmitted_at = Some(now);
-                }
-                // On probation the weight is held: no ramp until it grows.
-                let phase = if probation {
-                    Phase::Probation(Probation {
-                        after,
-                        passes: 0,
-                        run_from: None,
-                        falls: 0,
-                        growing_until: None,
-                    })
-                } else {
-                    Phase::SlowStart(SlowStart {
-                        after,
-                        ramp_until: now.saturating_add(us(policy.slow_start_ms)),
-                    })
-                };
-                (phase, None)
-            }
-            Entry::Probation { growing } => {
-                let mut p = match std::mem::replace(&mut self.phase, Phase::InRotation(HealthState::Healthy)) {
-                    Phase::Probation(p) => p,
-                    other => Probation {
-                        after: other.out_for(),
-                        passes: 0,
-                        run_from: None,
-                        falls: 0,
-                        growing_until: None,
-                    },
-                };
-                if growing {
-                    p.growing_until = Some(now.saturating_add(us(PROBATION_RAMP_MS)));
-                } else {
-                    p.growing_until = None;
-                    p.falls = p.falls.saturating_add(1);
-                }
-                (Phase::Probation(p), None)
-            }
-            Entry::Healthy => (Phase::InRotation(HealthState::Healthy), None),
+            Entry::Operator(hold) => (Phase::Operator(hold), None),
+            Entry::Recovering { probation } => (self.readmit(now, policy, probation, was_cooling), None),
+            Entry::Probation { growing } => (self.probation_step(now, growing), None),
             Entry::InRotation(to) => (Phase::InRotation(to), None),
         };
         self.phase = phase;
@@ -1162,13 +1258,14 @@ impl Tracker {
     /// ejection (or one after a quiet period) starts again at the base.
     fn next_isolation(&mut self, now: Micros, policy: &Policy) -> i64 {
         let flapping = self
+            .history
             .readmitted_at
             .is_some_and(|t| now.saturating_sub(t) <= us(policy.isolation_reset_ms));
         if !flapping {
-            self.isolations = 0;
+            self.history.isolations = 0;
         }
-        self.isolations = self.isolations.saturating_add(1);
-        self.last_isolated_at = Some(now);
+        self.history.isolations = self.history.isolations.saturating_add(1);
+        self.history.last_isolated_at = Some(now);
         self.isolation(policy)
     }
 
@@ -1178,14 +1275,14 @@ impl Tracker {
         self.window.clear();
         self.score = 100.0;
         self.above_since = Some(now);
-        self.consecutive_failures = 0;
-        self.consecutive_hard = 0;
-        self.consecutive_rate_limited = 0;
+        self.runs.failures = 0;
+        self.runs.hard = 0;
+        self.limits.consecutive = 0;
         // The 429s seen while out (a completion probe meets the limit too) are not the
         // upstream's answer to the calls to come: a cooldown ends by its time, and what the
         // upstream takes now is for the calls after it to say.
-        self.limited_bits = 0;
-        self.failure_ids.clear();
+        self.limits.limited_bits = 0;
+        self.runs.failure_ids.clear();
         self.failure_outlier = false;
         self.ttft_outlier = false;
     }
@@ -1193,14 +1290,14 @@ impl Tracker {
     /// Kept serving through a suspected shared outage: judged on what happens from now on, not
     /// on the outage's window (its latest successes still count).
     pub(crate) fn forget_outage(&mut self, now: Micros) {
-        let successes = self.consecutive_successes;
+        let successes = self.runs.successes;
         self.reset_for_recovery(now);
-        self.consecutive_successes = successes;
+        self.runs.successes = successes;
     }
 
     /// The `q` percentile of the recent first tokens, in ms, once there are at least `min`.
     pub fn ttft_p(&self, q: f64, min: usize) -> Option<f64> {
-        if (self.ttft_len as usize) < min {
+        if (self.ttft.len as usize) < min {
             return None;
         }
         self.ttft_percentile(q)
@@ -1209,9 +1306,14 @@ impl Tracker {
 
 /// Out of rotation for `ms` from `now`, for `out_for`, after `failed_trials` failed trials: the
 /// phase, and when the router's trial is due.
+/// (Out for 429s is a cooldown: its time alone ends it.)
 fn isolate(now: Micros, ms: i64, out_for: Dimension, failed_trials: u16) -> (Phase, Option<Micros>) {
     let until = now.saturating_add(us(ms));
-    (Phase::Out(Isolation::new(out_for, until, failed_trials)), Some(until))
+    let phase = match out_for {
+        Dimension::RateLimit => Phase::Cooldown(Cooldown { until }),
+        _ => Phase::Out(Isolation::new(out_for, until, failed_trials)),
+    };
+    (phase, Some(until))
 }
 
 /// The run [`noise_run`] asks for at up to ~11 calls a second: the policy's runs hold there,

@@ -7,7 +7,8 @@
 //! doubling, not a few every cycle.
 
 use super::{Change, PoolState};
-use crate::endpoint::{Dimension, Tracker};
+use crate::endpoint::Entry;
+use crate::endpoint::Tracker;
 use vitals_contracts::{HealthState, ReasonCode};
 
 impl PoolState {
@@ -74,8 +75,8 @@ impl PoolState {
         } else {
             base.to_owned()
         };
-        let mut change = Change::new(
-            HealthState::Unhealthy,
+        let change = Change::new(
+            Entry::Cooldown(ms),
             ReasonCode::Cooldown,
             if by_run || by_share {
                 format!(
@@ -91,7 +92,6 @@ impl PoolState {
             thresholds,
             vec![],
         );
-        change.out_for = Some(Dimension::RateLimit);
         Some(change)
     }
 
@@ -119,7 +119,7 @@ impl PoolState {
         let t = &self.endpoints[name];
         t.isolated_until().is_some_and(|u| u <= now).then(|| {
             Change::new(
-                HealthState::Recovering,
+                Entry::Recovering { probation: false },
                 ReasonCode::CooldownOver,
                 format!(
                     "cooldown over after {:.1} s; slow start over {} s finds what the upstream takes",

@@ -5,6 +5,7 @@
 use super::cause::{crossed, thresholds, Cause};
 use super::{Change, PoolState};
 use crate::endpoint::{us, Tracker};
+use crate::endpoint::{Entry, InRotation};
 use std::ops::ControlFlow;
 use vitals_contracts::{HealthState, Policy, ReasonCode};
 
@@ -45,7 +46,7 @@ impl PoolState {
             policy.degraded_weight
         );
         ControlFlow::Break(Some(Change::new(
-            HealthState::Degraded,
+            Entry::InRotation(InRotation::Degraded),
             ReasonCode::Degraded,
             reason,
             crossed,
@@ -66,7 +67,7 @@ impl PoolState {
         let latency_gone = t.latency_held_clear(self.now, policy);
         (t.state() == HealthState::Degraded && !suspicious && held && latency_gone).then(|| {
             Change::new(
-                HealthState::Healthy,
+                Entry::InRotation(InRotation::Healthy),
                 ReasonCode::Recovered,
                 format!(
                     "score {:.0} held above {} for {} s",

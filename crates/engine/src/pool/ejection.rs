@@ -7,6 +7,7 @@ use super::cause::{crossed, thresholds, Cause};
 use super::degradation::degradable;
 use super::{Change, PoolState};
 use crate::endpoint::{us, Dimension, Tracker};
+use crate::endpoint::{Entry, InRotation};
 use crate::window::Rate;
 use std::ops::ControlFlow;
 use vitals_contracts::{HealthState, Micros, Policy, ReasonCode};
@@ -127,14 +128,13 @@ impl PoolState {
                 peers.counted()
             ));
         }
-        let mut change = Change::new(
-            HealthState::Unhealthy,
+        let change = Change::new(
+            Entry::Eject(Some(dimension(t, totals, policy, now, !extra.is_empty()))),
             ReasonCode::Ejected,
             reason,
             crossed,
             t.failure_ids().to_vec(),
         );
-        change.out_for = Some(dimension(t, totals, policy, now, !extra.is_empty()));
         ControlFlow::Break(Some(change))
     }
 
@@ -145,7 +145,7 @@ impl PoolState {
         let t = &self.endpoints[name];
         (t.state() == HealthState::Degraded && !degradable(t, &self.policy)).then(|| {
             Change::new(
-                HealthState::Healthy,
+                Entry::InRotation(InRotation::Healthy),
                 ReasonCode::OutageOver,
                 "kept serving through a suspected shared outage; the calls since pass, so it is judged on them"
                     .to_owned(),
@@ -168,7 +168,7 @@ impl PoolState {
         thresholds.push(format!("max_ejection_pct={}", self.policy.max_ejection_pct));
         let triggers = self.endpoints[name].failure_ids().to_vec();
         let mut change = Change::new(
-            HealthState::Degraded,
+            Entry::InRotation(InRotation::Degraded),
             ReasonCode::EjectionRefused,
             reason,
             thresholds,

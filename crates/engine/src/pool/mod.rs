@@ -23,12 +23,13 @@ pub mod seen;
 mod summary;
 mod suspicion;
 
-use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Tracker, PROBATION_RAMP_MS};
+use crate::endpoint::{buckets, probation_weight, us, Dimension, Entry, Hold, InRotation, Tracker, PROBATION_RAMP_MS};
 use crate::window::{counts_as_failure, Rate};
 use crate::Decision;
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 use std::ops::ControlFlow;
+use vitals_contracts::lateness as clocks;
 use vitals_contracts::{
     DependencyStatus, HealthChanged, HealthState, Micros, OperatorOverride, OutcomeClass, OverrideAction, Policy,
     PolicyChange, PoolHealthChanged, ProbeKind, ReasonCode, Signal,
@@ -71,6 +72,12 @@ pub struct PoolState {
     /// The reports applied lately, by id: one sent twice is applied once ([`seen`]).
     #[serde(default, skip_serializing_if = "seen::Seen::is_empty")]
     seen: seen::Seen,
+    /// Reporters' clocks, as their reports show them against stream time ([`clocks`]).
+    #[serde(default, skip_serializing_if = "clocks::Clocks::is_empty")]
+    clocks: clocks::Clocks,
+    /// Reports set aside as late, by endpoint (only endpoints that had some).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty", serialize_with = "crate::sorted")]
+    late: HashMap<String, clocks::Late>,
 }
 
 /// Working memory of a pool, not state: it never takes part in equality or snapshots (a restored
@@ -142,40 +149,34 @@ struct Checks {
     failures: bool,
 }
 
-/// A transition a rule chose, before it is applied.
+/// A transition a rule chose, before it is applied: the entry it means (the state follows
+/// from it), and why.
 struct Change {
-    to: HealthState,
+    entry: Entry,
     code: ReasonCode,
     reason: String,
     thresholds: Vec<String>,
     triggers: Vec<String>,
-    /// For an ejection: what it is for.
-    out_for: Option<Dimension>,
-    /// For a readmission: on probation.
-    probation: bool,
     /// The max-ejection rule refused its ejection: the pool counts it as refused (until its
     /// shared outage is over).
     refused: bool,
 }
 
 impl Change {
-    fn new(
-        to: HealthState,
-        code: ReasonCode,
-        reason: String,
-        thresholds: Vec<String>,
-        triggers: Vec<String>,
-    ) -> Change {
+    fn new(entry: Entry, code: ReasonCode, reason: String, thresholds: Vec<String>, triggers: Vec<String>) -> Change {
         Change {
-            to,
+            entry,
             code,
             reason,
             thresholds,
             triggers,
-            out_for: None,
-            probation: false,
             refused: false,
         }
+    }
+
+    /// The state it enters.
+    fn to(&self) -> HealthState {
+        self.entry.state()
     }
 }
 
@@ -198,6 +199,8 @@ impl PoolState {
             scratch: Cache::default(),
             order: Cache::default(),
             seen: seen::Seen::default(),
+            clocks: clocks::Clocks::default(),
+            late: HashMap::default(),
         }
     }
 
@@ -230,6 +233,11 @@ impl PoolState {
     /// The max-ejection rule refused an ejection: a shared dependency is suspected.
     pub fn correlated_outage(&self) -> bool {
         self.correlated_outage
+    }
+
+    /// Endpoints restored with stored flags their phase could not hold.
+    pub fn lossy_restores(&self) -> usize {
+        self.endpoints.values().filter(|t| t.restored_lossy()).count()
     }
 
     /// One endpoint's state.
@@ -313,8 +321,11 @@ impl PoolState {
         }
     }
 
-    pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>) {
+    pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>, notes: &mut crate::Notes) {
         if report_id(signal).is_some_and(|id| !self.seen.first(id, self.now)) {
+            return;
+        }
+        if self.set_aside_late(signal, out, notes) {
             return;
         }
         match signal {
@@ -411,6 +422,48 @@ impl PoolState {
             Signal::Policy(p) => self.policy_change(p, out),
             Signal::Tick(_) => {}
         }
+    }
+
+    /// The one rule for late evidence ([`clocks`]): a report later than the window, after its
+    /// reporter's clock offset, is set aside whole, whatever its outcome, and counted for its
+    /// endpoint. A reporter's clock named off or back is the pool's event.
+    fn set_aside_late(&mut self, signal: &Signal, out: &mut Vec<Decision>, notes: &mut crate::Notes) -> bool {
+        let Some(r) = report_time(signal) else {
+            return false;
+        };
+        let (lateness, change) = self.clocks.judge(r.kind, r.reporter, r.ended, self.now);
+        if let Some(change) = change {
+            let reason = change.reason();
+            notes.clocks.push((self.pool.clone(), change));
+            self.pool_rules(out, Some(reason));
+        }
+        let window = self.policy.window_ms.saturating_mul(1000).max(1);
+        if lateness <= window {
+            return false;
+        }
+        notes.late += r.calls;
+        let now = self.now;
+        match self.late.get_mut(r.endpoint) {
+            Some(l) => l.add(now, window, r.calls),
+            None => self
+                .late
+                .entry(r.endpoint.to_owned())
+                .or_default()
+                .add(now, window, r.calls),
+        }
+        true
+    }
+
+    /// Reports of `endpoint` set aside as late in this window and the last.
+    pub fn late_reports(&self, endpoint: &str) -> u64 {
+        let window = self.policy.window_ms.saturating_mul(1000).max(1);
+        self.late.get(endpoint).map_or(0, |l| l.count(self.now, window))
+    }
+
+    /// The reporters whose clocks this pool has named off, with their offsets (µs; positive is
+    /// behind stream time).
+    pub fn clocks_off(&self) -> impl Iterator<Item = (String, Micros)> + '_ {
+        self.clocks.off()
     }
 
     fn tracker(&mut self, endpoint: &str) -> &mut Tracker {
@@ -593,42 +646,22 @@ impl PoolState {
 
     /// The weight routers give an endpoint, and the ramp to full weight (slow start).
     fn weight(&self, t: &Tracker) -> (f64, i64) {
-        match (t.state(), t.forced()) {
-            (_, Some(OverrideAction::ForceHealthy)) => (1.0, 0),
-            (HealthState::Healthy | HealthState::Suspect, _) => (1.0, 0),
-            (HealthState::Degraded, _) => (self.policy.degraded_weight, 0),
+        match t.state() {
+            HealthState::Healthy | HealthState::Suspect => (1.0, 0),
+            HealthState::Degraded => (self.policy.degraded_weight, 0),
             // Held on probation, or growing from its weight to full over the ramp.
-            (HealthState::Recovering, _) if t.probation() => (
+            HealthState::Recovering if t.probation() => (
                 probation_weight(&self.policy, t.out_for()),
                 if t.probation_growing() { PROBATION_RAMP_MS } else { 0 },
             ),
-            (HealthState::Recovering, _) => (self.policy.slow_start_weight, self.policy.slow_start_ms),
-            (HealthState::Unhealthy | HealthState::Maintenance, _) => (0.0, 0),
+            HealthState::Recovering => (self.policy.slow_start_weight, self.policy.slow_start_ms),
+            HealthState::Unhealthy | HealthState::Maintenance => (0.0, 0),
         }
     }
 
-    /// The state entry a change asks of the tracker.
-    fn entry(&self, name: &str, change: &Change) -> Entry {
-        let t = &self.endpoints[name];
-        match change.to {
-            HealthState::Unhealthy if t.forced().is_none() => match change.code {
-                ReasonCode::TrialFailed => Entry::TrialFailed(
-                    vitals_contracts::hash::Fnv64::new().bytes(self.pool.bytes().chain([0]).chain(name.bytes())),
-                ),
-                ReasonCode::Cooldown => Entry::Cooldown(self.cooldown_ms(t)),
-                _ => Entry::Eject(change.out_for),
-            },
-            HealthState::Unhealthy | HealthState::Maintenance => Entry::Operator(change.to),
-            HealthState::Recovering if change.code == ReasonCode::ProbationGrowing => {
-                Entry::Probation { growing: true }
-            }
-            HealthState::Recovering if change.code == ReasonCode::ProbationHeld => Entry::Probation { growing: false },
-            HealthState::Recovering => Entry::Recovering {
-                probation: change.probation,
-            },
-            HealthState::Healthy => Entry::Healthy,
-            to => Entry::InRotation(to),
-        }
+    /// What jitters a failed trial's isolation: a hash of the pool's and the endpoint's names.
+    fn trial_key(&self, name: &str) -> vitals_contracts::hash::Fnv64 {
+        vitals_contracts::hash::Fnv64::new().bytes(self.pool.bytes().chain([0]).chain(name.bytes()))
     }
 
     /// Enter the state a change asks for, keep the pool's counts, and publish the transition;
@@ -639,7 +672,7 @@ impl PoolState {
             self.arm(d);
             return;
         }
-        self.scopes_superseded(name, change.to, out);
+        self.scopes_superseded(name, change.to(), out);
         let now = self.now;
         let median = if self.endpoints[name].latency_outlier() {
             self.peer_median(name, false, 1)
@@ -649,9 +682,9 @@ impl PoolState {
         if change.refused {
             self.set_refused(name, true);
         }
-        let entry = self.entry(name, &change);
+        let to = change.to();
         let t = self.endpoints.get_mut(name).expect("known endpoint");
-        let entered = t.enter(entry, now, &self.policy, change.thresholds, median);
+        let entered = t.enter(change.entry, now, &self.policy, change.thresholds, median);
         let cooling = t.cooling();
         match (entered.was_cooling, cooling) {
             (false, true) => self.cooling += 1,
@@ -659,18 +692,24 @@ impl PoolState {
             _ => {}
         }
         self.counts[state_index(entered.from)] -= 1;
-        self.counts[state_index(change.to)] += 1;
+        self.counts[state_index(to)] += 1;
         let (weight, ramp_ms) = self.weight(&self.endpoints[name]);
         let d = self.endpoints[name].deadline(&self.policy);
         self.arm(d);
         if entered.from == HealthState::Unhealthy {
-            let back = matches!(change.to, HealthState::Recovering | HealthState::Healthy);
+            let back = matches!(to, HealthState::Recovering | HealthState::Healthy);
             self.ejection_slot_freed(back && !entered.was_cooling);
         }
-        let reason = match entered.retry_at {
+        let mut reason = match entered.retry_at {
             Some(r) => format!("{}; {}", change.reason, self.what_readmits(name, r)),
             None => change.reason,
         };
+        let mut evidence = entered.evidence;
+        let late = self.late_reports(name);
+        if late > 0 {
+            evidence.late = late as i64;
+            reason.push_str(&format!("; {late} late reports set aside"));
+        }
         let seq = entered.seq as i64;
         out.push(Decision::Endpoint(Box::new(HealthChanged {
             transition_id: vitals_contracts::keys::transition_id(&self.pool, name, seq),
@@ -678,13 +717,13 @@ impl PoolState {
             endpoint: name.to_owned(),
             seq,
             from_state: entered.from,
-            to_state: change.to,
+            to_state: to,
             weight,
             ramp_ms,
             retry_at: entered.retry_at,
             reason_code: change.code.as_str().to_owned(),
             reason,
-            evidence: entered.evidence,
+            evidence,
             policy_version: self.policy.version,
             trigger_ids: change.triggers,
             stream_time: now,
@@ -694,22 +733,21 @@ impl PoolState {
 
     fn operator_override(&mut self, o: &OperatorOverride, out: &mut Vec<Decision>) {
         let t = self.tracker(&o.endpoint);
-        let previous = t.forced();
-        let (to, forced, code) = match o.action {
-            OverrideAction::ForceHealthy => (HealthState::Healthy, Some(o.action), ReasonCode::ForcedHealthy),
-            OverrideAction::ForceUnhealthy => (HealthState::Unhealthy, Some(o.action), ReasonCode::ForcedUnhealthy),
-            OverrideAction::MaintenanceOn => (HealthState::Maintenance, Some(o.action), ReasonCode::MaintenanceOn),
-            OverrideAction::MaintenanceOff | OverrideAction::Clear => match previous {
-                None | Some(OverrideAction::ForceHealthy) => (t.state(), None, ReasonCode::OverrideCleared),
-                Some(_) => (HealthState::Recovering, None, ReasonCode::OverrideCleared),
-            },
+        let hold = Hold::of(o.action);
+        let (entry, code) = match (hold, t.forced()) {
+            (Some(h), _) => (Entry::Operator(h), forced_code(h)),
+            // Released from out of rotation: readmitted at slow start.
+            (None, Some(OverrideAction::ForceUnhealthy | OverrideAction::MaintenanceOn)) => {
+                (Entry::Recovering { probation: false }, ReasonCode::OverrideCleared)
+            }
+            // Released from forced healthy, or nothing held: the state it is in, entered again.
+            (None, _) => (again(t.state()), ReasonCode::OverrideCleared),
         };
-        t.set_forced(forced);
-        if forced.is_some() && t.eject_refused() {
+        if hold.is_some() && t.eject_refused() {
             self.set_refused(&o.endpoint, false);
         }
         let change = Change::new(
-            to,
+            entry,
             code,
             format!("{} by {}: {}", action_words(o.action), o.actor, o.reason),
             vec![format!("operator:{}", o.actor)],
@@ -789,6 +827,25 @@ impl PoolState {
     }
 }
 
+/// The reason code of an operator's hold.
+fn forced_code(h: Hold) -> ReasonCode {
+    match h {
+        Hold::Healthy => ReasonCode::ForcedHealthy,
+        Hold::Unhealthy => ReasonCode::ForcedUnhealthy,
+        Hold::Maintenance => ReasonCode::MaintenanceOn,
+    }
+}
+
+/// The entry into `state` again, for an override that releases nothing: in rotation as it is,
+/// recovering at slow start, or out by a rule (a new isolation, for what it was out for).
+fn again(state: HealthState) -> Entry {
+    match InRotation::of(state) {
+        Some(s) => Entry::InRotation(s),
+        None if state == HealthState::Recovering => Entry::Recovering { probation: false },
+        None => Entry::Eject(None),
+    }
+}
+
 fn action_words(a: OverrideAction) -> &'static str {
     match a {
         OverrideAction::ForceHealthy => "forced healthy",
@@ -800,6 +857,42 @@ fn action_words(a: OverrideAction) -> &'static str {
 }
 
 /// The id a report is known by: a call's event id, a summary's id, a probe's id.
+/// When a report's calls ended by its reporter's clock, and who reported it.
+struct ReportTime<'a> {
+    kind: clocks::Kind,
+    reporter: &'a str,
+    endpoint: &'a str,
+    ended: Micros,
+    calls: u64,
+}
+
+fn report_time(signal: &Signal) -> Option<ReportTime<'_>> {
+    Some(match signal {
+        Signal::Call(c) => ReportTime {
+            kind: clocks::Kind::Gateway,
+            reporter: &c.gateway,
+            endpoint: &c.endpoint,
+            ended: c.occurred_at.saturating_add(c.latency_us.max(0)),
+            calls: 1,
+        },
+        Signal::Summary(s) => ReportTime {
+            kind: clocks::Kind::Gateway,
+            reporter: &s.gateway,
+            endpoint: &s.endpoint,
+            ended: s.ended_at,
+            calls: OutcomeClass::ALL.iter().map(|c| s.calls.get(*c).max(0) as u64).sum(),
+        },
+        Signal::Probe(p) => ReportTime {
+            kind: clocks::Kind::Prober,
+            reporter: &p.prober,
+            endpoint: &p.endpoint,
+            ended: p.occurred_at.saturating_add(p.latency_us.max(0)),
+            calls: 1,
+        },
+        _ => return None,
+    })
+}
+
 fn report_id(signal: &Signal) -> Option<&str> {
     match signal {
         Signal::Call(c) => Some(&c.event_id),

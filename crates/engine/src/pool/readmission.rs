@@ -14,6 +14,7 @@
 
 use super::{Change, Outcome, PoolState, Source};
 use crate::endpoint::{probation_weight, run_growth, us, Dimension, Tracker, PROBATION_PASSES, PROBATION_RAMP_MS};
+use crate::endpoint::{Entry, InRotation};
 use crate::window::counts_as_failure;
 use vitals_contracts::{HealthState, Micros, OutcomeClass, Policy, ProbeKind, ReasonCode};
 
@@ -161,14 +162,13 @@ impl PoolState {
     fn eject_again(&self, o: &Outcome<'_>, reason: String, dim: Option<Dimension>) -> Option<Change> {
         let thresholds = vec!["failure_while_recovering".into()];
         if self.may_eject() {
-            let mut change = Change::new(
-                HealthState::Unhealthy,
+            let change = Change::new(
+                Entry::Eject(dim),
                 ReasonCode::FailedWhileRecovering,
                 reason,
                 thresholds,
                 vec![o.id.to_owned()],
             );
-            change.out_for = dim;
             return Some(change);
         }
         Some(self.refusal(o.endpoint, thresholds))
@@ -183,112 +183,118 @@ impl PoolState {
     /// no pass, or at once when ten times as long.
     /// `passes`: the run of passes, this outcome counted.
     fn on_probation(&self, o: &Outcome<'_>, class: OutcomeClass, verdict: Verdict, passes: u16) -> Option<Change> {
-        let down_after = 2 * self.policy.consecutive_failures.max(1) as u32;
-        let now = self.now;
-        let w = probation_weight(&self.policy, self.endpoints[o.endpoint].out_for());
-        let t = &self.endpoints[o.endpoint];
         match verdict {
             Verdict::Neutral | Verdict::Canary => None,
-            Verdict::Fail => {
-                // And no pass in the whole window: a run of failures as long as an isolation
-                // lasts is one phase of an intermittent fault (down 10 s, up 10 s), whose
-                // every phase it would follow out and back at a prober's fast cadence. A run
-                // ten times as long is more than that cadence brings in a window: a busy
-                // endpoint that is down (its calls at the probation weight, or gateways that
-                // do not follow weights) is out again within a second, not a window.
-                let run = t.consecutive_failures();
-                let window_failed = t.rate(now, &self.policy).ok == 0;
-                if counts_as_failure(class) && run >= down_after && (window_failed || run >= 10 * down_after) {
-                    let (needed, window) = if window_failed {
-                        (
-                            down_after,
-                            format!(" and no pass in {} s", self.policy.window_ms / 1000),
-                        )
-                    } else {
-                        (10 * down_after, String::new())
-                    };
-                    let reason = format!(
-                        "{needed} failures in a row on probation ({}){window}; isolated again",
-                        class.as_str()
-                    );
-                    return self.eject_again(o, reason, failing_for(t, class));
-                }
-                // Growing, it falls back on a failure as slow start would eject on one: at
-                // once up to ~11 calls a second, busier on a run as long as its traffic's
-                // noise makes rare or failures that stand out from its peers' (1 % noise at
-                // thousands of calls a second fails one every few milliseconds).
-                let falls = t.probation_growing() && self.fails_slow_start(o.endpoint, class);
-                falls.then(|| {
-                    let grown = t.ramp_until().map_or(1.0, |until| {
-                        let left = until.saturating_sub(now) as f64 / us(PROBATION_RAMP_MS) as f64;
-                        1.0 - (1.0 - w) * left.clamp(0.0, 1.0)
-                    });
-                    Change::new(
-                        HealthState::Recovering,
-                        ReasonCode::ProbationHeld,
-                        format!(
-                            "{} at weight {grown:.2} while its weight grew on probation; held at {w} again until {}",
-                            class.as_str(),
-                            t.grow_needs_after_a_fall()
-                        ),
-                        vec!["failure_while_growing".into()],
-                        vec![o.id.to_owned()],
-                    )
-                })
-            }
-            Verdict::Pass => {
-                // Slow first tokens are not a matter of chance: a few fast ones in a row show
-                // them gone. A share of failed calls is: it takes a long run of passes.
-                let needed = probation_passes(t, &self.policy);
-                let grown = t.ramp_until().is_none_or(|r| r <= now);
-                if t.probation_growing() {
-                    return (passes >= needed && grown).then(|| {
-                        let mut change = Change::new(
-                            HealthState::Healthy,
-                            ReasonCode::Recovered,
-                            format!("probation over: {passes} passing outcomes in a row and its weight grown to full"),
-                            vec![format!("probation_passes>={needed}")],
-                            vec![o.id.to_owned()],
-                        );
-                        change.probation = false;
-                        change
-                    });
-                }
-                // Slow first tokens end it through slow start; a share of failed calls only
-                // through a growth that held (however long the run that ends it).
-                if passes >= needed && t.out_for() == Some(Dimension::Ttft) {
-                    let mut change = Change::new(
-                        HealthState::Recovering,
-                        ReasonCode::ProbationOver,
-                        format!(
-                            "probation over: {passes} passing outcomes in a row; slow start over {} s",
-                            self.policy.slow_start_ms / 1000
-                        ),
-                        vec![format!("probation_passes>={needed}")],
-                        vec![o.id.to_owned()],
-                    );
-                    change.probation = false;
-                    return Some(change);
-                }
-                t.probation_grows(now).map(|(threshold, span)| {
-                    let over = if span >= us(1_000) {
-                        format!(" over {:.0} s", span as f64 / 1e6)
-                    } else {
-                        String::new()
-                    };
-                    Change::new(
-                        HealthState::Recovering,
-                        ReasonCode::ProbationGrowing,
-                        format!(
-                            "{passes} passing outcomes in a row on probation{over}; its weight grows from {w} to full over {} s while they go on passing, and {needed} end probation",
-                            PROBATION_RAMP_MS / 1000
-                        ),
-                        vec![threshold],
-                        vec![o.id.to_owned()],
-                    )
-                })
-            }
+            Verdict::Fail => self.probation_failed(o, class),
+            Verdict::Pass => self.probation_passed(o, passes),
         }
+    }
+
+    /// A failure on probation: out again after a run of them, or, growing, held again.
+    fn probation_failed(&self, o: &Outcome<'_>, class: OutcomeClass) -> Option<Change> {
+        let down_after = 2 * self.policy.consecutive_failures.max(1) as u32;
+        let now = self.now;
+        let t = &self.endpoints[o.endpoint];
+        let w = probation_weight(&self.policy, t.out_for());
+        // And no pass in the whole window: a run of failures as long as an isolation
+        // lasts is one phase of an intermittent fault (down 10 s, up 10 s), whose
+        // every phase it would follow out and back at a prober's fast cadence. A run
+        // ten times as long is more than that cadence brings in a window: a busy
+        // endpoint that is down (its calls at the probation weight, or gateways that
+        // do not follow weights) is out again within a second, not a window.
+        let run = t.consecutive_failures();
+        let window_failed = t.rate(now, &self.policy).ok == 0;
+        if counts_as_failure(class) && run >= down_after && (window_failed || run >= 10 * down_after) {
+            let (needed, window) = if window_failed {
+                (
+                    down_after,
+                    format!(" and no pass in {} s", self.policy.window_ms / 1000),
+                )
+            } else {
+                (10 * down_after, String::new())
+            };
+            let reason = format!(
+                "{needed} failures in a row on probation ({}){window}; isolated again",
+                class.as_str()
+            );
+            return self.eject_again(o, reason, failing_for(t, class));
+        }
+        // Growing, it falls back on a failure as slow start would eject on one: at
+        // once up to ~11 calls a second, busier on a run as long as its traffic's
+        // noise makes rare or failures that stand out from its peers' (1 % noise at
+        // thousands of calls a second fails one every few milliseconds).
+        let falls = t.probation_growing() && self.fails_slow_start(o.endpoint, class);
+        falls.then(|| {
+            let grown = t.ramp_until().map_or(1.0, |until| {
+                let left = until.saturating_sub(now) as f64 / us(PROBATION_RAMP_MS) as f64;
+                1.0 - (1.0 - w) * left.clamp(0.0, 1.0)
+            });
+            Change::new(
+                Entry::Probation { growing: false },
+                ReasonCode::ProbationHeld,
+                format!(
+                    "{} at weight {grown:.2} while its weight grew on probation; held at {w} again until {}",
+                    class.as_str(),
+                    t.grow_needs_after_a_fall()
+                ),
+                vec!["failure_while_growing".into()],
+                vec![o.id.to_owned()],
+            )
+        })
+    }
+
+    /// A pass on probation: its weight grows after a run of them, and a longer run (once grown)
+    /// ends probation.
+    fn probation_passed(&self, o: &Outcome<'_>, passes: u16) -> Option<Change> {
+        let now = self.now;
+        let t = &self.endpoints[o.endpoint];
+        let w = probation_weight(&self.policy, t.out_for());
+        // Slow first tokens are not a matter of chance: a few fast ones in a row show
+        // them gone. A share of failed calls is: it takes a long run of passes.
+        let needed = probation_passes(t, &self.policy);
+        let grown = t.ramp_until().is_none_or(|r| r <= now);
+        if t.probation_growing() {
+            return (passes >= needed && grown).then(|| {
+                Change::new(
+                    Entry::InRotation(InRotation::Healthy),
+                    ReasonCode::Recovered,
+                    format!("probation over: {passes} passing outcomes in a row and its weight grown to full"),
+                    vec![format!("probation_passes>={needed}")],
+                    vec![o.id.to_owned()],
+                )
+            });
+        }
+        // Slow first tokens end it through slow start; a share of failed calls only
+        // through a growth that held (however long the run that ends it).
+        if passes >= needed && t.out_for() == Some(Dimension::Ttft) {
+            return Some(Change::new(
+                Entry::Recovering { probation: false },
+                ReasonCode::ProbationOver,
+                format!(
+                    "probation over: {passes} passing outcomes in a row; slow start over {} s",
+                    self.policy.slow_start_ms / 1000
+                ),
+                vec![format!("probation_passes>={needed}")],
+                vec![o.id.to_owned()],
+            ));
+        }
+        t.probation_grows(now).map(|(threshold, span)| {
+            let over = if span >= us(1_000) {
+                format!(" over {:.0} s", span as f64 / 1e6)
+            } else {
+                String::new()
+            };
+            Change::new(
+                Entry::Probation { growing: true },
+                ReasonCode::ProbationGrowing,
+                format!(
+                    "{passes} passing outcomes in a row on probation{over}; its weight grows from {w} to full over {} s while they go on passing, and {needed} end probation",
+                    PROBATION_RAMP_MS / 1000
+                ),
+                vec![threshold],
+                vec![o.id.to_owned()],
+            )
+        })
     }
 
     /// An outcome while the endpoint is out. Every one is evidence: after the minimum isolation
@@ -321,7 +327,7 @@ impl PoolState {
             Verdict::Neutral => None,
             Verdict::Fail => trial.then(|| {
                 Change::new(
-                    HealthState::Unhealthy,
+                    Entry::TrialFailed(self.trial_key(o.endpoint)),
                     ReasonCode::TrialFailed,
                     format!("trial after isolation failed ({})", class.as_str()),
                     vec!["trial_failed".into()],
@@ -374,9 +380,13 @@ impl PoolState {
                 } else {
                     return None;
                 };
-                let mut change = Change::new(HealthState::Recovering, code, reason, thresholds, vec![o.id.to_owned()]);
-                change.probation = probation;
-                Some(change)
+                Some(Change::new(
+                    Entry::Recovering { probation },
+                    code,
+                    reason,
+                    thresholds,
+                    vec![o.id.to_owned()],
+                ))
             }
         }
     }
@@ -431,7 +441,7 @@ impl PoolState {
         let ramped = t.ramp_until().is_none_or(|r| r <= self.now);
         (t.consecutive_successes() >= m && !t.probation() && ramped).then(|| {
             Change::new(
-                HealthState::Healthy,
+                Entry::InRotation(InRotation::Healthy),
                 ReasonCode::Recovered,
                 format!(
                     "{} consecutive successes and slow start complete",

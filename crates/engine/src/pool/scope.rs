@@ -461,7 +461,7 @@ impl PoolState {
         let window = us(self.policy.window_ms);
         let now = self.now;
         let Some((scope, split)) = book.blame(&self.policy, |_| true) else {
-            return book.run_pending() || (change.to == HealthState::Suspect && book.pending(&self.policy));
+            return book.run_pending() || (change.to() == HealthState::Suspect && book.pending(&self.policy));
         };
         let recent = book
             .seen(&scope)

@@ -95,7 +95,7 @@ use crate::endpoint::{ttft_score, us, Run, RunKind, TTFT_SAMPLES};
 use crate::window::counts_as_failure;
 use crate::Decision;
 use vitals_contracts::hash::fnv64;
-use vitals_contracts::{CallSummary, HealthState, Histogram, OutcomeClass};
+use vitals_contracts::{CallSummary, HealthState, Histogram, OutcomeClass, Policy};
 
 /// Calls of a run applied one by one while the endpoint is out of rotation: more than any
 /// readmission rule counts (20 passes on probation), few enough to bound a summary's cost.
@@ -141,6 +141,198 @@ fn split_off_front(counts: &mut Vec<(OutcomeClass, u64)>, mut n: u64) -> Vec<(Ou
     front
 }
 
+/// The endpoint's runs before a summary: where the summary's own runs continue from.
+#[derive(Clone, Copy)]
+struct Before {
+    failures: u32,
+    successes: u32,
+    hard: u32,
+    limited: u16,
+}
+
+/// A summary's calls as runs in the order they came (as well as a summary can tell), and the
+/// 429s scattered among them, which go to the window only.
+struct Plan {
+    runs: Vec<Planned>,
+    scattered: u64,
+}
+
+/// A summary's successes, and its failures by class: a success whose first token took longer
+/// than slow_call_ms is a timeout, as one alone.
+fn outcomes(s: &CallSummary, policy: &Policy) -> (u64, Vec<(OutcomeClass, u64)>) {
+    let slow_us = us(policy.slow_call_ms) as f64;
+    let slow: u64 = s
+        .ttft
+        .buckets
+        .iter()
+        .filter(|b| Histogram::value(b.index) > slow_us)
+        .map(|b| b.count.max(0) as u64)
+        .sum();
+    let successes = (s.calls.success.max(0) as u64).saturating_sub(slow);
+    let mut failures: Vec<(OutcomeClass, u64)> = s
+        .calls
+        .iter()
+        .filter(|(c, _)| counts_as_failure(*c))
+        .map(|(c, n)| (c, n.max(0) as u64))
+        .collect();
+    if slow > 0 {
+        match failures.iter_mut().find(|(c, _)| *c == OutcomeClass::Timeout) {
+            Some((_, n)) => *n += slow,
+            None => failures.push((OutcomeClass::Timeout, slow)),
+        }
+    }
+    (successes, failures)
+}
+
+fn limited_run(n: u64, consecutive: u64, ages: (i64, i64)) -> Planned {
+    Planned {
+        kind: RunKind::RateLimited,
+        ages,
+        counts: vec![(OutcomeClass::RateLimited, n)],
+        failures: 0,
+        successes: 0,
+        hard: 0,
+        rate_limited: u16::try_from(consecutive).unwrap_or(u16::MAX),
+    }
+}
+
+fn failures_run(counts: Vec<(OutcomeClass, u64)>, run: u64, hard: u64, ages: (i64, i64)) -> Planned {
+    Planned {
+        kind: RunKind::Failures,
+        ages,
+        counts,
+        failures: sat32(run),
+        successes: 0,
+        hard: sat32(hard),
+        rate_limited: 0,
+    }
+}
+
+fn successes_run(n: u64, run: u64, ages: (i64, i64)) -> Planned {
+    Planned {
+        kind: RunKind::Successes,
+        ages,
+        counts: vec![(OutcomeClass::Success, n)],
+        failures: 0,
+        successes: sat32(run),
+        hard: 0,
+        rate_limited: 0,
+    }
+}
+
+/// The runs of a summary (pure: the summary, the policy and the runs before it).
+fn plan(s: &CallSummary, policy: &Policy, before: Before) -> Plan {
+    let (successes, mut failures) = outcomes(s, policy);
+    let f: u64 = failures.iter().map(|(_, n)| n).sum();
+    let limited = s.calls.rate_limited.max(0) as u64;
+    let trailing = (s.trailing_failures.max(0) as u64).min(f);
+    let others = successes + f;
+    // The summary's calls ended over `span`: the first at its start, the last at its end.
+    let span = s.ended_at.saturating_sub(s.started_at).max(0);
+    let mut runs = Vec::new();
+    // 429s: those in a row at the end are a run there; a summary of 429s alone is one run,
+    // continuing the last. The others came among the other calls: a storm when they make
+    // half the cooldown's share of the summary or more (a rate at which the cooldown's
+    // share of the last outcomes comes often, one by one), applied as a run before the rest
+    // for the cooldown to judge; fewer are scattered (0.5 % of a busy endpoint's calls) and
+    // go to the window only — as a block they made runs and shares the calls never had.
+    let trailing_limited = if others == 0 {
+        0
+    } else {
+        (s.trailing_rate_limited.max(0) as u64).min(limited)
+    };
+    let among = limited - trailing_limited;
+    let mut scattered = 0;
+    if among > 0 {
+        if others == 0 {
+            runs.push(limited_run(among, u64::from(before.limited) + among, (span, 0)));
+        } else if among as f64 >= policy.rate_limited_share / 2.0 * (limited + others) as f64 {
+            runs.push(limited_run(among, among, (span, span)));
+        } else {
+            scattered = among;
+        }
+    }
+    if successes == 0 {
+        if f > 0 {
+            let hard = if s.trailing_hard.max(0) as u64 == f {
+                u64::from(before.hard) + f
+            } else {
+                s.longest_hard_run.max(s.trailing_hard).max(0) as u64
+            };
+            runs.push(failures_run(failures, u64::from(before.failures) + f, hard, (span, 0)));
+        }
+    } else {
+        runs.extend(among_successes(s, &mut failures, successes, f, trailing, before, span));
+    }
+    if trailing_limited > 0 {
+        runs.push(limited_run(trailing_limited, trailing_limited, (0, 0)));
+    }
+    Plan { runs, scattered }
+}
+
+/// The runs of a summary with successes: leading failures continue a run begun before the
+/// summary; a success follows them, and the failures in the middle lie between successes; the
+/// trailing run ends it.
+fn among_successes(
+    s: &CallSummary,
+    failures: &mut Vec<(OutcomeClass, u64)>,
+    successes: u64,
+    f: u64,
+    trailing: u64,
+    before: Before,
+    span: i64,
+) -> Vec<Planned> {
+    let mut runs = Vec::new();
+    let longest = s.longest_failure_run.max(0) as u64;
+    let leading = (s.leading_failures.max(0) as u64).min(f - trailing);
+    let middle = f - trailing - leading;
+    let longest_hard = s.longest_hard_run.max(0) as u64;
+    if leading > 0 {
+        let front = split_off_front(failures, leading);
+        // At the summary's start: as old as its first call (a summary that reaches back past a
+        // readmission holds failures from before it).
+        runs.push(failures_run(
+            front,
+            u64::from(before.failures) + leading,
+            u64::from(before.hard) + leading.min(longest_hard),
+            (span, span),
+        ));
+    }
+    // The successes after the middle failures: those at the end, or half.
+    let after = match (middle, trailing) {
+        (0, _) => successes,
+        (_, 0) => (s.trailing_successes.max(1) as u64).min(successes),
+        _ => (successes / 2).max(1),
+    };
+    if middle > 0 && successes > after {
+        runs.push(successes_run(successes - after, successes - after, (span, span / 2)));
+    }
+    if middle > 0 {
+        let front = split_off_front(failures, middle);
+        runs.push(failures_run(
+            front,
+            middle.min(longest.max(1)),
+            middle.min(longest_hard),
+            (span / 2, span / 2),
+        ));
+    }
+    let run = match (f, trailing) {
+        (0, _) => u64::from(before.successes) + successes,
+        _ => after,
+    };
+    let (n, ages) = if middle > 0 && successes > after {
+        (after, (span / 2, 0))
+    } else {
+        (successes, (span, 0))
+    };
+    runs.push(successes_run(n, run, ages));
+    if trailing > 0 {
+        let hard = (s.trailing_hard.max(0) as u64).min(trailing);
+        runs.push(failures_run(std::mem::take(failures), trailing, hard, (0, 0)));
+    }
+    runs
+}
+
 impl PoolState {
     pub(super) fn summary(&mut self, s: &CallSummary, out: &mut Vec<Decision>) {
         let now = self.now;
@@ -153,173 +345,20 @@ impl PoolState {
         for c in [OutcomeClass::ClientError, OutcomeClass::Cancelled] {
             t.record_neutral(now, policy, c, s.calls.get(c).max(0) as u64);
         }
-        // A success whose first token took longer than slow_call_ms is a timeout, as one alone.
-        let slow_us = us(policy.slow_call_ms) as f64;
-        let slow: u64 = s
-            .ttft
-            .buckets
-            .iter()
-            .filter(|b| Histogram::value(b.index) > slow_us)
-            .map(|b| b.count.max(0) as u64)
-            .sum();
-        let successes = (s.calls.success.max(0) as u64).saturating_sub(slow);
-        let mut failures: Vec<(OutcomeClass, u64)> = s
-            .calls
-            .iter()
-            .filter(|(c, _)| counts_as_failure(*c))
-            .map(|(c, n)| (c, n.max(0) as u64))
-            .collect();
-        if slow > 0 {
-            match failures.iter_mut().find(|(c, _)| *c == OutcomeClass::Timeout) {
-                Some((_, n)) => *n += slow,
-                None => failures.push((OutcomeClass::Timeout, slow)),
-            }
-        }
-        let f: u64 = failures.iter().map(|(_, n)| n).sum();
-        let limited = s.calls.rate_limited.max(0) as u64;
-        let (prev_failures, prev_successes, prev_hard, prev_limited) = (
-            t.consecutive_failures(),
-            t.consecutive_successes(),
-            t.consecutive_hard(),
-            t.consecutive_rate_limited(),
-        );
-        let (leading, longest, trailing) = (
-            s.leading_failures.max(0) as u64,
-            s.longest_failure_run.max(0) as u64,
-            (s.trailing_failures.max(0) as u64).min(f),
-        );
-        let others = successes + f;
-        // The summary's calls ended over `span`: the first at its start, the last at its end.
-        let span = s.ended_at.saturating_sub(s.started_at).max(0);
-        let limited_run = |n: u64, consecutive: u64, ages: (i64, i64)| Planned {
-            kind: RunKind::RateLimited,
-            ages,
-            counts: vec![(OutcomeClass::RateLimited, n)],
-            failures: 0,
-            successes: 0,
-            hard: 0,
-            rate_limited: u16::try_from(consecutive).unwrap_or(u16::MAX),
+        let before = Before {
+            failures: t.consecutive_failures(),
+            successes: t.consecutive_successes(),
+            hard: t.consecutive_hard(),
+            limited: t.consecutive_rate_limited(),
         };
-        let mut plan = Vec::new();
-        // 429s: those in a row at the end are a run there; a summary of 429s alone is one run,
-        // continuing the last. The others came among the other calls: a storm when they make
-        // half the cooldown's share of the summary or more (a rate at which the cooldown's
-        // share of the last outcomes comes often, one by one), applied as a run before the rest
-        // for the cooldown to judge; fewer are scattered (0.5 % of a busy endpoint's calls) and
-        // go to the window only — as a block they made runs and shares the calls never had.
-        let trailing_limited = if others == 0 {
-            0
-        } else {
-            (s.trailing_rate_limited.max(0) as u64).min(limited)
-        };
-        let among = limited - trailing_limited;
-        let mut scattered = 0;
-        if among > 0 {
-            if others == 0 {
-                plan.push(limited_run(among, u64::from(prev_limited) + among, (span, 0)));
-            } else if among as f64 >= policy.rate_limited_share / 2.0 * (limited + others) as f64 {
-                plan.push(limited_run(among, among, (span, span)));
-            } else {
-                scattered = among;
-            }
-        }
-        if successes == 0 {
-            if f > 0 {
-                let hard = if s.trailing_hard.max(0) as u64 == f {
-                    u64::from(prev_hard) + f
-                } else {
-                    s.longest_hard_run.max(s.trailing_hard).max(0) as u64
-                };
-                plan.push(Planned {
-                    kind: RunKind::Failures,
-                    ages: (span, 0),
-                    counts: failures,
-                    failures: sat32(u64::from(prev_failures) + f),
-                    successes: 0,
-                    hard: sat32(hard),
-                    rate_limited: 0,
-                });
-            }
-        } else {
-            // Leading failures continue a run begun before the summary; a success follows them,
-            // and the failures in the middle lie between successes; the trailing run ends it.
-            let leading = leading.min(f - trailing);
-            let middle = f - trailing - leading;
-            let longest_hard = s.longest_hard_run.max(0) as u64;
-            let failures_run = |counts: Vec<(OutcomeClass, u64)>, run: u64, hard: u64, age: i64| Planned {
-                kind: RunKind::Failures,
-                ages: (age, age),
-                counts,
-                failures: sat32(run),
-                successes: 0,
-                hard: sat32(hard),
-                rate_limited: 0,
-            };
-            let successes_run = |n: u64, run: u64, ages: (i64, i64)| Planned {
-                kind: RunKind::Successes,
-                ages,
-                counts: vec![(OutcomeClass::Success, n)],
-                failures: 0,
-                successes: sat32(run),
-                hard: 0,
-                rate_limited: 0,
-            };
-            if leading > 0 {
-                let front = split_off_front(&mut failures, leading);
-                // At the summary's start: as old as its first call (a summary that reaches back
-                // past a readmission holds failures from before it).
-                plan.push(failures_run(
-                    front,
-                    u64::from(prev_failures) + leading,
-                    u64::from(prev_hard) + leading.min(longest_hard),
-                    span,
-                ));
-            }
-            // The successes after the middle failures: those at the end, or half.
-            let after = match (middle, trailing) {
-                (0, _) => successes,
-                (_, 0) => (s.trailing_successes.max(1) as u64).min(successes),
-                _ => (successes / 2).max(1),
-            };
-            if middle > 0 && successes > after {
-                plan.push(successes_run(successes - after, successes - after, (span, span / 2)));
-            }
-            if middle > 0 {
-                let front = split_off_front(&mut failures, middle);
-                plan.push(failures_run(
-                    front,
-                    middle.min(longest.max(1)),
-                    middle.min(longest_hard),
-                    span / 2,
-                ));
-            }
-            let run = match (f, trailing) {
-                (0, _) => u64::from(prev_successes) + successes,
-                _ => after,
-            };
-            let (n, ages) = if middle > 0 && successes > after {
-                (after, (span / 2, 0))
-            } else {
-                (successes, (span, 0))
-            };
-            plan.push(successes_run(n, run, ages));
-            if trailing > 0 {
-                let hard = (s.trailing_hard.max(0) as u64).min(trailing);
-                plan.push(failures_run(failures, trailing, hard, 0));
-            }
-        }
-        if trailing_limited > 0 {
-            plan.push(limited_run(trailing_limited, trailing_limited, (0, 0)));
-        }
+        let Plan { runs, scattered } = plan(s, policy, before);
         if scattered > 0 {
-            let (now, policy) = (self.now, &self.policy);
-            let t = self.endpoints.get_mut(&s.endpoint).expect("known endpoint");
             t.record_neutral(now, policy, OutcomeClass::RateLimited, scattered);
             if let Some(ms) = s.max_retry_after_ms {
                 t.note_retry_after(ms);
             }
         }
-        for run in plan {
+        for run in runs {
             self.apply_run(s, run, out);
         }
     }
@@ -334,8 +373,17 @@ impl PoolState {
     /// Apply one run: one by one while the endpoint is out of rotation (up to [`EXPAND_MAX`]
     /// calls), then the rest at once and the rules once.
     fn apply_run(&mut self, s: &CallSummary, mut run: Planned, out: &mut Vec<Decision>) {
-        let ep = s.endpoint.as_str();
-        let success = run.kind == RunKind::Successes;
+        if self.stale_run(s, &run) {
+            return;
+        }
+        self.run_one_by_one(s, &mut run, out);
+        if run.calls() > 0 {
+            self.record_run_whole(s, run, out);
+        }
+    }
+
+    /// Whether a run of failures is stale: it ended before the endpoint was readmitted.
+    fn stale_run(&self, s: &CallSummary, run: &Planned) -> bool {
         // Failures that ended before the endpoint was readmitted (a summary reaching back past
         // it, from a gateway that sent it later than the one whose calls readmitted it): one by
         // one they would have come before the readmission, whose fresh start forgot them.
@@ -351,14 +399,20 @@ impl PoolState {
         // eight, which the gateway sent one by one as they came.
         let timeout_us = us(self.policy.slow_call_ms);
         let took = |c: OutcomeClass| if c == OutcomeClass::Timeout { timeout_us } else { 0 };
-        let t = &self.endpoints[ep];
+        let t = &self.endpoints[&s.endpoint];
         let began = |ages: i64, c: OutcomeClass| self.now.saturating_sub(ages.saturating_add(took(c)));
-        if !success
+        run.kind != RunKind::Successes
             && t.state() == HealthState::Recovering
             && run.counts.iter().all(|(c, _)| began(run.ages.0, *c) < t.since())
-        {
-            return;
-        }
+    }
+
+    /// The first calls of a run one by one, as far as they go so (see below); the rest stay in
+    /// `run`.
+    fn run_one_by_one(&mut self, s: &CallSummary, run: &mut Planned, out: &mut Vec<Decision>) {
+        let ep = s.endpoint.as_str();
+        let success = run.kind == RunKind::Successes;
+        let timeout_us = us(self.policy.slow_call_ms);
+        let took = |c: OutcomeClass| if c == OutcomeClass::Timeout { timeout_us } else { 0 };
         // Out of rotation a call of a run is fresh evidence only if it began after the ejection
         // or the readmission: it began as long before the summary's stream time as its place
         // in the summary and (a success) the summary's longest call say — its first tokens are
@@ -415,10 +469,14 @@ impl PoolState {
             self.outcome(o, out);
             expanded += 1;
         }
+    }
+
+    /// The rest of a run, recorded as one: the window, the score, the latencies walked, the
+    /// peers compared; then the rules decide on it.
+    fn record_run_whole(&mut self, s: &CallSummary, run: Planned, out: &mut Vec<Decision>) {
+        let ep = s.endpoint.as_str();
+        let success = run.kind == RunKind::Successes;
         let n = run.calls();
-        if n == 0 {
-            return;
-        }
         let now = self.now;
         let policy = &self.policy;
         let ttft_score = (success && !s.ttft.is_empty()).then(|| {

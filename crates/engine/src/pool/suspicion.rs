@@ -5,6 +5,7 @@
 use super::cause::{crossed, thresholds, Cause};
 use super::{Change, PoolState};
 use crate::endpoint::Tracker;
+use crate::endpoint::{Entry, InRotation};
 use crate::window::Rate;
 use vitals_contracts::{HealthState, Policy, ReasonCode};
 
@@ -39,7 +40,7 @@ impl PoolState {
             HealthState::Healthy if suspicious => {
                 let suspect = thresholds(suspect_rules(t, totals, policy), t, policy);
                 Some(Change::new(
-                    HealthState::Suspect,
+                    Entry::InRotation(InRotation::Suspect),
                     ReasonCode::Suspect,
                     format!("suspect: {}", suspect.join(", ")),
                     suspect,
@@ -48,7 +49,7 @@ impl PoolState {
             }
             HealthState::Suspect if !suspicious && t.consecutive_successes() >= policy.consecutive_successes as u32 => {
                 Some(Change::new(
-                    HealthState::Healthy,
+                    Entry::InRotation(InRotation::Healthy),
                     ReasonCode::Cleared,
                     format!("{} consecutive successes", t.consecutive_successes()),
                     vec![format!("consecutive_successes>={}", policy.consecutive_successes)],

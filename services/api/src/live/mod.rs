@@ -27,8 +27,9 @@
 //! the same code where there is code:
 //! - **Method and path**: it takes only a complete HTTP/1.x `GET /v1/stream` head in the first
 //!   read; any other method (the router's 405) or path goes to the server untouched.
-//! - **Authorization and parameters**: [`crate::auth::Reader::of`] and
-//!   [`crate::extract::query`], the functions the handler's extractors call.
+//! - **Authorization, parameters, slot and start**: one function, `stream::admit`, from the
+//!   request's headers and raw query, is all either path runs before serving; the handler
+//!   takes no extractor that could refuse on its own.
 //! - **Every refusal** (token, parameters, slots, the hub not ready, a resume from further back
 //!   than the ring) hands the connection back untouched: the server answers it through every
 //!   layer, so error bodies, headers and the metrics of refusals are the server's.

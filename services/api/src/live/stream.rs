@@ -10,11 +10,10 @@ use super::protocol::{self, encode_positions, Filter, Positions};
 use super::slot::{take_slot, StreamSlot};
 use crate::auth::Reader;
 use crate::error::{ApiError, ErrorBody, NeedsToken};
-use crate::extract::ApiQuery;
 use crate::params::Name;
 use crate::AppState;
 use axum::extract::connect_info::ConnectInfo;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -25,10 +24,10 @@ use utoipa::IntoParams;
 #[into_params(parameter_in = Query)]
 pub struct StreamParams {
     /// Only events of this pool.
-    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    #[param(inline)]
     pool: Option<Name>,
     /// Only events of this endpoint.
-    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    #[param(inline)]
     endpoint: Option<Name>,
 }
 
@@ -44,6 +43,21 @@ struct Opened {
     /// A `reset` event to send after `ready`: the client's `Last-Event-ID` was ahead of the
     /// topic, and the stream starts at its end instead.
     notice: Option<axum::body::Bytes>,
+}
+
+/// Admit a stream request from its headers and raw query: authorize it, read its parameters,
+/// take its slot and find where it starts. Both paths to the route (the handler and the
+/// takeover) call this and nothing else before serving, so they cannot refuse or admit
+/// differently; a refusal is an [`ApiError`], which the server answers either way.
+async fn admit(
+    app: &AppState,
+    headers: &HeaderMap,
+    query: &str,
+    peer: Option<std::net::SocketAddr>,
+) -> Result<Opened, ApiError> {
+    let reader = Reader::of(app, headers)?;
+    let params = crate::extract::query::<StreamParams>(query)?;
+    open(app, reader, headers, peer, params).await
 }
 
 /// Take the slot of an authorized stream request; where it starts.
@@ -118,10 +132,9 @@ async fn open(
 )]
 pub async fn stream(
     State(app): State<AppState>,
-    reader: Reader,
     headers: HeaderMap,
     peer: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
-    ApiQuery(q): ApiQuery<StreamParams>,
+    RawQuery(query): RawQuery,
 ) -> Result<axum::response::Response, ApiError> {
     let peer = peer.map(|axum::Extension(ConnectInfo(a))| a);
     let Opened {
@@ -130,7 +143,7 @@ pub async fn stream(
         filter,
         ends_at,
         notice,
-    } = open(&app, reader, &headers, peer, q).await?;
+    } = admit(&app, &headers, query.as_deref().unwrap_or(""), peer).await?;
     if let Some(sub) = app.hub.subscribe(&filter) {
         return Ok(sse_response(HubFeed::new(sub, filter, ends_at, slot, notice)));
     }
@@ -165,15 +178,8 @@ pub async fn takeover(
     let Some((headers, query)) = parse_head(&buf[..n]) else {
         return Err(sock);
     };
-    // The route's own extractors, in the order the handler takes them: a refusal is answered
-    // by the server, with the reason.
-    let Ok(reader) = Reader::of(&app, &headers) else {
-        return Err(sock);
-    };
-    let Ok(params) = crate::extract::query::<StreamParams>(&query) else {
-        return Err(sock);
-    };
-    let Ok(opened) = open(&app, reader, &headers, Some(peer), params).await else {
+    // The handler's own admission: a refusal is answered by the server, with the reason.
+    let Ok(opened) = admit(&app, &headers, &query, Some(peer)).await else {
         return Err(sock);
     };
     // The socket is shared with a writer thread, which writes without waiting (`try_write`):

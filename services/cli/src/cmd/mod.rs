@@ -38,8 +38,8 @@ pub enum Command {
     /// the default one (same seeds).
     Scenarios(scenarios::Args),
     /// Availability and incidents over a range, worst pools and endpoints first: time out of
-    /// rotation, and per incident its time to out of rotation and back (definitions: the
-    /// README's Uptime section).
+    /// rotation, and per incident its time to out of rotation and back (definitions:
+    /// docs/uptime.md).
     Report(report::Args),
     /// A pool's policy.
     Policy(policy::Args),

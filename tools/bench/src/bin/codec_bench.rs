@@ -119,6 +119,7 @@ fn change(c: &CallOutcome, i: usize) -> HealthChanged {
             consecutive_hard_failures: 2,
             isolations: 1,
             thresholds: vec!["failure_rate>=0.5".into(), "min_calls>=20".into()],
+            late: 0,
         },
         policy_version: 0,
         trigger_ids: vec![c.event_id.clone()],

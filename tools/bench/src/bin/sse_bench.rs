@@ -517,5 +517,19 @@ async fn resume_flood(args: &Args, topics: &stack::Topics, port: u16, pid: u32, 
         peak.saturating_sub(filled) as f64 / held.len().max(1) as f64
     );
     drop(held);
+    // What the API gives back once the streams are gone: their writers, buffers and consumers
+    // are dropped; the allocator returns what it freed to the system within seconds.
+    let mut after = rss_kb(pid);
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        after = rss_kb(pid);
+        if after <= filled + filled / 4 {
+            break;
+        }
+    }
+    println!(
+        "  after the streams left: API RSS {after} kB ({:.0} % of what they took kept)",
+        100.0 * after.saturating_sub(filled) as f64 / peak.saturating_sub(filled).max(1) as f64
+    );
     Ok(())
 }

@@ -1,11 +1,11 @@
 //! What one batch writes: decisions turned into audit rows and outbox rows, plus the offsets and
-//! snapshots of the partitions it touched.
+//! snapshots of the partitions it touched. The pure record step (`vitals-pipeline`) fills it and
+//! the store writes it; it is here, with no engine inside, so that the store (and the read-only
+//! API that links the store) never links the engine.
 
+use crate::lateness::ClockChange;
+use crate::{encode, keys, EndpointState, HealthChanged, Micros, Policy, PoolHealthChanged, Record, Requests};
 use std::collections::{BTreeMap, HashMap};
-use vitals_contracts::{
-    encode, keys, EndpointState, HealthChanged, Micros, Policy, PoolHealthChanged, Record, Requests,
-};
-use vitals_engine::Decision;
 
 /// One event to publish, with a key that makes a replayed insert a no-op.
 #[derive(Debug, Clone)]
@@ -77,10 +77,16 @@ pub struct BatchWrite {
     pub dead_lettered: u64,
     /// Of those, signals of a new pool beyond the partition's cap (`too_many_pools`).
     pub pools_refused: u64,
+    /// Of those, records stamped too far ahead of their partition's time (CreateTime topics).
+    pub stamped_ahead: u64,
     /// Reports passed over as repeats of ones their pool applied lately (the same id).
     pub repeats: u64,
     /// Events that could not be encoded (a bug), dead-lettered as JSON instead.
     pub encode_failures: u64,
+    /// Reports (calls) set aside as late by the engine's late rule.
+    pub late: u64,
+    /// Reporters' clocks a pool named off or back: (pool, change).
+    pub clocks: Vec<(String, ClockChange)>,
 }
 
 /// The policy a pool is under from a policy change on, for the `pool_policies` table (the
@@ -109,40 +115,39 @@ impl BatchWrite {
         self.partitions.is_empty()
     }
 
-    /// Record what the engine decided for the record at (partition, offset).
-    pub fn add_decision(&mut self, topics: &Topics, d: Decision, partition: i32, offset: i64) {
-        match d {
-            Decision::Endpoint(h) => {
-                let key = keys::endpoint_key(&h.pool, &h.endpoint).into_bytes();
-                let (hc, es) = (format!("hc/{}", h.transition_id), format!("es/{}", h.transition_id));
-                self.publish(topics, h.as_ref(), &topics.changes, Some(key.clone()), hc, partition);
-                // The state topic holds the fleet's state: a scoped transition is on the
-                // changes topic and in the scoped-state projection only.
-                if h.scope.is_none() {
-                    self.publish(
-                        topics,
-                        &EndpointState::from_change(&h),
-                        &topics.state,
-                        Some(key),
-                        es,
-                        partition,
-                    );
-                }
-                self.transitions.push((*h, partition, offset));
-            }
-            Decision::Pool(p) => {
-                let dedup_key = format!("pe/{}/{}", keys::escape(&p.pool), p.seq);
-                self.publish(
-                    topics,
-                    &p,
-                    &topics.changes,
-                    Some(p.pool.clone().into_bytes()),
-                    dedup_key,
-                    partition,
-                );
-                self.pool_events.push((p, partition, offset));
-            }
+    /// A transition the engine decided for the record at (partition, offset): its audit row,
+    /// and its events on the changes topic and (a fleet transition) the state topic.
+    pub fn transition(&mut self, topics: &Topics, h: HealthChanged, partition: i32, offset: i64) {
+        let key = keys::endpoint_key(&h.pool, &h.endpoint).into_bytes();
+        let (hc, es) = (format!("hc/{}", h.transition_id), format!("es/{}", h.transition_id));
+        self.publish(topics, &h, &topics.changes, Some(key.clone()), hc, partition);
+        // The state topic holds the fleet's state: a scoped transition is on the changes topic
+        // and in the scoped-state projection only.
+        if h.scope.is_none() {
+            self.publish(
+                topics,
+                &EndpointState::from_change(&h),
+                &topics.state,
+                Some(key),
+                es,
+                partition,
+            );
         }
+        self.transitions.push((h, partition, offset));
+    }
+
+    /// A pool event the engine decided for the record at (partition, offset).
+    pub fn pool_event(&mut self, topics: &Topics, p: PoolHealthChanged, partition: i32, offset: i64) {
+        let dedup_key = format!("pe/{}/{}", keys::escape(&p.pool), p.seq);
+        self.publish(
+            topics,
+            &p,
+            &topics.changes,
+            Some(p.pool.clone().into_bytes()),
+            dedup_key,
+            partition,
+        );
+        self.pool_events.push((p, partition, offset));
     }
 
     /// An endpoint seen for the first time: into the state projection, and onto the compacted
@@ -164,7 +169,8 @@ impl BatchWrite {
     /// An event for the outbox, encoded, with its type in the `vitals-type` header. An event that
     /// cannot be encoded is a bug, and its audit row commits anyway (the line goes on): it goes
     /// to the dead-letter topic as JSON with the error, where it is seen and can be replayed by
-    /// hand, and is counted (`encode_failures`); never dropped silently.
+    /// hand, and is counted (`encode_failures`, which the processor logs and exports); never
+    /// dropped silently.
     fn publish<T: Record>(
         &mut self,
         topics: &Topics,
@@ -185,7 +191,6 @@ impl BatchWrite {
                 partition,
             }),
             Err(e) => {
-                tracing::error!(error = %e, event = %dedup_key, "cannot encode an outbox event; dead-lettering it as JSON");
                 self.encode_failures += 1;
                 let payload = serde_json::to_vec(value)
                     .unwrap_or_else(|j| format!("{{\"unencodable\":{:?}}}", j.to_string()).into_bytes());
@@ -266,7 +271,7 @@ impl BatchWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vitals_contracts::SchemaKind;
+    use crate::SchemaKind;
 
     /// An event whose value does not fit its schema: apache-avro refuses to encode it.
     #[derive(serde::Serialize, serde::Deserialize)]
