@@ -249,6 +249,9 @@ impl Summarizer {
                 })
                 .collect(),
             None if summary.gateway.is_empty() => Vec::new(),
+            // Nothing to list (no failure, nobody watched at this endpoint): what `reported`
+            // would conclude, without building the scope.
+            None if summary.failures() <= 0 && !self.watched.contains_key(&key) => Vec::new(),
             None => {
                 let failures = count(summary.failures());
                 vec![(

@@ -113,13 +113,19 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
         // The transaction's time: the merge's intervals are cut by commits, not by it, and the
         // summaries take their times from the calls.
         let now = now_us();
-        let end = Instant::now() + s.interval;
+        let began = Instant::now();
+        let end = began + s.interval;
         let mut rebalanced = false;
         loop {
-            let left = end.saturating_duration_since(Instant::now());
+            // One clock read a record: the wall time a gateway's clock is judged against is the
+            // transaction's start plus the monotonic time since (read before the poll: early by
+            // the poll's wait, under an interval, against the 10 s a clock must be off by).
+            let at_poll = Instant::now();
+            let left = end.saturating_duration_since(at_poll);
             if left.is_zero() || stop.load(Relaxed) {
                 break;
             }
+            let wall = now.saturating_add(i64::try_from((at_poll - began).as_micros()).unwrap_or(i64::MAX));
             let polled = consumer.poll(left);
             if consumer.context().rebalanced.swap(false, Relaxed) {
                 rebalanced = true;
@@ -137,7 +143,7 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
                     match admit(m.payload().unwrap_or_default(), at) {
                         Ok(mut sig) => {
                             counters.calls_in.inc_by(calls_in(&sig));
-                            if let Some(change) = crate::in_time(&mut clocks, &mut sig, now_us()) {
+                            if let Some(change) = crate::in_time(&mut clocks, &mut sig, wall) {
                                 counters.clock(&change);
                             }
                             merge.take(sig, now, &mut out);

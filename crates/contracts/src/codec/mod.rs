@@ -264,18 +264,17 @@ macro_rules! record {
         }
     };
 }
-record!(CallOutcome, CallOutcome);
-/// A gateway's own summary (no `reporters`) is written in version 1, as before merged ones
-/// existed, so that every consumer built before them reads it; a merged one is version 2.
-impl Record for crate::summary::CallSummary {
-    const KIND: SchemaKind = SchemaKind::CallSummary;
-
-    fn fits_previous(&self) -> bool {
-        self.reporters.is_none()
-    }
-}
-record!(ProbeResult, ProbeResult);
-record!(Tick, Tick);
+record!(CallOutcome, CallOutcome, fast_encode::call_outcome);
+// A gateway's own summary (no `reporters`) is written in version 1, as before merged ones
+// existed, so that every consumer built before them reads it; a merged one is version 2.
+record!(
+    crate::summary::CallSummary,
+    CallSummary,
+    fast_encode::call_summary,
+    |s: &crate::summary::CallSummary| s.reporters.is_none()
+);
+record!(ProbeResult, ProbeResult, fast_encode::probe_result);
+record!(Tick, Tick, fast_encode::tick);
 record!(OperatorOverride, OperatorOverride);
 record!(PolicyChange, PolicyChange);
 record!(

@@ -144,12 +144,43 @@ impl Histogram {
         }
     }
 
-    /// Add another histogram's counts.
+    /// Add another histogram's counts. A merger merges every gateway's summary of an endpoint
+    /// into one, so this is on its every record: buckets both have are added where they are
+    /// (the common case once an endpoint's latencies are known), and the others are merged in
+    /// from the back in one pass, each bucket moved once.
     pub fn merge(&mut self, other: &Histogram) {
-        for b in &other.buckets {
-            self.record_n(b.index, b.count);
-        }
         self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        let mut missing = 0;
+        for b in &other.buckets {
+            match self.buckets.binary_search_by_key(&b.index, |x| x.index) {
+                Ok(i) => self.buckets[i].count = self.buckets[i].count.saturating_add(b.count),
+                Err(_) => missing += 1,
+            }
+        }
+        if missing == 0 {
+            return;
+        }
+        let held = self.buckets.len();
+        self.buckets
+            .resize(held + missing, HistogramBucket { index: 0, count: 0 });
+        // i: buckets of ours not yet placed; j: of the other's; k: the slot to fill.
+        let (mut i, mut j, mut k) = (held, other.buckets.len(), held + missing);
+        while j > 0 {
+            let theirs = other.buckets[j - 1];
+            if i > 0 && self.buckets[i - 1].index == theirs.index {
+                // Added above.
+                j -= 1;
+            } else if i > 0 && self.buckets[i - 1].index > theirs.index {
+                k -= 1;
+                self.buckets[k] = self.buckets[i - 1];
+                i -= 1;
+            } else {
+                k -= 1;
+                self.buckets[k] = theirs;
+                j -= 1;
+            }
+        }
+        debug_assert_eq!(i, k, "our first buckets stay where they are");
     }
 
     pub fn count(&self) -> i64 {

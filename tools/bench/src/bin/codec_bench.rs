@@ -7,7 +7,10 @@ use std::hint::black_box;
 use std::time::Instant;
 use vitals_bench::workload;
 use vitals_contracts::codec::{encode, encode_generic};
-use vitals_contracts::{decode_signal, encode_signal, CallOutcome, Evidence, HealthChanged, HealthState, Signal};
+use vitals_contracts::{
+    decode_signal, encode_signal, CallOutcome, CallSummary, Evidence, HealthChanged, HealthState, ReporterCounts,
+    Signal,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -80,7 +83,62 @@ fn main() -> anyhow::Result<()> {
         "codec-bench: {n} HealthChanged records ({:.0} B): encode {fast:.0} ns (through apache-avro: {generic:.0} ns)",
         changes.iter().map(|c| encode(c).map_or(0, |b| b.len())).sum::<usize>() as f64 / n as f64
     );
+    // What a merger writes: each endpoint's calls of an interval merged from several gateways'
+    // summaries, with the reporters that failed in it.
+    let merged: Vec<CallSummary> = calls
+        .chunks(20)
+        .take(n / 10)
+        .enumerate()
+        .map(|(i, c)| merged(c, i))
+        .collect();
+    let m = merged.len();
+    let fast = per_record(m, |i| {
+        black_box(encode(&merged[i]).ok());
+    });
+    let generic = per_record(m, |i| {
+        black_box(encode_generic(&merged[i]).ok());
+    });
+    println!(
+        "codec-bench: {m} merged CallSummary records ({:.0} B): encode {fast:.0} ns (through apache-avro: {generic:.0} ns)",
+        merged.iter().map(|c| encode(c).map_or(0, |b| b.len())).sum::<usize>() as f64 / m as f64
+    );
     Ok(())
+}
+
+/// Twenty calls of an endpoint summed by three gateways and merged.
+fn merged(calls: &[CallOutcome], i: usize) -> CallSummary {
+    let first = &calls[0];
+    let mut merged = CallSummary::new(
+        format!("m/{i}"),
+        &first.pool,
+        &first.endpoint,
+        "merger",
+        first.occurred_at,
+    );
+    for (g, part) in calls.chunks(7).enumerate() {
+        let mut s = CallSummary::new(
+            format!("g{g}/{i}"),
+            &first.pool,
+            &first.endpoint,
+            &format!("gw-{g}"),
+            first.occurred_at,
+        );
+        for c in part {
+            s.add(c);
+        }
+        merged.append(&s);
+    }
+    merged.reporters = Some(
+        (0..3)
+            .map(|g| ReporterCounts {
+                scopes: vec![format!("gateway=gw-{g}")],
+                calls: 7,
+                failures: 1,
+                trailing_failures: 0,
+            })
+            .collect(),
+    );
+    merged
 }
 
 /// A transition of the call's endpoint, with the evidence the engine gives one.
