@@ -11,6 +11,7 @@
 //!   retriable and final ones, used by every program that produces.
 //! - [`redact`]: secrets out of anything printed.
 //! - [`metrics`]: the Prometheus registry and its text rendering.
+//! - [`probes`]: `/healthz` and `/readyz`, the same on every service's port.
 //! - [`tokens`]: bearer tokens, their roles and bindings, one file format for every way in.
 
 #[cfg(feature = "service")]
@@ -21,6 +22,8 @@ pub mod args;
 pub mod kafka;
 #[cfg(feature = "service")]
 pub mod metrics;
+#[cfg(feature = "service")]
+pub mod probes;
 pub mod produce;
 #[cfg(feature = "service")]
 pub mod redact;

@@ -13,9 +13,7 @@
 //! needed.
 
 use anyhow::Context as _;
-use axum::http::StatusCode;
 use axum::routing::get;
-use axum::Router;
 use clap::Parser;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -433,23 +431,11 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     };
     let app = {
         let (m, r) = (stats.clone(), stats.clone());
-        Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route(
-                "/readyz",
-                get(move || {
-                    let ok = r.connected.load(Ordering::Relaxed);
-                    std::future::ready(if ok {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "HAProxy's Runtime API is not answering",
-                        )
-                    })
-                }),
-            )
-            .route("/metrics", get(move || std::future::ready(m.prometheus())))
+        vitals_runtime::probes::router(
+            move || r.connected.load(Ordering::Relaxed),
+            "HAProxy's Runtime API is not answering",
+        )
+        .route("/metrics", get(move || std::future::ready(m.prometheus())))
     };
     let listener = tokio::net::TcpListener::bind(&cfg.http_addr)
         .await

@@ -3,9 +3,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context as _;
-use axum::http::StatusCode;
 use axum::routing::get;
-use axum::Router;
 use clap::Parser;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -159,22 +157,10 @@ async fn main() -> anyhow::Result<()> {
         };
         let app = {
             let (ready, counters) = (ready.clone(), counters.clone());
-            Router::new()
-                .route("/healthz", get(|| async { "ok" }))
-                .route(
-                    "/readyz",
-                    get(move || {
-                        let r = ready.load(Relaxed);
-                        std::future::ready(if r {
-                            (StatusCode::OK, "ready")
-                        } else {
-                            (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "not ready: transactions not initialised, or the committed offsets of partitions taken over not readable yet (a dead peer's transaction holds them until it times out)",
-                            )
-                        })
-                    }),
-                )
+            vitals_runtime::probes::router(
+                move || ready.load(Relaxed),
+                "not ready: transactions not initialised, or the committed offsets of partitions taken over not readable yet (a dead peer's transaction holds them until it times out)",
+            )
                 .route(
                     "/metrics",
                     get(move || std::future::ready(vitals_runtime::metrics::response(counters.registry()))),

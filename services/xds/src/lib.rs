@@ -17,9 +17,7 @@ pub mod server;
 pub mod table;
 
 use anyhow::Context as _;
-use axum::http::StatusCode;
 use axum::routing::get;
-use axum::Router;
 use clap::Parser;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
@@ -117,22 +115,14 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let app = {
         let (ready, counters) = (ready.clone(), counters.clone());
-        Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route(
-                "/readyz",
-                get(move || {
-                    std::future::ready(if ready.load(Ordering::Relaxed) {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready: loading the health state")
-                    })
-                }),
-            )
-            .route(
-                "/metrics",
-                get(move || std::future::ready(vitals_runtime::metrics::response(&counters.registry))),
-            )
+        vitals_runtime::probes::router(
+            move || ready.load(Ordering::Relaxed),
+            "not ready: loading the health state",
+        )
+        .route(
+            "/metrics",
+            get(move || std::future::ready(vitals_runtime::metrics::response(&counters.registry))),
+        )
     };
     let http_cancel = cancel.clone();
     let http_server = tokio::spawn(async move {
