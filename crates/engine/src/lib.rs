@@ -121,13 +121,60 @@ impl Engine {
     /// A signal the engine refuses (see [`Engine::refusal`]) changes nothing, not even the
     /// stream time: the processor dead-letters it.
     pub fn apply(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) -> Option<EndpointState> {
-        let first_seen = match (signal.pool(), signal.endpoint()) {
-            (Some(pool), Some(ep)) => self.pools.get(pool).is_none_or(|p| p.endpoint(ep).is_none()),
-            _ => false,
-        };
-        if first_seen && self.refusal(signal).is_some() {
-            return None;
+        match self.admit(at, signal) {
+            Admission::Refused(_) => None,
+            Admission::Repeat => {
+                if self.refusal(signal).is_none() {
+                    self.apply_signal(at, signal, out);
+                }
+                None
+            }
+            Admission::Apply { first_seen, .. } => self.apply_admitted(at, signal, first_seen, out),
         }
+    }
+
+    /// What [`Engine::apply`] would do with `signal` at stream time `at`, found with one look-up
+    /// of its pool: the processor asks first, to count and dead-letter what is not applied.
+    pub fn admit(&self, at: Micros, signal: &Signal) -> Admission {
+        let Some(name) = signal.pool() else {
+            return Admission::Apply {
+                new_pool: false,
+                first_seen: false,
+            };
+        };
+        let Some(pool) = self.pools.get(name) else {
+            return Admission::Apply {
+                new_pool: true,
+                first_seen: signal.endpoint().is_some(),
+            };
+        };
+        if pool.is_repeat(signal, at.max(self.now)) {
+            return Admission::Repeat;
+        }
+        match signal.endpoint() {
+            Some(ep) if pool.endpoint(ep).is_none() => match refusal(pool, name, ep) {
+                Some(why) => Admission::Refused(why),
+                None => Admission::Apply {
+                    new_pool: false,
+                    first_seen: true,
+                },
+            },
+            _ => Admission::Apply {
+                new_pool: false,
+                first_seen: false,
+            },
+        }
+    }
+
+    /// Apply a signal [`Engine::admit`] admitted (`first_seen` as it said): [`Engine::apply`]
+    /// without asking again.
+    pub fn apply_admitted(
+        &mut self,
+        at: Micros,
+        signal: &Signal,
+        first_seen: bool,
+        out: &mut Vec<Decision>,
+    ) -> Option<EndpointState> {
         self.apply_signal(at, signal, out);
         if !first_seen {
             return None;
@@ -141,10 +188,7 @@ impl Engine {
     /// five minutes (the same event, summary or probe id): [`Engine::apply`] passes it over, and
     /// the processor counts it as a repeat rather than a call.
     pub fn is_repeat(&self, at: Micros, signal: &Signal) -> bool {
-        let Some(pool) = signal.pool().and_then(|p| self.pools.get(p)) else {
-            return false;
-        };
-        pool.is_repeat(signal, at.max(self.now))
+        matches!(self.admit(at, signal), Admission::Repeat)
     }
 
     /// Why the engine refuses a signal, if it does: the signal names an endpoint its pool does
@@ -156,14 +200,7 @@ impl Engine {
         if pool.endpoint(ep).is_some() {
             return None;
         }
-        let cap = pool.policy().max_endpoints.max(1);
-        (i64::from(pool.total()) >= i64::from(cap)).then(|| {
-            format!(
-                "pool {name:?} holds {} endpoints, the most its policy allows (max_endpoints {cap}): \
-                 endpoint {ep:?} is not added",
-                pool.total()
-            )
-        })
+        refusal(pool, name, ep)
     }
 
     fn apply_signal(&mut self, at: Micros, signal: &Signal, out: &mut Vec<Decision>) {
@@ -252,6 +289,31 @@ impl Engine {
         engine.now = engine.now.max(stream_time);
         Ok(engine)
     }
+}
+
+/// What the engine does with a signal ([`Engine::admit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// A report its pool applied within the last five minutes: passed over (it moves stream
+    /// time and fires timers, as any signal does, and changes nothing else).
+    Repeat,
+    /// Refused, and why ([`Engine::refusal`]): nothing changes, not even stream time.
+    Refused(String),
+    /// Applied. `new_pool`: the engine holds no pool of its name yet; `first_seen`: it names an
+    /// endpoint its pool does not hold yet.
+    Apply { new_pool: bool, first_seen: bool },
+}
+
+/// Why `pool` refuses the endpoint `ep` it does not hold: it holds its policy's `max_endpoints`.
+fn refusal(pool: &PoolState, name: &str, ep: &str) -> Option<String> {
+    let cap = pool.policy().max_endpoints.max(1);
+    (i64::from(pool.total()) >= i64::from(cap)).then(|| {
+        format!(
+            "pool {name:?} holds {} endpoints, the most its policy allows (max_endpoints {cap}): \
+             endpoint {ep:?} is not added",
+            pool.total()
+        )
+    })
 }
 
 /// Serialize a map in key order, so that snapshots of equal states are equal bytes.

@@ -5,7 +5,7 @@ use common::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use vitals_contracts::*;
-use vitals_engine::{Decision, Engine};
+use vitals_engine::{Admission, Decision, Engine};
 
 const ENDPOINTS: [&str; 5] = ["a", "b", "c", "d", "e"];
 const POOLS: [&str; 2] = ["p1", "p2"];
@@ -186,5 +186,39 @@ proptest! {
         got.extend(run(&mut restored, &input[k..]));
         prop_assert_eq!(got, expected);
         prop_assert_eq!(restored.snapshot(), whole.snapshot());
+    }
+
+    /// The processor asks [`Engine::admit`] and then applies what it admitted; that must be
+    /// [`Engine::apply`] exactly: the same decisions, first states and state, with repeated
+    /// reports and endpoints refused by a pool's cap among the signals.
+    #[test]
+    fn admitting_then_applying_is_applying(
+        steps in proptest::collection::vec(step(), 1..400),
+        repeats in proptest::collection::vec(0usize..400, 0..40),
+    ) {
+        let mut input = signals(&steps);
+        for r in repeats {
+            if let Some((t, s)) = input.get(r % input.len()).cloned() {
+                input.push((t.max(input.last().map_or(t, |l| l.0)), s));
+            }
+        }
+        let policy = Policy { max_endpoints: 3, ..Policy::default() };
+        let (mut a, mut b) = (Engine::new(policy.clone()), Engine::new(policy));
+        let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
+        for (t, s) in &input {
+            let s = stamped(*t, s);
+            let first_a = a.apply(*t, &s, &mut out_a);
+            let first_b = match b.admit(*t, &s) {
+                Admission::Repeat => b.apply(*t, &s, &mut out_b),
+                Admission::Refused(why) => {
+                    prop_assert_eq!(Some(why), b.refusal(&s));
+                    None
+                }
+                Admission::Apply { first_seen, .. } => b.apply_admitted(*t, &s, first_seen, &mut out_b),
+            };
+            prop_assert_eq!(first_a, first_b);
+        }
+        prop_assert_eq!(out_a, out_b);
+        prop_assert_eq!(a.snapshot(), b.snapshot());
     }
 }

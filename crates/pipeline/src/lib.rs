@@ -11,7 +11,7 @@ pub use vitals_contracts::batch::{
 
 use rustc_hash::FxHashMap as HashMap;
 use vitals_contracts::{decode_signal, validate_signal, Micros, Requests, Signal};
-use vitals_engine::{Decision, Engine};
+use vitals_engine::{Admission, Decision, Engine};
 
 /// One input partition: its engine and where it stands in the log.
 pub struct Partition {
@@ -219,35 +219,39 @@ impl Partition {
         }
         // A report sent twice (a retried export, a batch sent again) is applied and counted
         // once: the engine remembers its pools' recent ids, in their snapshots too.
-        if self.engine.is_repeat(at, &signal) {
-            if !replay {
-                out.repeats += 1;
-            }
-            return true;
-        }
-        if let Some(pool) = signal.pool().filter(|p| self.engine.pool(p).is_none()) {
-            if self.engine.pool_count() >= self.max_pools {
+        let first_seen = match self.engine.admit(at, &signal) {
+            Admission::Repeat => {
                 if !replay {
-                    let why = format!(
-                        "this partition holds {} pools, the most it may (--max-pools-per-partition): pool {pool:?} is not added",
-                        self.engine.pool_count()
-                    );
-                    out.pools_refused += 1;
-                    out.dead_letter(topics, partition, offset, key, payload, "too_many_pools", &why);
+                    out.repeats += 1;
                 }
                 return true;
             }
-        }
-        if let Some(why) = self.engine.refusal(&signal) {
-            if !replay {
-                out.dead_letter(topics, partition, offset, key, payload, "pool_full", &why);
+            Admission::Refused(why) => {
+                if !replay {
+                    out.dead_letter(topics, partition, offset, key, payload, "pool_full", &why);
+                }
+                return true;
             }
-            return true;
-        }
+            Admission::Apply { new_pool, first_seen } => {
+                if new_pool && self.engine.pool_count() >= self.max_pools {
+                    if !replay {
+                        let why = format!(
+                            "this partition holds {} pools, the most it may (--max-pools-per-partition): pool {:?} is not added",
+                            self.engine.pool_count(),
+                            signal.pool().unwrap_or_default()
+                        );
+                        out.pools_refused += 1;
+                        out.dead_letter(topics, partition, offset, key, payload, "too_many_pools", &why);
+                    }
+                    return true;
+                }
+                first_seen
+            }
+        };
         if offset >= self.counted_from {
             self.count(at, &signal);
         }
-        let first = self.engine.apply(at, &signal, &mut self.decisions);
+        let first = self.engine.apply_admitted(at, &signal, first_seen, &mut self.decisions);
         let notes = self.engine.take_notes();
         if replay {
             self.decisions.clear();

@@ -358,8 +358,15 @@ impl PoolState {
             return;
         }
         let (now, policy) = (self.now, &self.policy);
-        let book = self.books.entry(r.endpoint.to_owned()).or_default();
+        let book = match self.books.get_mut(r.endpoint) {
+            Some(b) => b,
+            None => self.books.entry(r.endpoint.to_owned()).or_default(),
+        };
         book.record(now, policy, r.scopes, r.calls, r.failures, r.trailing);
+        // Most calls pass with nothing out for their scopes: no decision to take.
+        if r.failures == 0 && book.out.is_empty() {
+            return;
+        }
         self.scoped_decisions(r, out);
     }
 
@@ -372,7 +379,10 @@ impl PoolState {
         let failures = count(s.failures());
         let calls = failures + count(s.calls.success);
         let (now, policy) = (self.now, &self.policy);
-        let book = self.books.entry(s.endpoint.clone()).or_default();
+        let book = match self.books.get_mut(s.endpoint.as_str()) {
+            Some(b) => b,
+            None => self.books.entry(s.endpoint.clone()).or_default(),
+        };
         let (mut rest_calls, mut rest_failures) = (calls, failures);
         for r in listed.iter().filter(|r| r.calls > 0) {
             let (c, f) = (count(r.calls), count(r.failures));

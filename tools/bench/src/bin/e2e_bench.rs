@@ -8,6 +8,7 @@
 //!   target/release/e2e-bench --peer tools/streams-peer   (and the Kafka Streams peer: build it
 //!     first with `mvn -q -B -f tools/streams-peer/pom.xml package dependency:copy-dependencies`)
 //!   target/release/e2e-bench --offline [--signals 5000000]   (the record step only; no stack)
+//!   E2E_KEEP_SCHEMA=1 target/release/e2e-bench ...   (keeps each run's schema, to read its rows)
 
 use clap::Parser;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -79,6 +80,8 @@ struct ProcRun {
 struct BareRun {
     rate: f64,
     cpu_us: f64,
+    /// The broker's CPU µs per signal while the loop read: what serving the fetches alone costs.
+    cpu_broker_us: f64,
     fifths: Vec<f64>,
 }
 
@@ -162,8 +165,8 @@ async fn main() -> anyhow::Result<()> {
             let bare_run = bare_loop(&topics.signals, &format!("{name}-bare-{run}"), *n).await?;
             let bare = bare_run.rate;
             eprintln!(
-                "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {:.2} µs CPU per signal",
-                bare_run.cpu_us
+                "run {run}, {n} signals: bare consumer+decode {bare:.0} signals/s, {:.2} µs CPU per signal (broker {:.2})",
+                bare_run.cpu_us, bare_run.cpu_broker_us
             );
             results[i].bare.push(bare_run);
             for by in results[i].by_lanes.iter_mut() {
@@ -248,6 +251,8 @@ fn report(r: &SizeResults) {
     println!("\n{n} signals");
     println!("  bare consumer + decode   {}", spread(&bare, "signals/s"));
     println!("  CPU, bare loop           {}", spread(&bare_cpu, "µs/signal"));
+    let bare_broker: Vec<f64> = r.bare.iter().map(|b| b.cpu_broker_us).collect();
+    println!("  CPU, broker for it       {}", spread(&bare_broker, "µs/signal"));
     if !r.peer.is_empty() {
         let rates: Vec<f64> = r.peer.iter().map(|p| p.rate).collect();
         let per = |f: fn(&PeerRun) -> f64| spread(&r.peer.iter().map(f).collect::<Vec<_>>(), "µs/signal");
@@ -455,7 +460,7 @@ fn bare_consumer(group: &str) -> anyhow::Result<StreamConsumer> {
 async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<BareRun> {
     let c = bare_consumer(group)?;
     c.subscribe(&[topic])?;
-    let cpu0 = cpu::of_pid(std::process::id());
+    let (cpu0, broker0) = (cpu::of_pid(std::process::id()), cpu::of_command("java"));
     let mut seen = 0usize;
     let mut decoded = 0usize;
     let mut start = None;
@@ -478,6 +483,7 @@ async fn bare_loop(topic: &str, group: &str, n: usize) -> anyhow::Result<BareRun
     Ok(BareRun {
         rate: n as f64 / start.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64()),
         cpu_us: (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / n as f64,
+        cpu_broker_us: (cpu::of_command("java") - broker0) * 1e6 / n as f64,
         fifths: fifths(&marks, n as f64),
     })
 }
@@ -492,7 +498,7 @@ async fn bare_lanes(topic: &str, partitions: i32, lanes: usize, n: usize) -> any
     let seen = Arc::new(AtomicUsize::new(0));
     let decoded = Arc::new(AtomicUsize::new(0));
     let start: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
-    let cpu0 = cpu::of_pid(std::process::id());
+    let (cpu0, broker0) = (cpu::of_pid(std::process::id()), cpu::of_command("java"));
     let mut tasks = tokio::task::JoinSet::new();
     for lane in 0..lanes {
         let c = bare_consumer(&stack::unique("e2e-bare-lanes"))?;
@@ -533,6 +539,7 @@ async fn bare_lanes(topic: &str, partitions: i32, lanes: usize, n: usize) -> any
     Ok(BareRun {
         rate: n as f64 / secs,
         cpu_us: (cpu::of_pid(std::process::id()) - cpu0) * 1e6 / n as f64,
+        cpu_broker_us: (cpu::of_command("java") - broker0) * 1e6 / n as f64,
         fifths: fifths(&samples, n as f64),
     })
 }
@@ -607,9 +614,11 @@ async fn processor_run(
     let transitions: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".transitions"))
         .fetch_one(db)
         .await?;
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(db)
-        .await?;
+    if std::env::var_os("E2E_KEEP_SCHEMA").is_none() {
+        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .execute(db)
+            .await?;
+    }
     let per = |s: f64| s * 1e6 / n as f64;
     Ok(ProcRun {
         rate: (n as i64 - first) as f64 / secs,
