@@ -360,11 +360,11 @@ async fn insert_transitions(
          SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds::text[],
-         trigger_ids::text[], policy_version, evidence, stream_time, source_partition, source_offset, scope
+         trigger_ids::text[], policy_version, evidence::json, stream_time, source_partition, source_offset, scope
          FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::float8[],
          $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::float8[], $13::float8[], $14::int8[],
          $15::int8[], $16::int4[], $17::int4[], $18::float8[], $19::float8[], $20::text[], $21::text[],
-         $22::int4[], $23::jsonb[], $24::timestamptz[], $25::int4[], $26::int8[], $27::text[])
+         $22::int4[], $23::text[], $24::timestamptz[], $25::int4[], $26::int8[], $27::text[])
          AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
          retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
          consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
@@ -393,7 +393,7 @@ async fn insert_transitions(
     .bind(column(rows, |(h, _, _)| array_literal(&h.evidence.thresholds)))
     .bind(column(rows, |(h, _, _)| array_literal(&h.trigger_ids)))
     .bind(column(rows, |(h, _, _)| h.policy_version))
-    .bind(column(rows, |(h, _, _)| sqlx::types::Json(&h.evidence)))
+    .bind(column(rows, |(h, _, _)| json_text(&h.evidence)))
     .bind(column(rows, |(h, _, _)| timestamp(h.stream_time)))
     .bind(column(rows, |(_, p, _)| *p))
     .bind(column(rows, |(_, _, o)| *o))
@@ -559,6 +559,11 @@ fn column<'a, R, T>(rows: &'a [R], f: impl Fn(&'a R) -> T) -> Vec<T> {
     rows.iter().map(f).collect()
 }
 
+/// A value as JSON text, for a `json` column (migration 0016: checked, not converted as jsonb was).
+fn json_text<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("contract types always serialize")
+}
+
 /// A `text[]` value as Postgres array literal (`{"a","b"}`), so that an array column of many rows
 /// travels as one text array (UNNEST cannot take an array of arrays of different lengths).
 fn array_literal(items: &[String]) -> String {
@@ -666,15 +671,15 @@ async fn insert_pool_events(
 async fn insert_outbox(tx: &mut Transaction<'_, Postgres>, rows: &[OutboxRow]) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO outbox (dedup_key, topic, key, payload, headers)
-         SELECT dedup_key, topic, key, payload, headers
-         FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY
+         SELECT dedup_key, topic, key, payload, headers::json
+         FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::text[]) WITH ORDINALITY
          AS u(dedup_key, topic, key, payload, headers, n) ORDER BY n",
     )
     .bind(column(rows, |o| o.dedup_key.as_str()))
     .bind(column(rows, |o| o.topic.as_str()))
     .bind(column(rows, |o| o.key.as_deref()))
     .bind(column(rows, |o| o.payload.as_slice()))
-    .bind(column(rows, |o| sqlx::types::Json(&o.headers)))
+    .bind(column(rows, |o| json_text(&o.headers)))
     .execute(&mut **tx)
     .await?;
     Ok(())
