@@ -25,6 +25,10 @@ pub struct Partition {
     /// replayed into the engine only: their rows and events were committed by an earlier owner.
     committed: Option<i64>,
     since_snapshot: u64,
+    /// Bytes of snapshot a record read may cost at most (0: no bound; see
+    /// [`Partition::with_snapshot_budget`]), and the size of the last snapshot.
+    snapshot_budget: u64,
+    last_snapshot_bytes: u64,
     /// A record was applied since the last [`Partition::write`].
     unwritten: bool,
     decisions: Vec<Decision>,
@@ -68,6 +72,8 @@ impl Partition {
             next_offset: start_offset,
             committed,
             since_snapshot: 0,
+            snapshot_budget: 0,
+            last_snapshot_bytes: 0,
             unwritten: false,
             decisions: Vec::new(),
             counted_from: 0,
@@ -106,6 +112,16 @@ impl Partition {
             (at - now) / 1_000_000,
             bound / 1_000_000
         ))
+    }
+
+    /// Snapshots cost at most `bytes_per_record` bytes a record read (0: no bound): a snapshot
+    /// waits, beyond the `every` records of [`Partition::write`], until as many records were read
+    /// since the last one as its bytes over `bytes_per_record`. A partition of many pools is
+    /// snapshotted less often (its replay after a crash is longer), one of a few as often as
+    /// `every` says.
+    pub fn with_snapshot_budget(mut self, bytes_per_record: u64) -> Partition {
+        self.snapshot_budget = bytes_per_record;
+        self
     }
 
     /// At most `n` pools in this partition (see [`Partition::step`]); the pools held already stay.
@@ -283,7 +299,8 @@ impl Partition {
     }
 
     /// What the batch records for this partition: its next offset, a snapshot when `force` or
-    /// when `every` records have been applied since the last one, and the calls counted since
+    /// when `every` records have been applied since the last one (and as many as the snapshot
+    /// budget asks, [`Partition::with_snapshot_budget`]), and the calls counted since
     /// the last counts when `flush_requests` or with a snapshot (a snapshot's offset is never
     /// past the counted offset, so a restart replays every call not yet counted). None when there
     /// is nothing to record.
@@ -291,9 +308,14 @@ impl Partition {
         let counting = flush_requests && self.counting();
         let next = self.next_offset.filter(|_| self.unwritten || force || counting)?;
         self.unwritten = false;
+        let every = match self.snapshot_budget {
+            0 => every,
+            b => every.max(self.last_snapshot_bytes / b),
+        };
         let snapshot = (force || self.since_snapshot >= every).then(|| {
             self.since_snapshot = 0;
             let s = self.engine.partition_snapshot();
+            self.last_snapshot_bytes = s.pools.iter().map(|(_, b)| b.len() as u64).sum();
             Snapshot {
                 offset: next,
                 stream_time: s.stream_time,
@@ -563,6 +585,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&restored, p.engine());
+    }
+
+    /// With a snapshot budget, a snapshot waits until its predecessor's bytes over the budget
+    /// were read since, then comes as `every` says; without one, `every` alone decides.
+    #[test]
+    fn a_snapshot_budget_spaces_snapshots_by_their_size() {
+        let t = topics();
+        let ts = Some(1_700_000_000_000);
+        let mut bounded = Partition::new(0, 1, Engine::new(Policy::default()), None, None).with_snapshot_budget(16);
+        let mut plain = Partition::new(0, 1, Engine::new(Policy::default()), None, None);
+        // (record, bytes of the snapshot taken after it)
+        let (mut taken, mut taken_plain) = (Vec::new(), 0);
+        for i in 0..3_000i64 {
+            let record = call(["a", "b", "c"][i as usize % 3], i as u64, OutcomeClass::Success);
+            for p in [&mut bounded, &mut plain] {
+                p.step(i, ts, Some(b"p"), Some(&record), &t, &mut BatchWrite::default());
+            }
+            if let Some(s) = bounded.write(10, false, false).and_then(|w| w.snapshot) {
+                taken.push((i, s.pools.iter().map(|(_, b)| b.len() as i64).sum::<i64>()));
+            }
+            taken_plain += i64::from(plain.write(10, false, false).and_then(|w| w.snapshot).is_some());
+        }
+        assert_eq!(taken_plain, 300, "every 10 records without a budget");
+        assert_eq!(taken[0].0, 9, "the first after `every` records");
+        assert!(taken.len() >= 3 && taken[0].1 > 1_000, "{taken:?}");
+        for w in taken.windows(2) {
+            let ((at, bytes), (next, _)) = (w[0], w[1]);
+            assert_eq!(
+                next - at,
+                (bytes / 16).max(10),
+                "spaced by the last one's bytes over 16: {taken:?}"
+            );
+        }
     }
 
     #[test]

@@ -182,7 +182,7 @@ impl Processor {
                 feed = self.feed.recv() => {
                     self.recv_time += waiting.elapsed();
                     match feed.ok_or(LoopError::Receiver)? {
-                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch, self.cfg.max_pools_per_partition, self.cfg.max_ahead()),
+                        Feed::Rebalanced(events) => apply_rebalance(events, &mut self.partitions, &mut self.batch, &self.cfg),
                         Feed::Records(chunk) => self.step_chunk(&chunk, linger.as_mut()).await?,
                     }
                 }
@@ -337,8 +337,7 @@ fn apply_rebalance(
     events: Vec<Rebalanced>,
     partitions: &mut HashMap<i32, Partition>,
     batch: &mut BatchWrite,
-    max_pools: usize,
-    max_ahead: Option<vitals_contracts::Micros>,
+    cfg: &Config,
 ) {
     for e in events {
         match e {
@@ -354,8 +353,9 @@ fn apply_rebalance(
                         p,
                         Partition::new(p, r.epoch, r.engine, r.start_offset, r.committed_offset)
                             .counting_from(r.requests_offset)
-                            .with_max_pools(max_pools)
-                            .with_max_ahead(max_ahead),
+                            .with_max_pools(cfg.max_pools_per_partition)
+                            .with_max_ahead(cfg.max_ahead())
+                            .with_snapshot_budget(cfg.snapshot_bytes_per_record),
                     );
                 }
             }
