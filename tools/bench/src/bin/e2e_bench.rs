@@ -46,6 +46,10 @@ struct Args {
     /// Stream threads of the peer.
     #[arg(long, default_value_t = 1)]
     peer_threads: usize,
+    /// The peer's state store: `persistent` (RocksDB, Kafka Streams' default, as a production
+    /// application runs) or `memory`; both changelogged.
+    #[arg(long, default_value = "persistent", value_parser = ["persistent", "memory"])]
+    peer_store: String,
     /// Only the record step offline, on the largest size: no Kafka, no Postgres.
     #[arg(long)]
     offline: bool,
@@ -200,11 +204,12 @@ async fn main() -> anyhow::Result<()> {
                     &format!("{name}-peer-{run}"),
                     *n,
                     args.peer_threads,
+                    &args.peer_store,
                 )
                 .await?;
                 eprintln!(
-                    "run {run}, {n} signals: Kafka Streams peer ({} thread(s), exactly once) {:.0} signals/s; CPU µs/signal: peer {:.2}, broker {:.2}",
-                    args.peer_threads, peer.rate, peer.cpu_peer_us, peer.cpu_broker_us
+                    "run {run}, {n} signals: Kafka Streams peer ({} thread(s), {} store, exactly once) {:.0} signals/s; CPU µs/signal: peer {:.2}, broker {:.2}",
+                    args.peer_threads, args.peer_store, peer.rate, peer.cpu_peer_us, peer.cpu_broker_us
                 );
                 results[i].peer.push(peer);
             }
@@ -384,7 +389,14 @@ struct PeerRun {
 }
 
 /// Run the Kafka Streams peer over `topic` until it has read `n` records.
-async fn peer_run(dir: &std::path::Path, topic: &str, app: &str, n: usize, threads: usize) -> anyhow::Result<PeerRun> {
+async fn peer_run(
+    dir: &std::path::Path,
+    topic: &str,
+    app: &str,
+    n: usize,
+    threads: usize,
+    store: &str,
+) -> anyhow::Result<PeerRun> {
     use std::io::BufRead;
     let out = stack::Topics::create(app, 1, stack::Stamp::CreateTime).await;
     let cp = format!("{0}/target/classes:{0}/target/lib/*", dir.display());
@@ -407,7 +419,7 @@ async fn peer_run(dir: &std::path::Path, topic: &str, app: &str, n: usize, threa
             "--schemas",
             schemas,
         ])
-        .args(["--threads", &threads.to_string(), "--app-id", app])
+        .args(["--threads", &threads.to_string(), "--app-id", app, "--store", store])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start java for the peer: {e}"))?;

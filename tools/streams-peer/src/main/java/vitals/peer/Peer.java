@@ -37,7 +37,10 @@ import org.apache.kafka.streams.state.Stores;
  * written to the output topic. Prints how fast it read the first --records records.
  *
  * <p>java -cp target/classes:target/lib/* vitals.peer.Peer --brokers B --topic T --records N
- * --output T2 --schemas DIR [--threads 1]
+ * --output T2 --schemas DIR [--threads 1] [--store persistent|memory]
+ *
+ * <p>The store is Kafka Streams' default, persistent (RocksDB), as a production application runs
+ * it; {@code --store memory} keeps it in memory (both changelogged).
  */
 public final class Peer {
   static final AtomicLong processed = new AtomicLong();
@@ -60,6 +63,11 @@ public final class Peer {
     File schemas = new File(require(a, "--schemas"));
     int threads = Integer.parseInt(a.getOrDefault("--threads", "1"));
     String app = a.getOrDefault("--app-id", "vitals-peer-" + System.nanoTime());
+    String store = a.getOrDefault("--store", "persistent");
+    if (!store.equals("persistent") && !store.equals("memory")) {
+      System.err.println("--store: persistent or memory, not " + store);
+      System.exit(2);
+    }
 
     Map<Long, Schema> bySchema = new HashMap<>();
     for (File f : schemas.listFiles((d, n) -> n.endsWith(".avsc"))) {
@@ -72,7 +80,11 @@ public final class Peer {
     t.addProcessor("health", () -> new Health(bySchema), "signals");
     t.addStateStore(
         Stores.keyValueStoreBuilder(
-                Stores.inMemoryKeyValueStore("endpoints"), Serdes.String(), Serdes.ByteArray())
+                store.equals("memory")
+                    ? Stores.inMemoryKeyValueStore("endpoints")
+                    : Stores.persistentKeyValueStore("endpoints"),
+                Serdes.String(),
+                Serdes.ByteArray())
             .withCachingEnabled(),
         "health");
     t.addSink("changes", output, Serdes.String().serializer(), Serdes.String().serializer(), "health");
