@@ -537,9 +537,14 @@ impl Fleet<'_> {
         // Drawn last (a kept seed's records are its own; the fleet's flags after its first start
         // are drawn anew since lanes were added).
         let lanes = self.rng.pick(&["1", "2", "3"]).to_string();
+        // The snapshot budget, 0 (snapshots as `--snapshot-every` says, down to every record) or
+        // the default; after the lanes, for the same reason.
+        let budget = self.rng.pick(&["0", "16"]).to_string();
         let args = [
             "--lanes",
             &lanes,
+            "--snapshot-bytes-per-record",
+            &budget,
             "--batch-max-records",
             &batch,
             "--batch-max-ms",

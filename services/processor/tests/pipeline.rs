@@ -415,8 +415,16 @@ async fn kill_9_at_several_points_loses_and_doubles_nothing() {
     produce(&topics.signals, &inputs).await;
     let total = inputs.len() as i64;
     let db = Db::connect(&name).await;
-    // Small batches keep the processor slow enough that every kill lands mid-run.
-    let args = ["--snapshot-every", "2500", "--batch-max-records", "100"];
+    // Small batches keep the processor slow enough that every kill lands mid-run; a snapshot
+    // every 2,500 records of a partition, whatever its size, so that kills land between them.
+    let args = [
+        "--snapshot-every",
+        "2500",
+        "--snapshot-bytes-per-record",
+        "0",
+        "--batch-max-records",
+        "100",
+    ];
     for stop_at in [total / 5, total / 2, total * 4 / 5] {
         let mut p = start_processor(&topics, &name, &name, &args);
         db.wait_consumed(&name, stop_at, LONG).await;
