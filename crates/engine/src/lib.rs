@@ -184,13 +184,6 @@ impl Engine {
         Some(EndpointState::first_seen(pool, ep, self.now, p.policy().version))
     }
 
-    /// Whether `signal`, at stream time `at`, repeats a report its pool applied within the last
-    /// five minutes (the same event, summary or probe id): [`Engine::apply`] passes it over, and
-    /// the processor counts it as a repeat rather than a call.
-    pub fn is_repeat(&self, at: Micros, signal: &Signal) -> bool {
-        matches!(self.admit(at, signal), Admission::Repeat)
-    }
-
     /// Why the engine refuses a signal, if it does: the signal names an endpoint its pool does
     /// not hold while the pool already holds its policy's `max_endpoints`. The endpoints the pool
     /// holds go on (a policy lowering the cap removes none of them).
