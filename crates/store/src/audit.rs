@@ -667,19 +667,17 @@ async fn insert_pool_events(
     Ok(())
 }
 
-/// Outbox rows, in batch order (their ids give the relay's publishing order).
+/// The batch's events, in order, as packs (their ids give the relay's publishing order, and
+/// each pack keeps its events' order): [`crate::pack`].
 async fn insert_outbox(tx: &mut Transaction<'_, Postgres>, rows: &[OutboxRow]) -> Result<(), sqlx::Error> {
+    let packs = crate::pack::pack(rows);
     sqlx::query(
-        "INSERT INTO outbox (dedup_key, topic, key, payload, headers)
-         SELECT dedup_key, topic, key, payload, headers::json
-         FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::text[]) WITH ORDINALITY
-         AS u(dedup_key, topic, key, payload, headers, n) ORDER BY n",
+        "INSERT INTO outbox (events, messages)
+         SELECT events, messages FROM UNNEST($1::int4[], $2::bytea[]) WITH ORDINALITY AS u(events, messages, n)
+         ORDER BY n",
     )
-    .bind(column(rows, |o| o.dedup_key.as_str()))
-    .bind(column(rows, |o| o.topic.as_str()))
-    .bind(column(rows, |o| o.key.as_deref()))
-    .bind(column(rows, |o| o.payload.as_slice()))
-    .bind(column(rows, |o| json_text(&o.headers)))
+    .bind(column(&packs, |(events, _)| *events))
+    .bind(column(&packs, |(_, bytes)| bytes.as_slice()))
     .execute(&mut **tx)
     .await?;
     Ok(())

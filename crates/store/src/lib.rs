@@ -6,6 +6,7 @@
 pub mod audit;
 pub mod months;
 pub mod outbox;
+mod pack;
 pub mod read;
 pub mod uptime;
 

@@ -62,7 +62,8 @@ pub struct Config {
     /// Address of the health and metrics endpoint.
     #[arg(long, env = "VITALS_HTTP_ADDR", default_value = "127.0.0.1:9464")]
     pub http_addr: SocketAddr,
-    /// Outbox relay: rows published per round.
+    /// Outbox relay: events published per round, about (whole outbox rows are taken: a row is a
+    /// pack of up to 500 events).
     #[arg(long, env = "VITALS_RELAY_BATCH", default_value_t = 1_000)]
     pub relay_batch: i64,
     /// Months of transitions and pool events that ended more than this many days ago (by stream

@@ -107,7 +107,11 @@ impl Default for Metrics {
             "vitals_processor_permanent_db_errors",
             "Batches that failed with a database error retrying cannot fix (the processor stops).",
         );
-        let published = counter(&mut r, "vitals_processor_published", "Outbox rows published to Kafka.");
+        let published = counter(
+            &mut r,
+            "vitals_processor_published",
+            "Outbox events published to Kafka.",
+        );
         let audit_rows_expired = counter(
             &mut r,
             "vitals_processor_audit_rows_expired",
@@ -143,7 +147,7 @@ impl Default for Metrics {
         let outbox_backlog = gauge(
             &mut r,
             "vitals_processor_outbox_backlog",
-            "Outbox rows not yet published, about (the span of their ids, every 5 s: an upper bound).",
+            "Outbox events not yet published (every 5 s).",
         );
         let assigned = gauge(
             &mut r,

@@ -1,5 +1,6 @@
-//! The outbox relay: publishes committed outbox rows to Kafka with an idempotent producer, in
-//! id order, and deletes them once Kafka has acknowledged them. One relay is active per database schema, by a lease in
+//! The outbox relay: publishes the events of committed outbox rows to Kafka with an idempotent
+//! producer, in id order (a row is a pack of events, in order), and deletes each row once Kafka has
+//! acknowledged all of its events. One relay is active per database schema, by a lease in
 //! `relay_lease` that its holder renews every second and that expires after [`LEASE`]: a frozen
 //! or partitioned holder loses it and another processor's relay takes over. Events of one
 //! endpoint leave in sequence order. Each publish round first checks that the lease is still
@@ -140,7 +141,7 @@ impl Relay {
         Ok(())
     }
 
-    /// Publish one round of unpublished rows; the number published.
+    /// Publish one round of unpublished rows; the number of events published.
     async fn publish_round(&self, conn: &mut sqlx::PgConnection) -> anyhow::Result<usize> {
         let fetching = std::time::Instant::now();
         let rows = outbox::unpublished(conn, self.batch).await?;
@@ -156,40 +157,46 @@ impl Relay {
             "lost the relay lease before a publish round; another relay publishes"
         );
         let publishing = std::time::Instant::now();
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut deliveries = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let (id, topic, key, payload, headers) = (r.id, &r.topic, &r.key, &r.payload, &r.headers);
-            let mut h = OwnedHeaders::new_with_capacity(headers.len());
-            for (k, v) in headers {
-                h = h.insert(Header {
-                    key: k,
-                    value: Some(v.as_bytes()),
-                });
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let events: usize = rows.iter().map(|r| r.events.len()).sum();
+        let mut deliveries = Vec::with_capacity(events);
+        for row in &rows {
+            for e in &row.events {
+                let id = row.id;
+                let mut h = OwnedHeaders::new_with_capacity(e.headers.len());
+                for (k, v) in &e.headers {
+                    h = h.insert(Header {
+                        key: k,
+                        value: Some(v.as_bytes()),
+                    });
+                }
+                let mut record = FutureRecord::to(&e.topic).payload(&e.payload).headers(h);
+                if let Some(k) = &e.key {
+                    record = record.key(k);
+                }
+                // Queue them all, then wait: the producer batches, and order per partition
+                // holds. A full queue is waited on; any other error ends the round (retried
+                // after a pause: an event the broker refuses as such is named, not spun on).
+                let delivery = produce::queue(&self.producer, record, None).await.map_err(|err| {
+                    anyhow::anyhow!(
+                        "cannot publish event {} (outbox row {id}) to {}: {err}",
+                        e.dedup_key,
+                        e.topic
+                    )
+                })?;
+                deliveries.push((id, &e.dedup_key, delivery));
             }
-            let mut record = FutureRecord::to(topic).payload(payload).headers(h);
-            if let Some(k) = &key {
-                record = record.key(k);
-            }
-            // Queue them all, then wait: the producer batches, and order per partition holds.
-            // A full queue is waited on; any other error ends the round (retried after a pause:
-            // a row the broker refuses as such is named, not spun on).
-            let delivery = produce::queue(&self.producer, record, None)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot publish outbox row {id} to {topic}: {e}"))?;
-            deliveries.push((id, delivery));
-            ids.push(id);
         }
-        for (id, d) in deliveries {
+        for (id, dedup_key, d) in deliveries {
             produce::delivered(d)
                 .await
-                .map_err(|e| anyhow::anyhow!("outbox row {id} not delivered: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("event {dedup_key} (outbox row {id}) not delivered: {e}"))?;
         }
         let deleting = std::time::Instant::now();
         self.metrics.spent("relay_publish", deleting - publishing);
         outbox::published(conn, &ids).await?;
         self.metrics.spent("relay_delete", deleting.elapsed());
-        self.metrics.published.inc_by(ids.len() as u64);
-        Ok(ids.len())
+        self.metrics.published.inc_by(events as u64);
+        Ok(events)
     }
 }

@@ -383,3 +383,93 @@ async fn pools_beyond_the_partitions_cap_are_dead_lettered_and_counted() {
     assert!(header(&dead[0], "vitals-error").unwrap().contains("holds 3 pools"));
     db.drop_schema().await;
 }
+
+/// Events that a processor before migration 0017 left in the outbox, one a row, are published
+/// with the packs written after them, in id order, each as it was written: an upgrade loses
+/// none of them and puts none of them after newer events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_left_one_a_row_by_an_older_processor_are_published_before_the_packs_after_them() {
+    use rdkafka::consumer::Consumer;
+    let name = unique("legacy_outbox");
+    let topics = create_topics(&name, 1).await;
+    let owner = vitals_testkit::migrated_schema(&name).await;
+    for i in 0..2 {
+        sqlx::query(
+            "INSERT INTO outbox (dedup_key, topic, key, payload, headers) VALUES ($1, $2, 'legacy', $3, $4::json)",
+        )
+        .bind(format!("legacy/{i}"))
+        .bind(&topics.changes)
+        .bind(format!("payload {i}").into_bytes())
+        .bind(format!("{{\"vitals-type\": \"Legacy\", \"n\": \"{i}\"}}"))
+        .execute(&owner)
+        .await
+        .unwrap();
+    }
+    // Five connect errors in a row eject each of three endpoints; the rest pass.
+    let mut inputs = Vec::new();
+    let mut t = T0_MS;
+    for i in 0..300u64 {
+        t += 10;
+        let outcome = if i < 45 {
+            OutcomeClass::ConnectError
+        } else {
+            OutcomeClass::Success
+        };
+        let ep = format!("ep-{}", i % 3);
+        inputs.push(signal_input(&call("legacy", &ep, i, outcome, Some(300), t), t, 1));
+    }
+    produce(&topics.signals, &inputs).await;
+    let db = Db::connect(&name).await;
+    let _p = start_processor(&topics, &name, &name, &[]);
+    db.wait_consumed(&name, inputs.len() as i64, LONG).await;
+    let want: std::collections::HashSet<String> = sqlx::query_scalar("SELECT transition_id FROM transitions")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert!(want.len() >= 3, "the inputs eject endpoints: {}", want.len());
+
+    // The changes topic in order, until both old events and every transition have come.
+    let c = vitals_testkit::consumer(&unique("legacy_reader"));
+    c.subscribe(&[&topics.changes]).expect("subscribe");
+    let mut order: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let end = std::time::Instant::now() + LONG;
+    while !(want.is_subset(&seen) && order.iter().filter(|o| o.starts_with("one a row")).count() == 2) {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "published so far: {order:?}");
+        if let Ok(Ok(m)) = tokio::time::timeout(left, c.recv()).await {
+            let m = m.detach();
+            match header(&m, "vitals-type").as_deref() {
+                Some("Legacy") => {
+                    assert_eq!(rdkafka::Message::key(&m), Some(&b"legacy"[..]));
+                    let n = header(&m, "n").unwrap();
+                    let payload = String::from_utf8_lossy(rdkafka::Message::payload(&m).unwrap()).into_owned();
+                    assert_eq!(payload, format!("payload {n}"));
+                    order.push(format!("one a row {n}"));
+                }
+                Some("HealthChanged") => {
+                    let h = decode::<HealthChanged>(rdkafka::Message::payload(&m).unwrap()).unwrap();
+                    seen.insert(h.transition_id.clone());
+                    order.push(h.transition_id);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(
+        order[..2],
+        ["one a row 0".to_string(), "one a row 1".to_string()],
+        "{order:?}"
+    );
+    wait_until("the outbox to empty", LONG, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            == 0
+    })
+    .await;
+    db.drop_schema().await;
+}

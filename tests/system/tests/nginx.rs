@@ -234,9 +234,15 @@ async fn a_rotated_nginx_log_is_read_to_its_end_before_the_new_one() {
     })
     .await;
     answered += calls(port, 100).await;
-    let written = lines_in(&dir.join("access.log.1")) + lines_in(&log);
-    assert_eq!(written, 300, "nginx logged every call");
     assert_eq!(answered, 300);
+    // nginx writes a call's line after it has sent the response: wait for the last lines to
+    // land, then check that exactly one line was written per call.
+    let written = || lines_in(&dir.join("access.log.1")) + lines_in(&log);
+    wait_until("nginx to log the last calls", Duration::from_secs(30), || async {
+        written() >= 300
+    })
+    .await;
+    assert_eq!(written(), 300, "nginx logged every call once");
     wait_until("every line reported", Duration::from_secs(60), || async move {
         metric(metrics, "vitals_logbridge_reports_total").await == Some(300)
     })

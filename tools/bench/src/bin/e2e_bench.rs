@@ -337,7 +337,7 @@ fn report(r: &SizeResults) {
             by_fifth(procs.iter().map(|p| &p.fifths).collect())
         );
         println!(
-            "  outbox rows unpublished at the last commit: {}",
+            "  outbox events unpublished at the last commit: {}",
             procs
                 .iter()
                 .map(|p| p.outbox_backlog.to_string())
@@ -619,9 +619,11 @@ async fn processor_run(
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0);
-    let outbox_backlog: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".outbox"))
-        .fetch_one(db)
-        .await?;
+    let outbox_backlog: i64 = sqlx::query_scalar(&format!(
+        "SELECT coalesce(sum(events), 0)::int8 FROM \"{schema}\".outbox"
+    ))
+    .fetch_one(db)
+    .await?;
     child.terminate();
     let transitions: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".transitions"))
         .fetch_one(db)
