@@ -31,6 +31,11 @@ pub enum StoreError {
     Fenced(Vec<i32>),
     #[error("a row's month of the audit log was dropped under the writer ({0}); retrying")]
     MonthMissing(String),
+    #[error(
+        "a transition or pool event of the batch is in the audit log already ({0}): a batch retried after a \
+         commit that went through; writing it again as a replay"
+    )]
+    AlreadyWritten(String),
     #[error("the database holds a value this build does not know: {0}")]
     Corrupt(String),
     #[error(
@@ -55,7 +60,7 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         match self {
             StoreError::Sql(e) => sql_retryable(e),
-            StoreError::MonthMissing(_) => true,
+            StoreError::MonthMissing(_) | StoreError::AlreadyWritten(_) => true,
             _ => false,
         }
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use vitals_pipeline::BatchWrite;
-use vitals_store::audit::AuditLog;
+use vitals_store::audit::{Attempt, AuditLog};
 use vitals_store::StoreError;
 
 /// What a finished write reports back to the loop.
@@ -36,8 +36,11 @@ impl Writer {
         let mut fenced = Vec::new();
         let mut backoff = Duration::from_millis(50);
         let mut give_up_at: Option<Instant> = None;
+        // Once a write has failed, its commit may have gone through all the same: every later
+        // write of the batch is a replay (`Attempt::Retry`).
+        let mut attempt = Attempt::First;
         loop {
-            match self.db.write_batch(&batch).await {
+            match self.db.write_batch(&batch, attempt).await {
                 Ok(w) => {
                     for (statement, d) in w.times.named() {
                         self.metrics.spent(&format!("db_{statement}"), d);
@@ -60,7 +63,14 @@ impl Writer {
                         });
                     }
                 }
+                Err(e @ StoreError::AlreadyWritten(_)) => {
+                    // A first write that met its own rows: at once, as a replay.
+                    self.metrics.db_retries.inc();
+                    tracing::warn!(error = %e, "batch partly in the audit log already; writing it as a replay");
+                    attempt = Attempt::Retry;
+                }
                 Err(e) if e.is_retryable() => {
+                    attempt = Attempt::Retry;
                     self.metrics.db_retries.inc();
                     tracing::warn!(error = %e, retry_in = ?backoff, "batch not written; retrying");
                     if self.cancel.is_cancelled() {

@@ -473,3 +473,60 @@ async fn events_left_one_a_row_by_an_older_processor_are_published_before_the_pa
     .await;
     db.drop_schema().await;
 }
+
+/// A batch whose commit went through while its writer heard an error is written again, and
+/// meets its own rows. A first write inserts its transitions without `ON CONFLICT` (cheaper: a
+/// replay emits nothing below the committed offset), so it refuses such a batch as written
+/// already, an error the writer retries at once; the retry, a replay, lands nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_written_twice_lands_once_through_the_replay_path() {
+    use vitals_store::audit::{Attempt, AuditLog};
+    use vitals_store::months::{Months, Retention};
+    let name = unique("written_twice");
+    let pool = vitals_testkit::migrated_schema(&name).await;
+    let log = AuditLog {
+        pool: pool.clone(),
+        group: name.clone(),
+        topic: "signals".into(),
+        months: Months::new(Retention::default()),
+    };
+    let claimed = log.claim_partition(0).await.unwrap();
+    let engine = vitals_engine::Engine::new(Policy::default());
+    let mut p = vitals_pipeline::Partition::new(0, claimed.epoch, engine, None, claimed.committed_offset);
+    let topics = vitals_pipeline::Topics {
+        signals: "s".into(),
+        changes: "c".into(),
+        state: "st".into(),
+        dlq: "d".into(),
+    };
+    let mut batch = vitals_pipeline::BatchWrite::default();
+    for i in 0..400u64 {
+        let t = T0_MS + i as i64 * 10;
+        let outcome = if i < 80 && i % 8 < 5 {
+            OutcomeClass::ConnectError
+        } else {
+            OutcomeClass::Success
+        };
+        let s = call("twice", &format!("ep-{}", i % 2), i, outcome, Some(300), t);
+        let bytes = encode_signal(&s).unwrap();
+        p.step(i as i64, Some(t), Some(b"twice"), Some(&bytes), &topics, &mut batch);
+    }
+    batch.partitions.extend(p.write(1_000, false, false));
+    assert!(!batch.transitions.is_empty(), "the connect errors eject");
+
+    log.write_batch(&batch, Attempt::First).await.unwrap();
+    let again = log.write_batch(&batch, Attempt::First).await.unwrap_err();
+    assert!(
+        matches!(again, vitals_store::StoreError::AlreadyWritten(_)) && again.is_retryable(),
+        "{again}"
+    );
+    log.write_batch(&batch, Attempt::Retry).await.unwrap();
+    let (transitions, pool_events): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM transitions), (SELECT count(*) FROM pool_events)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(transitions, batch.transitions.len() as i64);
+    assert_eq!(pool_events, batch.pool_events.len() as i64);
+    vitals_testkit::drop_schema(&pool, &name).await;
+}
