@@ -422,12 +422,7 @@ async fn events_left_one_a_row_by_an_older_processor_are_published_before_the_pa
     let db = Db::connect(&name).await;
     let _p = start_processor(&topics, &name, &name, &[]);
     db.wait_consumed(&name, inputs.len() as i64, LONG).await;
-    let want: std::collections::HashSet<String> = sqlx::query_scalar("SELECT transition_id FROM transitions")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
+    let want = db.transition_ids().await;
     assert!(want.len() >= 3, "the inputs eject endpoints: {}", want.len());
 
     // The changes topic in order, until both old events and every transition have come.

@@ -187,6 +187,16 @@ impl Db {
         (n, format!("{d}/{p}"))
     }
 
+    /// The ids of every transition in the audit log.
+    pub async fn transition_ids(&self) -> std::collections::HashSet<String> {
+        sqlx::query_scalar("SELECT transition_id FROM transitions")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect()
+    }
+
     /// Endpoints whose sequence numbers have a gap or a double: (pool, endpoint, count, max seq).
     pub async fn sequence_gaps(&self) -> Vec<(String, String, i64, i64)> {
         sqlx::query_as(
@@ -231,12 +241,7 @@ pub async fn reference_digest(topics: &Topics, total: i64, with_offsets: bool) -
 /// once: the relay may publish twice); the ids seen.
 pub async fn wait_published(db: &Db, changes: &str, deadline: Duration) -> std::collections::HashSet<String> {
     use rdkafka::consumer::Consumer;
-    let want: std::collections::HashSet<String> = sqlx::query_scalar("SELECT transition_id FROM transitions")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
+    let want = db.transition_ids().await;
     let c = vitals_testkit::consumer(&unique("published"));
     c.subscribe(&[changes]).expect("subscribe");
     let mut seen = std::collections::HashSet::new();
