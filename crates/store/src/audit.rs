@@ -375,6 +375,17 @@ impl AuditLog {
 // and plans it once per connection whatever the number of rows; a statement built with one
 // placeholder per value was a new statement for every batch size, planned again each time.
 
+/// The statement for this attempt: the insert as it is on a first write, with its `ON CONFLICT`
+/// clause on a retry ([`AuditLog::write_batch`]). Both are fixed strings, prepared once each.
+macro_rules! by_attempt {
+    ($attempt:expr, $insert:literal, $on_conflict:literal) => {
+        match $attempt {
+            Attempt::First => $insert,
+            Attempt::Retry => concat!($insert, " ", $on_conflict),
+        }
+    };
+}
+
 /// Transitions with the input record that caused each, (partition, offset). A retry is
 /// idempotent by (pool, endpoint, seq, stream_time): a replay makes the same seq at the same
 /// stream time.
@@ -383,60 +394,55 @@ async fn insert_transitions(
     rows: &[&(HealthChanged, i32, i64)],
     attempt: Attempt,
 ) -> Result<(), sqlx::Error> {
-    macro_rules! insert {
-        () => {
-            "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-             retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
-             consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-             policy_version, evidence, stream_time, source_partition, source_offset, scope)
-             SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-             retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
-             consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds::text[],
-             trigger_ids::text[], policy_version, evidence::json, stream_time, source_partition, source_offset, scope
-             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::float8[],
-             $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::float8[], $13::float8[], $14::int8[],
-             $15::int8[], $16::int4[], $17::int4[], $18::float8[], $19::float8[], $20::text[], $21::text[],
-             $22::int4[], $23::text[], $24::timestamptz[], $25::int4[], $26::int8[], $27::text[])
-             AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-             retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
-             consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-             policy_version, evidence, stream_time, source_partition, source_offset, scope)"
-        };
-    }
-    let sql = match attempt {
-        Attempt::First => insert!(),
-        Attempt::Retry => concat!(insert!(), " ON CONFLICT (pool, endpoint, seq, stream_time) DO NOTHING"),
-    };
-    sqlx::query(sql)
-        .bind(column(rows, |(h, _, _)| h.pool.as_str()))
-        .bind(column(rows, |(h, _, _)| h.endpoint.as_str()))
-        .bind(column(rows, |(h, _, _)| h.seq))
-        .bind(column(rows, |(h, _, _)| h.transition_id.as_str()))
-        .bind(column(rows, |(h, _, _)| h.from_state.as_str()))
-        .bind(column(rows, |(h, _, _)| h.to_state.as_str()))
-        .bind(column(rows, |(h, _, _)| h.weight))
-        .bind(column(rows, |(h, _, _)| h.ramp_ms))
-        .bind(column(rows, |(h, _, _)| h.retry_at.map(timestamp)))
-        .bind(column(rows, |(h, _, _)| h.reason_code.as_str()))
-        .bind(column(rows, |(h, _, _)| h.reason.as_str()))
-        .bind(column(rows, |(h, _, _)| h.evidence.failure_rate))
-        .bind(column(rows, |(h, _, _)| h.evidence.score))
-        .bind(column(rows, |(h, _, _)| h.evidence.decisive_calls()))
-        .bind(column(rows, |(h, _, _)| h.evidence.failures()))
-        .bind(column(rows, |(h, _, _)| h.evidence.consecutive_failures))
-        .bind(column(rows, |(h, _, _)| h.evidence.consecutive_successes))
-        .bind(column(rows, |(h, _, _)| h.evidence.ttft_p50_ms))
-        .bind(column(rows, |(h, _, _)| h.evidence.ttft_p99_ms))
-        .bind(column(rows, |(h, _, _)| array_literal(&h.evidence.thresholds)))
-        .bind(column(rows, |(h, _, _)| array_literal(&h.trigger_ids)))
-        .bind(column(rows, |(h, _, _)| h.policy_version))
-        .bind(column(rows, |(h, _, _)| json_text(&h.evidence)))
-        .bind(column(rows, |(h, _, _)| timestamp(h.stream_time)))
-        .bind(column(rows, |(_, p, _)| *p))
-        .bind(column(rows, |(_, _, o)| *o))
-        .bind(column(rows, |(h, _, _)| h.scope.as_deref()))
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(by_attempt!(
+        attempt,
+        "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
+         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
+         policy_version, evidence, stream_time, source_partition, source_offset, scope)
+         SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
+         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds::text[],
+         trigger_ids::text[], policy_version, evidence::json, stream_time, source_partition, source_offset, scope
+         FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::float8[],
+         $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::float8[], $13::float8[], $14::int8[],
+         $15::int8[], $16::int4[], $17::int4[], $18::float8[], $19::float8[], $20::text[], $21::text[],
+         $22::int4[], $23::text[], $24::timestamptz[], $25::int4[], $26::int8[], $27::text[])
+         AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
+         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
+         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
+         policy_version, evidence, stream_time, source_partition, source_offset, scope)",
+        "ON CONFLICT (pool, endpoint, seq, stream_time) DO NOTHING"
+    ))
+    .bind(column(rows, |(h, _, _)| h.pool.as_str()))
+    .bind(column(rows, |(h, _, _)| h.endpoint.as_str()))
+    .bind(column(rows, |(h, _, _)| h.seq))
+    .bind(column(rows, |(h, _, _)| h.transition_id.as_str()))
+    .bind(column(rows, |(h, _, _)| h.from_state.as_str()))
+    .bind(column(rows, |(h, _, _)| h.to_state.as_str()))
+    .bind(column(rows, |(h, _, _)| h.weight))
+    .bind(column(rows, |(h, _, _)| h.ramp_ms))
+    .bind(column(rows, |(h, _, _)| h.retry_at.map(timestamp)))
+    .bind(column(rows, |(h, _, _)| h.reason_code.as_str()))
+    .bind(column(rows, |(h, _, _)| h.reason.as_str()))
+    .bind(column(rows, |(h, _, _)| h.evidence.failure_rate))
+    .bind(column(rows, |(h, _, _)| h.evidence.score))
+    .bind(column(rows, |(h, _, _)| h.evidence.decisive_calls()))
+    .bind(column(rows, |(h, _, _)| h.evidence.failures()))
+    .bind(column(rows, |(h, _, _)| h.evidence.consecutive_failures))
+    .bind(column(rows, |(h, _, _)| h.evidence.consecutive_successes))
+    .bind(column(rows, |(h, _, _)| h.evidence.ttft_p50_ms))
+    .bind(column(rows, |(h, _, _)| h.evidence.ttft_p99_ms))
+    .bind(column(rows, |(h, _, _)| array_literal(&h.evidence.thresholds)))
+    .bind(column(rows, |(h, _, _)| array_literal(&h.trigger_ids)))
+    .bind(column(rows, |(h, _, _)| h.policy_version))
+    .bind(column(rows, |(h, _, _)| json_text(&h.evidence)))
+    .bind(column(rows, |(h, _, _)| timestamp(h.stream_time)))
+    .bind(column(rows, |(_, p, _)| *p))
+    .bind(column(rows, |(_, _, o)| *o))
+    .bind(column(rows, |(h, _, _)| h.scope.as_deref()))
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -674,40 +680,35 @@ async fn insert_pool_events(
     rows: &[&(PoolHealthChanged, i32, i64)],
     attempt: Attempt,
 ) -> Result<(), sqlx::Error> {
-    macro_rules! insert {
-        () => {
-            "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic,
-             correlated_outage, reason, policy_version, stream_time, source_partition, source_offset,
-             faulty_reporters)
-             SELECT pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
-             policy_version, stream_time, source_partition, source_offset, faulty_reporters::text[]
-             FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::int4[], $5::int4[], $6::float8[],
-             $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[], $14::text[])
-             AS u(pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
-             policy_version, stream_time, source_partition, source_offset, faulty_reporters)"
-        };
-    }
-    let sql = match attempt {
-        Attempt::First => insert!(),
-        Attempt::Retry => concat!(insert!(), " ON CONFLICT (pool, seq, stream_time) DO NOTHING"),
-    };
-    sqlx::query(sql)
-        .bind(column(rows, |(p, _, _)| p.pool.as_str()))
-        .bind(column(rows, |(p, _, _)| p.seq))
-        .bind(column(rows, |(p, _, _)| p.endpoints))
-        .bind(column(rows, |(p, _, _)| p.healthy))
-        .bind(column(rows, |(p, _, _)| p.ejected))
-        .bind(column(rows, |(p, _, _)| p.healthy_fraction))
-        .bind(column(rows, |(p, _, _)| p.panic))
-        .bind(column(rows, |(p, _, _)| p.correlated_outage))
-        .bind(column(rows, |(p, _, _)| p.reason.as_str()))
-        .bind(column(rows, |(p, _, _)| p.policy_version))
-        .bind(column(rows, |(p, _, _)| timestamp(p.stream_time)))
-        .bind(column(rows, |(_, part, _)| *part))
-        .bind(column(rows, |(_, _, o)| *o))
-        .bind(column(rows, |(p, _, _)| array_literal(&p.faulty_reporters)))
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(by_attempt!(
+        attempt,
+        "INSERT INTO pool_events (pool, seq, endpoints, healthy, ejected, healthy_fraction, panic,
+         correlated_outage, reason, policy_version, stream_time, source_partition, source_offset,
+         faulty_reporters)
+         SELECT pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
+         policy_version, stream_time, source_partition, source_offset, faulty_reporters::text[]
+         FROM UNNEST($1::text[], $2::int8[], $3::int4[], $4::int4[], $5::int4[], $6::float8[],
+         $7::bool[], $8::bool[], $9::text[], $10::int4[], $11::timestamptz[], $12::int4[], $13::int8[], $14::text[])
+         AS u(pool, seq, endpoints, healthy, ejected, healthy_fraction, panic, correlated_outage, reason,
+         policy_version, stream_time, source_partition, source_offset, faulty_reporters)",
+        "ON CONFLICT (pool, seq, stream_time) DO NOTHING"
+    ))
+    .bind(column(rows, |(p, _, _)| p.pool.as_str()))
+    .bind(column(rows, |(p, _, _)| p.seq))
+    .bind(column(rows, |(p, _, _)| p.endpoints))
+    .bind(column(rows, |(p, _, _)| p.healthy))
+    .bind(column(rows, |(p, _, _)| p.ejected))
+    .bind(column(rows, |(p, _, _)| p.healthy_fraction))
+    .bind(column(rows, |(p, _, _)| p.panic))
+    .bind(column(rows, |(p, _, _)| p.correlated_outage))
+    .bind(column(rows, |(p, _, _)| p.reason.as_str()))
+    .bind(column(rows, |(p, _, _)| p.policy_version))
+    .bind(column(rows, |(p, _, _)| timestamp(p.stream_time)))
+    .bind(column(rows, |(_, part, _)| *part))
+    .bind(column(rows, |(_, _, o)| *o))
+    .bind(column(rows, |(p, _, _)| array_literal(&p.faulty_reporters)))
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 

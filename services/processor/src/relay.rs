@@ -161,8 +161,8 @@ impl Relay {
         let events: usize = rows.iter().map(|r| r.events.len()).sum();
         let mut deliveries = Vec::with_capacity(events);
         for row in &rows {
+            let id = row.id;
             for e in &row.events {
-                let id = row.id;
                 let mut h = OwnedHeaders::new_with_capacity(e.headers.len());
                 for (k, v) in &e.headers {
                     h = h.insert(Header {
