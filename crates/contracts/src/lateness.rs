@@ -107,9 +107,22 @@ impl Clocks {
     /// named off or back when a slot it finished says so. A report that names no reporter is
     /// judged as stamped.
     pub fn judge(&mut self, kind: Kind, name: &str, stamp: Micros, now: Micros) -> (Micros, Option<ClockChange>) {
+        let (lateness, offset, change) = self.judge_offset(kind, name, stamp, now);
+        (lateness.saturating_sub(offset), change)
+    }
+
+    /// As [`Clocks::judge`], with the lateness as stamped and the offset apart (one look-up where
+    /// a merger would make two: the judgement, then [`Clocks::offset`]).
+    pub fn judge_offset(
+        &mut self,
+        kind: Kind,
+        name: &str,
+        stamp: Micros,
+        now: Micros,
+    ) -> (Micros, Micros, Option<ClockChange>) {
         let lateness = now.saturating_sub(stamp);
         if name.is_empty() {
-            return (lateness, None);
+            return (lateness, 0, None);
         }
         let slot = now.div_euclid(SLOT_US);
         let reporters = match kind {
@@ -133,7 +146,7 @@ impl Clocks {
             } else {
                 c.least = c.least.min(lateness);
             }
-            return (lateness.saturating_sub(c.offset), change);
+            return (lateness, c.offset, change);
         }
         if reporters.len() >= MAX_CLOCKS {
             let Some(oldest) = reporters
@@ -142,7 +155,7 @@ impl Clocks {
                 .filter(|(_, c)| c.slot < slot)
                 .map(|(r, _)| r.clone())
             else {
-                return (lateness, None);
+                return (lateness, 0, None);
             };
             reporters.remove(&oldest);
         }
@@ -156,7 +169,7 @@ impl Clocks {
                 offset: 0,
             },
         );
-        (lateness, None)
+        (lateness, 0, None)
     }
 
     /// The offset `name`'s reports are shifted by (0: its clock is not known to be off).

@@ -27,6 +27,14 @@ pub fn name(kind: &str, value: &str) -> String {
     format!("{kind}={value}")
 }
 
+/// Whether `scope` is [`name`]`(kind, value)`, without building it.
+pub fn is_named(scope: &str, kind: &str, value: &str) -> bool {
+    scope
+        .strip_prefix(kind)
+        .and_then(|rest| rest.strip_prefix('='))
+        .is_some_and(|rest| rest == value)
+}
+
 /// A scope's kind and value, if `scope` is a well-formed scope name.
 pub fn parse(scope: &str) -> Result<(&str, &str), String> {
     let (kind, value) = scope
@@ -150,6 +158,18 @@ mod tests {
         assert!(id.applies(Some("key=k1")));
         assert!(!id.applies(Some("gateway=g2")));
         assert!(!Identity::fleet().applies(Some("gateway=g1")));
+    }
+
+    #[test]
+    fn a_scope_is_told_by_its_kind_and_value() {
+        for (kind, value) in [("gateway", "g1"), ("key", "a=b"), ("location", "")] {
+            let scope = name(kind, value);
+            assert!(is_named(&scope, kind, value), "{scope}");
+            assert!(!is_named(&scope, kind, "g"), "{scope}");
+            assert!(!is_named(&scope, "gate", value), "{scope}");
+            assert!(!is_named(&format!("{scope}x"), kind, value), "{scope}");
+        }
+        assert!(!is_named("gateway:g1", "gateway", "g1"));
     }
 
     #[test]

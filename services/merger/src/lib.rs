@@ -36,8 +36,7 @@ pub fn in_time(clocks: &mut Clocks, signal: &mut Signal, now: Micros) -> Option<
         Signal::Summary(s) => (s.gateway.as_str(), s.ended_at),
         _ => return None,
     };
-    let (_, change) = clocks.judge(Kind::Gateway, gateway, ended, now);
-    let offset = clocks.offset(Kind::Gateway, gateway);
+    let (_, offset, change) = clocks.judge_offset(Kind::Gateway, gateway, ended, now);
     if offset != 0 {
         match signal {
             Signal::Call(c) => c.occurred_at = c.occurred_at.saturating_add(offset),

@@ -59,6 +59,9 @@ impl ConsumerContext for Ctx {
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Records taken without waiting between two reads of the clock.
+const CLOCK_EVERY: u32 = 64;
+
 /// Run until `stop`; an error is a fatal one (the producer fenced by a newer merger with the
 /// same transactional id, the broker unreachable at start).
 pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicBool) -> anyhow::Result<()> {
@@ -88,8 +91,14 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
         &[
             ("transactional.id", &s.transactional_id),
             ("transaction.timeout.ms", "10000"),
-            ("linger.ms", "5"),
+            // Nothing produced is read before the commit (the processor reads committed
+            // records), which sends what waits: records wait for a fuller batch at no cost
+            // to anyone, and each batch begins an LZ4 frame (a 64 KiB table cleared: at 5 ms,
+            // 4 % of the merger's instructions).
+            ("linger.ms", "100"),
             ("compression.type", "lz4"),
+            // A failed delivery fails the commit; a delivered record needs no report.
+            ("delivery.report.only.error", "true"),
         ],
     )
     .create()
@@ -116,17 +125,33 @@ pub fn run(s: &Settings, stop: &AtomicBool, counters: &Counters, ready: &AtomicB
         let began = Instant::now();
         let end = began + s.interval;
         let mut rebalanced = false;
+        // While records come, they are taken without waiting, and the clock is read once in
+        // `CLOCK_EVERY` of them: a poll that may wait reads librdkafka's clock too, and clock
+        // reads were 8 % of the merger's CPU when every record had its own.
+        let (mut at_poll, mut unclocked, mut flowing) = (began, 0u32, false);
         loop {
-            // One clock read a record: the wall time a gateway's clock is judged against is the
-            // transaction's start plus the monotonic time since (read before the poll: early by
-            // the poll's wait, under an interval, against the 10 s a clock must be off by).
-            let at_poll = Instant::now();
+            // The wall time a gateway's clock is judged against is the transaction's start plus
+            // the monotonic time since, read before and after a poll that may wait, and then
+            // once in `CLOCK_EVERY` records taken without waiting (early by their handling, far
+            // under the 10 s a clock must be off by).
+            if !flowing || unclocked >= CLOCK_EVERY {
+                at_poll = Instant::now();
+                unclocked = 0;
+            }
+            unclocked += 1;
             let left = end.saturating_duration_since(at_poll);
             if left.is_zero() || stop.load(Relaxed) {
                 break;
             }
             let wall = now.saturating_add(i64::try_from((at_poll - began).as_micros()).unwrap_or(i64::MAX));
-            let polled = consumer.poll(left);
+            let polled = if flowing {
+                consumer.poll(Duration::ZERO)
+            } else {
+                // The next record is judged after this wait.
+                unclocked = CLOCK_EVERY;
+                consumer.poll(left)
+            };
+            flowing = matches!(polled, Some(Ok(_)));
             if consumer.context().rebalanced.swap(false, Relaxed) {
                 rebalanced = true;
             }

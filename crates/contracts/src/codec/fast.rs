@@ -28,19 +28,42 @@ impl<'a> Reader<'a> {
         Ok(b)
     }
 
-    /// Avro `long`: zig-zag, variable length, at most 10 bytes.
+    /// Avro `long`: zig-zag, variable length, at most 10 bytes. Most are one byte (counts, a
+    /// union's branch) or two (a histogram's bucket indexes): read inline, the rest out of line.
+    #[inline]
     fn long(&mut self) -> Result<i64, CodecError> {
+        let zigzag = |n: u64| (n >> 1) as i64 ^ -((n & 1) as i64);
+        match *self.rest {
+            [b0, ref rest @ ..] if b0 < 0x80 => {
+                self.rest = rest;
+                Ok(zigzag(u64::from(b0)))
+            }
+            [b0, b1, ref rest @ ..] if b1 < 0x80 => {
+                self.rest = rest;
+                Ok(zigzag(u64::from(b0 & 0x7f) | u64::from(b1) << 7))
+            }
+            _ => self.long_multibyte(),
+        }
+    }
+
+    #[inline(never)]
+    fn long_multibyte(&mut self) -> Result<i64, CodecError> {
         let mut n: u64 = 0;
-        for shift in (0..70).step_by(7) {
-            let b = self.byte()?;
-            n |= u64::from(b & 0x7f) << shift;
+        for (i, &b) in self.rest.iter().take(10).enumerate() {
+            n |= u64::from(b & 0x7f) << (7 * i);
             if b & 0x80 == 0 {
+                self.rest = &self.rest[i + 1..];
                 return Ok((n >> 1) as i64 ^ -((n & 1) as i64));
             }
         }
-        Err(self.err("variable-length integer longer than 10 bytes"))
+        Err(if self.rest.len() < 10 {
+            self.err("record is truncated")
+        } else {
+            self.err("variable-length integer longer than 10 bytes")
+        })
     }
 
+    #[inline]
     fn int(&mut self) -> Result<i32, CodecError> {
         let v = self.long()?;
         i32::try_from(v).map_err(|_| self.err(format!("{v} does not fit an int")))
