@@ -30,7 +30,7 @@ impl<'a> Reader<'a> {
 
     /// Avro `long`: zig-zag, variable length, at most 10 bytes. Most are one byte (counts, a
     /// union's branch) or two (a histogram's bucket indexes): read inline, the rest out of line.
-    #[inline]
+    #[inline(always)]
     fn long(&mut self) -> Result<i64, CodecError> {
         let zigzag = |n: u64| (n >> 1) as i64 ^ -((n & 1) as i64);
         match *self.rest {
@@ -63,7 +63,7 @@ impl<'a> Reader<'a> {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn int(&mut self) -> Result<i32, CodecError> {
         let v = self.long()?;
         i32::try_from(v).map_err(|_| self.err(format!("{v} does not fit an int")))
@@ -230,14 +230,20 @@ fn tick(r: &mut Reader<'_>) -> Result<Tick, CodecError> {
 fn histogram(r: &mut Reader<'_>) -> Result<Histogram, CodecError> {
     let sum_us = r.long()?;
     let mut buckets = Vec::new();
-    r.items(|r| {
-        buckets.push(HistogramBucket {
-            index: r.int()?,
-            count: r.long()?,
-        });
-        Ok(())
-    })?;
-    Ok(Histogram { sum_us, buckets })
+    loop {
+        let n = r.block()?;
+        if n == 0 {
+            return Ok(Histogram { sum_us, buckets });
+        }
+        // A block's count is bounded by the bytes left (`block`).
+        buckets.reserve(n);
+        for _ in 0..n {
+            buckets.push(HistogramBucket {
+                index: r.int()?,
+                count: r.long()?,
+            });
+        }
+    }
 }
 
 fn summary(r: &mut Reader<'_>, with_reporters: bool) -> Result<CallSummary, CodecError> {

@@ -123,7 +123,9 @@ struct Known {
 
 struct Registry {
     known: Vec<Known>,
-    by_fingerprint: HashMap<u64, usize>,
+    /// Looked up for every record read: Fx, not SipHash (the keys are our schemas'
+    /// fingerprints; a record's is only looked up).
+    by_fingerprint: rustc_hash::FxHashMap<u64, usize>,
     current: HashMap<SchemaKind, (usize, u64)>,
     /// The version before the current one, of the kinds that have one.
     previous: HashMap<SchemaKind, (usize, u64)>,
@@ -133,7 +135,7 @@ fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let mut known = Vec::new();
-        let mut by_fingerprint = HashMap::new();
+        let mut by_fingerprint = rustc_hash::FxHashMap::default();
         let mut current = HashMap::new();
         let mut previous = HashMap::new();
         for (kind, text, is_current) in SCHEMA_FILES {
