@@ -57,8 +57,6 @@ impl Lap {
     }
 }
 
-/// What a written batch did: where its time went, and the audit rows it did not write because
-/// retention no longer keeps their month.
 /// Whether a batch may be in the audit log already: [`AuditLog::write_batch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attempt {
@@ -68,6 +66,8 @@ pub enum Attempt {
     Retry,
 }
 
+/// What a written batch did: where its time went, and the audit rows it did not write because
+/// retention no longer keeps their month.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Written {
     pub times: StatementTimes,

@@ -9,6 +9,11 @@ use super::{CodecError, SchemaKind};
 use crate::types::*;
 use std::collections::BTreeMap;
 
+/// An Avro long from its zig-zag encoding.
+fn zigzag(n: u64) -> i64 {
+    (n >> 1) as i64 ^ -((n & 1) as i64)
+}
+
 struct Reader<'a> {
     rest: &'a [u8],
     kind: SchemaKind,
@@ -32,7 +37,6 @@ impl<'a> Reader<'a> {
     /// union's branch) or two (a histogram's bucket indexes): read inline, the rest out of line.
     #[inline(always)]
     fn long(&mut self) -> Result<i64, CodecError> {
-        let zigzag = |n: u64| (n >> 1) as i64 ^ -((n & 1) as i64);
         match *self.rest {
             [b0, ref rest @ ..] if b0 < 0x80 => {
                 self.rest = rest;
@@ -53,7 +57,7 @@ impl<'a> Reader<'a> {
             n |= u64::from(b & 0x7f) << (7 * i);
             if b & 0x80 == 0 {
                 self.rest = &self.rest[i + 1..];
-                return Ok((n >> 1) as i64 ^ -((n & 1) as i64));
+                return Ok(zigzag(n));
             }
         }
         Err(if self.rest.len() < 10 {

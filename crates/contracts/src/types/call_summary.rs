@@ -263,27 +263,23 @@ impl HistogramSum {
             return;
         };
         let (lo, hi) = (i64::from(lo.index), i64::from(hi.index));
-        let first = if self.counts.is_empty() {
-            lo
+        // The span kept now, [held, held_end), and the one that holds `h` too.
+        let (held, held_end) = (i64::from(self.first), i64::from(self.first) + self.counts.len() as i64);
+        let (first, end) = if self.counts.is_empty() {
+            (lo, hi + 1)
         } else {
-            i64::from(self.first).min(lo)
+            (held.min(lo), held_end.max(hi + 1))
         };
-        let end = (i64::from(self.first) + self.counts.len() as i64).max(hi + 1);
         if end - first > MAX_SUM_SPAN {
             overflow.merge(h);
             return;
         }
-        if self.counts.is_empty() {
-            self.first = lo as i32;
-        } else if first < i64::from(self.first) {
-            let grow = (i64::from(self.first) - first) as usize;
-            self.counts.splice(0..0, std::iter::repeat_n(0, grow));
-            self.first = first as i32;
+        if !self.counts.is_empty() && first < held {
+            self.counts
+                .splice(0..0, std::iter::repeat_n(0, (held - first) as usize));
         }
-        let len = (end - i64::from(self.first)) as usize;
-        if len > self.counts.len() {
-            self.counts.resize(len, 0);
-        }
+        self.first = first as i32;
+        self.counts.resize((end - first) as usize, 0);
         self.sum_us = self.sum_us.saturating_add(h.sum_us);
         for b in &h.buckets {
             let c = &mut self.counts[(b.index - self.first) as usize];
