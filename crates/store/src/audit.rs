@@ -397,21 +397,17 @@ async fn insert_transitions(
     sqlx::query(by_attempt!(
         attempt,
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
-         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-         policy_version, evidence, stream_time, source_partition, source_offset, scope)
-         SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
-         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds::text[],
-         trigger_ids::text[], policy_version, evidence::json, stream_time, source_partition, source_offset, scope
+         retry_at, reason_code, reason, window_calls, trigger_ids, policy_version, evidence, stream_time,
+         source_partition, source_offset, scope)
+         SELECT pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, retry_at, reason_code,
+         reason, window_calls, trigger_ids::text[], policy_version, evidence::json, stream_time, source_partition,
+         source_offset, scope
          FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::float8[],
-         $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::float8[], $13::float8[], $14::int8[],
-         $15::int8[], $16::int4[], $17::int4[], $18::float8[], $19::float8[], $20::text[], $21::text[],
-         $22::int4[], $23::text[], $24::timestamptz[], $25::int4[], $26::int8[], $27::text[])
-         AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-         retry_at, reason_code, reason, failure_rate, score, window_calls, window_failures,
-         consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms, thresholds, trigger_ids,
-         policy_version, evidence, stream_time, source_partition, source_offset, scope)",
+         $8::int8[], $9::timestamptz[], $10::text[], $11::text[], $12::int8[], $13::text[], $14::int4[], $15::text[],
+         $16::timestamptz[], $17::int4[], $18::int8[], $19::text[])
+         AS u(pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms, retry_at, reason_code,
+         reason, window_calls, trigger_ids, policy_version, evidence, stream_time, source_partition, source_offset,
+         scope)",
         "ON CONFLICT (pool, endpoint, seq, stream_time) DO NOTHING"
     ))
     .bind(column(rows, |(h, _, _)| h.pool.as_str()))
@@ -425,15 +421,7 @@ async fn insert_transitions(
     .bind(column(rows, |(h, _, _)| h.retry_at.map(timestamp)))
     .bind(column(rows, |(h, _, _)| h.reason_code.as_str()))
     .bind(column(rows, |(h, _, _)| h.reason.as_str()))
-    .bind(column(rows, |(h, _, _)| h.evidence.failure_rate))
-    .bind(column(rows, |(h, _, _)| h.evidence.score))
     .bind(column(rows, |(h, _, _)| h.evidence.decisive_calls()))
-    .bind(column(rows, |(h, _, _)| h.evidence.failures()))
-    .bind(column(rows, |(h, _, _)| h.evidence.consecutive_failures))
-    .bind(column(rows, |(h, _, _)| h.evidence.consecutive_successes))
-    .bind(column(rows, |(h, _, _)| h.evidence.ttft_p50_ms))
-    .bind(column(rows, |(h, _, _)| h.evidence.ttft_p99_ms))
-    .bind(column(rows, |(h, _, _)| array_literal(&h.evidence.thresholds)))
     .bind(column(rows, |(h, _, _)| array_literal(&h.trigger_ids)))
     .bind(column(rows, |(h, _, _)| h.policy_version))
     .bind(column(rows, |(h, _, _)| json_text(&h.evidence)))

@@ -25,10 +25,9 @@ pub async fn insert_change(
     create_month(db, t_us).await;
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-         reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
-         consecutive_successes, thresholds, trigger_ids, policy_version, evidence, stream_time, source_partition, source_offset)
-         VALUES ($1, $2, $3, $1 || '/' || $2 || '/' || $3, $4, $5, $6, 0, $7, $7 || ' of ' || $2, 0.5, 50, 20, 10, 3, 0,
-         ARRAY['t'], ARRAY['sig-' || $3], 0, $8, to_timestamp($9::double precision / 1e6), 0, $3)",
+         reason_code, reason, window_calls, trigger_ids, policy_version, evidence, stream_time, source_partition,
+         source_offset)
+         VALUES ($1, $2, $3, $1 || '/' || $2 || '/' || $3, $4, $5, $6, 0, $7, $7 || ' of ' || $2, 20, ARRAY['sig-' || $3], 0, $8, to_timestamp($9::double precision / 1e6), 0, $3)",
     )
     .bind(pool)
     .bind(endpoint)

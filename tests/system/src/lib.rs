@@ -151,7 +151,7 @@ impl Stack {
     /// The transitions of `ep` into `to` (time in unix seconds, trigger ids, first-token p50).
     pub async fn transitions(&self, ep: &str, to: &str) -> Vec<(f64, Vec<String>, Option<f64>)> {
         sqlx::query_as::<_, (f64, Vec<String>, Option<f64>)>(
-            "SELECT extract(epoch FROM stream_time)::float8, trigger_ids, ttft_p50_ms FROM transitions \
+            "SELECT extract(epoch FROM stream_time)::float8, trigger_ids, (evidence->>'ttft_p50_ms')::float8 FROM transitions \
              WHERE endpoint = $1 AND to_state = $2 ORDER BY seq",
         )
         .bind(ep)

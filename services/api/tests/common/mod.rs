@@ -156,10 +156,9 @@ pub async fn insert_transition(
     vitals_testkit::uptime::create_month(db, t_us).await;
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-         reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
-         consecutive_successes, thresholds, trigger_ids, policy_version, evidence, stream_time, source_partition, source_offset)
-         VALUES ($1, $2, $3, $1 || '/' || $2 || '/' || $3, 'healthy', $4, 0, 0, $5, 'test reason ' || $3, 0.625, 40, 8, 5, 5, 0,
-         ARRAY['consecutive_failures>=5'], ARRAY['sig-' || $3], 0, $6, to_timestamp($7::double precision / 1e6), 0, $3)",
+         reason_code, reason, window_calls, trigger_ids, policy_version, evidence, stream_time, source_partition,
+         source_offset)
+         VALUES ($1, $2, $3, $1 || '/' || $2 || '/' || $3, 'healthy', $4, 0, 0, $5, 'test reason ' || $3, 8, ARRAY['sig-' || $3], 0, $6, to_timestamp($7::double precision / 1e6), 0, $3)",
     )
     .bind(pool)
     .bind(endpoint)

@@ -172,9 +172,8 @@ impl Db {
         };
         let q = format!(
             "SELECT count(*), coalesce(md5(string_agg(concat_ws('|', pool, endpoint, seq, transition_id, from_state,
-               to_state, weight, ramp_ms, retry_at, reason_code, reason, failure_rate, score, window_calls,
-               window_failures, consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms,
-               thresholds::text, trigger_ids::text, policy_version, evidence::text, stream_time, {src}),
+               to_state, weight, ramp_ms, retry_at, reason_code, reason, window_calls,
+               trigger_ids::text, policy_version, evidence::text, stream_time, {src}),
                E'\\n' ORDER BY pool, endpoint, seq)), '') FROM transitions"
         );
         let (n, d): (i64, String) = sqlx::query_as(&q).fetch_one(&self.pool).await.expect("digest");

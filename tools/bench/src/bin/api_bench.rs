@@ -56,15 +56,14 @@ async fn load(db: &sqlx::PgPool, rows: i64) -> anyhow::Result<()> {
         // Row i: endpoint i % 10,000 (pool = endpoint / 10), seq = i / 10,000 + 1, times over 30 days.
         sqlx::query(
             "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-               reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
-               consecutive_successes, ttft_p50_ms, thresholds, trigger_ids, policy_version, evidence, stream_time,
+               reason_code, reason, window_calls, trigger_ids, policy_version, evidence, stream_time,
                source_partition, source_offset)
              SELECT 'pool-' || ((i % $3) / $4), 'ep-' || (i % $3), i / $3 + 1, 'pool-' || ((i % $3) / $4) || '/ep-' || (i % $3) || '/' || (i / $3 + 1),
                'healthy', (ARRAY['degraded','unhealthy','recovering','healthy'])[1 + (i % 4)], 0.25, 0,
                (ARRAY['degraded','ejected','trial_succeeded','recovered'])[1 + (i % 4)],
                'ejected: consecutive_failures>=5 (failure rate 83% of 12 calls, score 31); isolated for 30 s',
-               0.83, 31.0, 12, 10, 5, 0, 310.0, ARRAY['consecutive_failures>=5'], ARRAY['ev-' || i], 0,
-               '{\"window_ms\":30000,\"success\":2,\"timeout\":10,\"connect_error\":0,\"connection_dropped\":0,\"rate_limited\":0,\"server_error\":0,\"client_error\":1,\"invalid_response\":0,\"cancelled\":0,\"failure_rate\":0.83,\"score\":31.0,\"ttft_p50_ms\":310.0,\"ttft_p99_ms\":1900.0,\"latency_ewma_ms\":null,\"pool_latency_median_ms\":null,\"consecutive_failures\":5,\"consecutive_successes\":0,\"consecutive_hard_failures\":5,\"isolations\":1,\"thresholds\":[\"consecutive_failures>=5\"]}'::jsonb,
+               12, ARRAY['ev-' || i], 0,
+               '{\"window_ms\":30000,\"success\":2,\"timeout\":10,\"connect_error\":0,\"connection_dropped\":0,\"rate_limited\":0,\"server_error\":0,\"client_error\":1,\"invalid_response\":0,\"cancelled\":0,\"failure_rate\":0.83,\"score\":31.0,\"ttft_p50_ms\":310.0,\"ttft_p99_ms\":1900.0,\"latency_ewma_ms\":null,\"pool_latency_median_ms\":null,\"consecutive_failures\":5,\"consecutive_successes\":0,\"consecutive_hard_failures\":5,\"isolations\":1,\"thresholds\":[\"consecutive_failures>=5\"]}',
                timestamptz '2026-10-01' + (i * interval '259 milliseconds'), 0, i
              FROM generate_series($1::bigint, $2::bigint) i",
         )

@@ -51,9 +51,8 @@ fn metric(metrics: &str, name: &str) -> f64 {
 async fn digest(db: &sqlx::PgPool, schema: &str) -> anyhow::Result<(i64, String)> {
     let q = format!(
         "SELECT count(*), coalesce(md5(string_agg(concat_ws('|', pool, endpoint, seq, transition_id, from_state,
-           to_state, weight, ramp_ms, retry_at, reason_code, reason, failure_rate, score, window_calls,
-           window_failures, consecutive_failures, consecutive_successes, ttft_p50_ms, ttft_p99_ms,
-           thresholds::text, trigger_ids::text, policy_version, evidence::text, stream_time),
+           to_state, weight, ramp_ms, retry_at, reason_code, reason, window_calls,
+           trigger_ids::text, policy_version, evidence::text, stream_time),
            E'\\n' ORDER BY pool, endpoint, seq)), '') FROM \"{schema}\".transitions"
     );
     let (n, d): (i64, String) = sqlx::query_as(&q).fetch_one(db).await?;

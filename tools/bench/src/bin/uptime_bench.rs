@@ -37,15 +37,14 @@ async fn load(db: &sqlx::PgPool, endpoints: i64, every_h: i64, from: i64, to: i6
     let per = (to - from) / (every_h * H_US);
     sqlx::query(
         "INSERT INTO transitions (pool, endpoint, seq, transition_id, from_state, to_state, weight, ramp_ms,
-           reason_code, reason, failure_rate, score, window_calls, window_failures, consecutive_failures,
-           consecutive_successes, ttft_p50_ms, thresholds, trigger_ids, policy_version, evidence, stream_time,
+           reason_code, reason, window_calls, trigger_ids, policy_version, evidence, stream_time,
            source_partition, source_offset)
          SELECT 'big', 'ep-' || e, k * 3 + s + 1, 'big/ep-' || e || '/' || (k * 3 + s + 1),
            (ARRAY['healthy','unhealthy','recovering'])[s + 1], (ARRAY['unhealthy','recovering','healthy'])[s + 1],
            (ARRAY[0.0, 0.1, 1.0])[s + 1], 0, (ARRAY['ejected','readmitted','recovered'])[s + 1],
            'ejected: consecutive_failures>=5 (failure rate 83% of 12 calls, score 31); isolated for 30 s',
-           0.83, 31.0, 12, 10, 5, 0, 310.0, ARRAY['consecutive_failures>=5'], ARRAY['ev'], 0,
-           '{\"window_ms\":30000,\"success\":2,\"timeout\":10,\"connect_error\":0,\"connection_dropped\":0,\"rate_limited\":0,\"server_error\":0,\"client_error\":1,\"invalid_response\":0,\"cancelled\":0,\"failure_rate\":0.83,\"score\":31.0,\"ttft_p50_ms\":310.0,\"ttft_p99_ms\":1900.0,\"latency_ewma_ms\":null,\"pool_latency_median_ms\":null,\"consecutive_failures\":5,\"consecutive_successes\":0,\"consecutive_hard_failures\":5,\"isolations\":1,\"thresholds\":[\"consecutive_failures>=5\"]}'::jsonb,
+           12, ARRAY['ev'], 0,
+           '{\"window_ms\":30000,\"success\":2,\"timeout\":10,\"connect_error\":0,\"connection_dropped\":0,\"rate_limited\":0,\"server_error\":0,\"client_error\":1,\"invalid_response\":0,\"cancelled\":0,\"failure_rate\":0.83,\"score\":31.0,\"ttft_p50_ms\":310.0,\"ttft_p99_ms\":1900.0,\"latency_ewma_ms\":null,\"pool_latency_median_ms\":null,\"consecutive_failures\":5,\"consecutive_successes\":0,\"consecutive_hard_failures\":5,\"isolations\":1,\"thresholds\":[\"consecutive_failures>=5\"]}',
            to_timestamp(($1::bigint + k * $3::bigint + (e * 2833 % $3::bigint) + s * 3600000000::bigint)::double precision / 1e6), 0, 0
          FROM generate_series(0, $4::bigint - 1) e, generate_series(0, $5::bigint - 1) k, generate_series(0, 2) s",
     )
