@@ -69,6 +69,9 @@ pub struct PoolState {
     /// when an endpoint joins (endpoints never leave).
     #[serde(skip)]
     order: Cache<Vec<String>>,
+    /// A reusable buffer for a call's scope names ([`vitals_contracts::scope::of_call_into`]).
+    #[serde(skip)]
+    call_scopes: Cache<Vec<String>>,
     /// The reports applied lately, by id: one sent twice is applied once ([`seen`]).
     #[serde(default, skip_serializing_if = "seen::Seen::is_empty")]
     seen: seen::Seen,
@@ -198,6 +201,7 @@ impl PoolState {
             faulty: Vec::new(),
             scratch: Cache::default(),
             order: Cache::default(),
+            call_scopes: Cache::default(),
             seen: seen::Seen::default(),
             clocks: clocks::Clocks::default(),
             late: HashMap::default(),
@@ -321,6 +325,45 @@ impl PoolState {
         }
     }
 
+    /// A call, with the names of its scopes.
+    fn call(&mut self, c: &vitals_contracts::CallOutcome, scopes: &[String], out: &mut Vec<Decision>) {
+        let refused = vitals_contracts::scope::credential_refused(c);
+        let failed = counts_as_failure(c.outcome) || refused;
+        let r = scope::Reported {
+            endpoint: &c.endpoint,
+            id: &c.event_id,
+            scopes,
+            calls: u64::from(failed || !c.outcome.is_neutral()),
+            failures: u64::from(failed),
+            trailing: u64::from(failed),
+        };
+        if !self.endpoints.contains_key(c.endpoint.as_str()) {
+            self.tracker(&c.endpoint);
+        }
+        self.scoped(&r, out);
+        if self.set_aside(scopes) {
+            return;
+        }
+        // A gateway's cold start: the outcome counts, its timing is not the upstream's.
+        let timed = c
+            .attributes
+            .get(vitals_contracts::scope::UNTIMED_ATTRIBUTE)
+            .is_none_or(|v| v != "true");
+        let o = Outcome {
+            id: &c.event_id,
+            endpoint: &c.endpoint,
+            source: Source::Call,
+            class: c.outcome,
+            latency_us: c.latency_us,
+            ttft_us: c.ttft_us.filter(|_| timed),
+            retry_after_ms: c.retry_after_ms,
+            reports_dependencies: false,
+            began_before: None,
+            timed,
+        };
+        self.outcome(o, out);
+    }
+
     pub fn apply(&mut self, signal: &Signal, out: &mut Vec<Decision>, notes: &mut crate::Notes) {
         if report_id(signal).is_some_and(|id| !self.seen.first(id, self.now)) {
             return;
@@ -330,42 +373,10 @@ impl PoolState {
         }
         match signal {
             Signal::Call(c) => {
-                let scopes = vitals_contracts::scope::of_call(c);
-                let refused = vitals_contracts::scope::credential_refused(c);
-                let failed = counts_as_failure(c.outcome) || refused;
-                let r = scope::Reported {
-                    endpoint: &c.endpoint,
-                    id: &c.event_id,
-                    scopes: &scopes,
-                    calls: u64::from(failed || !c.outcome.is_neutral()),
-                    failures: u64::from(failed),
-                    trailing: u64::from(failed),
-                };
-                if !self.endpoints.contains_key(c.endpoint.as_str()) {
-                    self.tracker(&c.endpoint);
-                }
-                self.scoped(&r, out);
-                if self.set_aside(&scopes) {
-                    return;
-                }
-                // A gateway's cold start: the outcome counts, its timing is not the upstream's.
-                let timed = c
-                    .attributes
-                    .get(vitals_contracts::scope::UNTIMED_ATTRIBUTE)
-                    .is_none_or(|v| v != "true");
-                let o = Outcome {
-                    id: &c.event_id,
-                    endpoint: &c.endpoint,
-                    source: Source::Call,
-                    class: c.outcome,
-                    latency_us: c.latency_us,
-                    ttft_us: c.ttft_us.filter(|_| timed),
-                    retry_after_ms: c.retry_after_ms,
-                    reports_dependencies: false,
-                    began_before: None,
-                    timed,
-                };
-                self.outcome(o, out);
+                let mut scopes = std::mem::take(&mut self.call_scopes.0);
+                let n = vitals_contracts::scope::of_call_into(c, &mut scopes);
+                self.call(c, &scopes[..n], out);
+                self.call_scopes.0 = scopes;
             }
             Signal::Summary(s) if s.reporters.is_some() => {
                 if !self.endpoints.contains_key(s.endpoint.as_str()) {
