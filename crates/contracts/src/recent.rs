@@ -58,12 +58,15 @@ impl RecentIds {
             self.at.remove(&h);
         }
         let h = fnv64(id.as_bytes());
-        if self.at.contains_key(&h) {
-            return false;
+        // One probe of the table for both the question and the insert.
+        match self.at.entry(h) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(now);
+                self.order.push_back((now, h));
+                true
+            }
         }
-        self.at.insert(h, now);
-        self.order.push_back((now, h));
-        true
     }
 
     /// The entries (seen at, hash), oldest first: what a snapshot keeps.

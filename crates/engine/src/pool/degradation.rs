@@ -27,9 +27,8 @@ impl PoolState {
     /// The degradation rules for an endpoint in rotation: breaks with a degradation when one
     /// holds for an endpoint not yet degraded, and with nothing while one still holds for a
     /// degraded endpoint.
-    pub(super) fn degradation(&self, name: &str, extra: &[String]) -> ControlFlow<Option<Change>> {
+    pub(super) fn degradation(&self, t: &Tracker, extra: &[String]) -> ControlFlow<Option<Change>> {
         let policy = &self.policy;
-        let t = &self.endpoints[name];
         let mut rules = degrade_rules(t, policy).peekable();
         if rules.peek().is_none() {
             return ControlFlow::Continue(());
@@ -56,9 +55,8 @@ impl PoolState {
 
     /// A degraded endpoint that nothing degrades or makes suspect any more is healthy once its
     /// score has held above `recover_above` for `recover_hold_ms` (a deadband, not a flicker).
-    pub(super) fn degradation_over(&self, name: &str, suspicious: bool) -> Option<Change> {
+    pub(super) fn degradation_over(&self, t: &Tracker, suspicious: bool) -> Option<Change> {
         let policy = &self.policy;
-        let t = &self.endpoints[name];
         let held = t
             .above_since()
             .is_some_and(|s| self.now.saturating_sub(s) >= us(policy.recover_hold_ms));

@@ -88,10 +88,15 @@ impl PoolState {
     /// with a refusal (kept serving, degraded), or with nothing for a degraded endpoint whose
     /// ejection is still refused. `extra` are thresholds the outcome itself crossed (a slow
     /// first token).
-    pub(super) fn ejection(&self, name: &str, extra: &[String], totals: &Rate) -> ControlFlow<Option<Change>> {
+    pub(super) fn ejection(
+        &self,
+        name: &str,
+        t: &Tracker,
+        extra: &[String],
+        totals: &Rate,
+    ) -> ControlFlow<Option<Change>> {
         let now = self.now;
         let policy = &self.policy;
-        let t = &self.endpoints[name];
         let state = t.state();
         let mut rules = eject_rules(t, totals, policy, now).peekable();
         if rules.peek().is_none() {

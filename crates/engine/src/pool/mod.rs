@@ -629,15 +629,16 @@ impl PoolState {
     /// ejection (or its refusal), the end of a suspected shared outage, degradation, suspicion,
     /// the end of a degradation. `extra` are thresholds the outcome itself crossed.
     fn automatic_change(&mut self, name: &str, extra: &[String], totals: Option<Rate>) -> Option<Change> {
-        let t = &self.endpoints[name];
+        // One look-up of the endpoint for every rule below (again only after it changes).
+        let mut t = &self.endpoints[name];
         if t.forced().is_some() {
             return None;
         }
         let totals = totals.unwrap_or_else(|| t.rate(self.now, &self.policy));
-        if let ControlFlow::Break(change) = self.ejection(name, extra, &totals) {
+        if let ControlFlow::Break(change) = self.ejection(name, t, extra, &totals) {
             return change;
         }
-        if self.endpoints[name].eject_refused() {
+        if t.eject_refused() {
             // No ejection rule holds any more for an endpoint kept serving through a suspected
             // shared outage: the outage is over for it, and it is judged on the calls since.
             self.set_refused(name, false);
@@ -646,13 +647,14 @@ impl PoolState {
             if let Some(change) = self.shared_outage_over(name) {
                 return Some(change);
             }
+            t = &self.endpoints[name];
         }
-        if let ControlFlow::Break(change) = self.degradation(name, extra) {
+        if let ControlFlow::Break(change) = self.degradation(t, extra) {
             return change;
         }
-        let suspicious = self.suspicious(name, &totals);
-        self.suspicion(name, &totals, suspicious)
-            .or_else(|| self.degradation_over(name, suspicious))
+        let suspicious = self.suspicious(t, &totals);
+        self.suspicion(t, &totals, suspicious)
+            .or_else(|| self.degradation_over(t, suspicious))
     }
 
     /// The weight routers give an endpoint, and the ramp to full weight (slow start).

@@ -25,17 +25,14 @@ fn suspect_rules(t: &Tracker, totals: &Rate, policy: &Policy) -> impl Iterator<I
 
 impl PoolState {
     /// Whether any suspicion rule holds for `name`.
-    pub(super) fn suspicious(&self, name: &str, totals: &Rate) -> bool {
-        suspect_rules(&self.endpoints[name], totals, &self.policy)
-            .next()
-            .is_some()
+    pub(super) fn suspicious(&self, t: &Tracker, totals: &Rate) -> bool {
+        suspect_rules(t, totals, &self.policy).next().is_some()
     }
 
     /// Healthy → suspect when a rule holds; suspect → healthy when none does and the latest
     /// outcomes passed.
-    pub(super) fn suspicion(&self, name: &str, totals: &Rate, suspicious: bool) -> Option<Change> {
+    pub(super) fn suspicion(&self, t: &Tracker, totals: &Rate, suspicious: bool) -> Option<Change> {
         let policy = &self.policy;
-        let t = &self.endpoints[name];
         match t.state() {
             HealthState::Healthy if suspicious => {
                 let suspect = thresholds(suspect_rules(t, totals, policy), t, policy);
