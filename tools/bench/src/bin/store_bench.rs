@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let transitions = count(|b| b.transitions.len());
     anyhow::ensure!(transitions > 0, "the workload made no transition");
     println!(
-        "{} signals in {} batches: {transitions} transitions, {} pool events, {} endpoints discovered, {} outbox rows",
+        "{} signals in {} batches: {transitions} transitions, {} pool events, {} endpoints discovered, {} outbox events",
         args.signals,
         batches.len(),
         count(|b| b.pool_events.len()),
