@@ -514,11 +514,14 @@ impl PoolState {
         // A 200 whose first token took longer than slow_call_ms is a timeout to the user who waited.
         let slow = o.class == OutcomeClass::Success && o.ttft_us.is_some_and(|t| t > us(self.policy.slow_call_ms));
         let class = if slow { OutcomeClass::Timeout } else { o.class };
-        if !self.endpoints.contains_key(o.endpoint) {
-            self.tracker(o.endpoint);
-        }
+        let t = match self.endpoints.get_mut(o.endpoint) {
+            Some(t) => t,
+            None => {
+                self.tracker(o.endpoint);
+                self.endpoints.get_mut(o.endpoint).expect("created above")
+            }
+        };
         let policy = &self.policy;
-        let t = self.endpoints.get_mut(o.endpoint).expect("created above");
         // A failure of a call begun before the endpoint was readmitted (a hung stream of the
         // fault, ending 13 s after it began) says nothing of it since: it stays out of slow
         // start's fresh window and of the runs that take it out again, as a summary's do.
