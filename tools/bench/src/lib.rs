@@ -73,3 +73,22 @@ pub mod cpu {
         })
     }
 }
+
+/// The median of `v` (NaN when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        l if l % 2 == 1 => s[l / 2],
+        l => (s[l / 2 - 1] + s[l / 2]) / 2.0,
+    }
+}
+
+/// "median (min – max) unit", whole numbers from 100 up.
+pub fn spread(v: &[f64], unit: &str) -> String {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let prec = if median(v).abs() < 100.0 { 2 } else { 0 };
+    format!("{:>10.prec$} ({:.prec$} – {:.prec$}) {unit}", median(v), min, max)
+}

@@ -16,7 +16,7 @@ use rdkafka::{ClientConfig, Message};
 use sqlx::postgres::PgPoolOptions;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use vitals_bench::{cpu, stack, workload};
+use vitals_bench::{cpu, median, spread, stack, workload};
 use vitals_contracts::{decode_signal, encode_signal, Policy, Signal};
 use vitals_engine::Engine;
 use vitals_pipeline::{BatchWrite, Partition, Topics};
@@ -759,22 +759,4 @@ fn offline_breakdown(input: &[(i64, Signal)]) {
         snapshot * 1e3,
         bytes as f64 / 1e6
     );
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        l if l % 2 == 1 => s[l / 2],
-        l => (s[l / 2 - 1] + s[l / 2]) / 2.0,
-    }
-}
-
-/// "median (min – max) unit".
-fn spread(v: &[f64], unit: &str) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let prec = if median(v).abs() < 100.0 { 2 } else { 0 };
-    format!("{:>10.prec$} ({:.prec$} – {:.prec$}) {unit}", median(v), min, max)
 }

@@ -15,7 +15,7 @@
 use clap::Parser;
 use std::collections::BTreeMap;
 use std::time::Instant;
-use vitals_bench::{cpu, stack, workload};
+use vitals_bench::{cpu, median, spread, stack, workload};
 use vitals_contracts::{encode_signal, Policy};
 use vitals_engine::Engine;
 use vitals_pipeline::{BatchWrite, Partition, PartitionWrite, Topics};
@@ -223,21 +223,4 @@ async fn write_all(
         wal_bytes,
         statements,
     })
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        l if l % 2 == 1 => s[l / 2],
-        l => (s[l / 2 - 1] + s[l / 2]) / 2.0,
-    }
-}
-
-/// "median (min – max) unit".
-fn spread(v: &[f64], unit: &str) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{:>8.2} ({min:.2} – {max:.2}) {unit}", median(v))
 }
