@@ -24,7 +24,17 @@ pub const KINDS: [&str; 3] = ["gateway", "location", "key"];
 
 /// A scope's name: `kind=value`.
 pub fn name(kind: &str, value: &str) -> String {
-    format!("{kind}={value}")
+    let mut s = String::with_capacity(kind.len() + 1 + value.len());
+    write_name(&mut s, kind, value);
+    s
+}
+
+/// [`name`] written into `into`, which is cleared first (its buffer is kept).
+fn write_name(into: &mut String, kind: &str, value: &str) {
+    into.clear();
+    into.push_str(kind);
+    into.push('=');
+    into.push_str(value);
 }
 
 /// Whether `scope` is [`name`]`(kind, value)`, without building it.
@@ -69,11 +79,7 @@ pub fn of_call_into(c: &CallOutcome, buf: &mut Vec<String>) -> usize {
         if buf.len() == n {
             buf.push(String::new());
         }
-        let s = &mut buf[n];
-        s.clear();
-        s.push_str(kind);
-        s.push('=');
-        s.push_str(value);
+        write_name(&mut buf[n], kind, value);
         n += 1;
     };
     if !c.gateway.is_empty() {
